@@ -1,0 +1,1 @@
+"""The Textual chat (imported as ``ptp_mlx.app``)."""

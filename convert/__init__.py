@@ -1,0 +1,1 @@
+"""Converters to MLX folders (imported as ``ptp_mlx.convert``)."""

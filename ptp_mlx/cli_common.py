@@ -1,0 +1,62 @@
+"""What every command shares: the error/exit-code contract and the common flags (conventions.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Callable, Sequence
+
+
+class UserError(Exception):
+    """Bad usage or bad input: reported as one ``error:`` line with exit code 2."""
+
+
+def run_cli(main: Callable[[argparse.Namespace], int | None], parser: argparse.ArgumentParser,
+            argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, run ``main`` and map failures to the exit-code contract.
+
+    0 success, 1 failure while running (Ctrl-C included), 2 bad usage or bad input. Errors are one line on
+    stderr starting with ``error:``; tracebacks only with ``--debug``.
+    """
+    if not any(a.dest == "debug" for a in parser._actions):
+        parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    args = parser.parse_args(argv)
+    try:
+        rc = main(args)
+        return int(rc or 0)
+    except UserError as e:
+        _report(args, e)
+        return 2
+    except KeyboardInterrupt:
+        print("\nerror: interrupted", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        return 1
+    except Exception as e:  # noqa: BLE001 - the CLI boundary turns any failure into one line
+        _report(args, e)
+        return 1
+
+
+def _report(args: argparse.Namespace, e: BaseException) -> None:
+    if getattr(args, "debug", False):
+        traceback.print_exc()
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"error: {msg}", file=sys.stderr)
+
+
+def add_model_flags(p: argparse.ArgumentParser, adapter: bool = True) -> None:
+    p.add_argument("--model", default=None, help="model folder or Hugging Face repo id (default: SmolLM2-135M-Instruct)")
+    if adapter:
+        p.add_argument("--adapter", default=None,
+                       help="adapter folder (default: the one shipped for the model; 'none' for no adapter)")
+        p.add_argument("--mode", choices=["ptp", "ar"], default=None,
+                       help="decoding mode (default: ptp when an adapter is available, else ar)")
+
+
+def add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
+    p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold (1 = off)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the uniform stream")
+    p.add_argument("--max-tokens", type=int, default=max_tokens, help="maximum new tokens")

@@ -1,0 +1,68 @@
+"""File locations shared by every command (conventions.md, "Files")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import platformdirs
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def cache_root() -> Path:
+    """The one cache root: ``$PTP_MLX_HOME`` or the platform's user cache dir."""
+    env = os.environ.get("PTP_MLX_HOME")
+    return Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("ptp-mlx"))
+
+
+def data_root() -> Path:
+    """Where user data (chat history) lives: ``$PTP_MLX_HOME/data`` or the platform's user data dir."""
+    env = os.environ.get("PTP_MLX_HOME")
+    return Path(env).expanduser() / "data" if env else Path(platformdirs.user_data_dir("ptp-mlx"))
+
+
+def shipped_adapters_dir() -> Path:
+    return Path(__file__).parent / "adapters"
+
+
+@contextmanager
+def atomic_dir(target: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Build a folder in a temporary sibling and rename it to ``target`` only on success."""
+    target = Path(target)
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"output folder already exists: {target} (pass --overwrite to replace it)")
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
+    try:
+        yield tmp
+        if target.exists():
+            old = parent / f".{target.name}.old-{os.getpid()}"
+            target.rename(old)
+            tmp.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write a file through a temporary sibling and rename it."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
