@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import importlib.util
+import importlib.metadata
 import os
 import sys
 
@@ -29,11 +29,13 @@ state = {"blas": "default", "warned": False}
 
 def _mlx_uses_reference_blas() -> bool:
     """True when the installed MLX is the Linux CPU wheel that bundles netlib's BLAS."""
-    spec = importlib.util.find_spec("mlx")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    site = os.path.dirname(list(spec.submodule_search_locations)[0])
-    return bool(glob.glob(os.path.join(site, "mlx_cpu.libs", "libblas*.so*")))
+    try:
+        files = importlib.metadata.distribution("mlx-cpu").files or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    if any("mlx_cpu.libs/libblas" in str(f) for f in files):
+        return True
+    return any(glob.glob(os.path.join(p, "mlx_cpu.libs", "libblas*.so*")) for p in sys.path if p)
 
 
 def setup_blas() -> str:

@@ -1,0 +1,123 @@
+"""Adapter folders: ``adapter_config.json`` + ``adapter.safetensors`` (conventions.md, "Files")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .cli_common import UserError
+from .paths import DEFAULT_MODEL_NAME, atomic_dir, shipped_adapters_dir
+from .ptp_model import ALL_TARGETS, U_EMBEDDING_KINDS, PTPAdapter
+
+FORMAT = "ptp-mlx-adapter"
+CONFIG = "adapter_config.json"
+WEIGHTS = "adapter.safetensors"
+
+
+def base_identity(base) -> dict:
+    """What an adapter records about the base model it belongs to."""
+    from .models import model_fingerprint
+
+    a = base.args
+    return {
+        "model_type": a.model_type,
+        "hidden_size": a.hidden_size,
+        "num_hidden_layers": a.num_hidden_layers,
+        "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_key_value_heads,
+        "intermediate_size": a.intermediate_size,
+        "vocab_size": a.vocab_size,
+        "fingerprint": model_fingerprint(base),
+    }
+
+
+def make_config(base, adapter: PTPAdapter, rank: int, scale: float, window: int, name: str | None = None,
+                **extra) -> dict:
+    cfg = {
+        "format": FORMAT,
+        "version": 1,
+        "base_model": {"name": name, **base_identity(base)},
+        "rank": rank,
+        "scale": scale,
+        "target_modules": list(adapter.targets),
+        "layers": adapter.layer_ids,
+        "u_embedding": adapter.u_embed.kind,
+        "window": window,
+        "sampling": None,
+        "acceptance_histogram": None,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def save_adapter(adapter: PTPAdapter, config: dict, out: Path, overwrite: bool = True) -> None:
+    """Write the adapter folder atomically."""
+    weights = dict(tree_flatten(adapter.trainable_parameters()))
+    weights = {k: v for k, v in weights.items() if not k.endswith(".scale")}
+    with atomic_dir(Path(out), overwrite=overwrite) as tmp:
+        mx.save_safetensors(str(tmp / WEIGHTS), weights, metadata={"format": FORMAT})
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2))
+
+
+def read_config(path: Path) -> dict:
+    path = Path(path)
+    if not (path / CONFIG).is_file():
+        raise UserError(f"not an adapter folder (no {CONFIG}): {path}")
+    try:
+        cfg = json.loads((path / CONFIG).read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"corrupt {path / CONFIG}: {e}") from None
+    if cfg.get("format") != FORMAT:
+        raise UserError(f"{path / CONFIG} is not a {FORMAT} config")
+    if cfg.get("u_embedding") not in U_EMBEDDING_KINDS:
+        raise UserError(f"unknown u-embedding kind {cfg.get('u_embedding')!r} in {path / CONFIG} "
+                        f"(known: {', '.join(U_EMBEDDING_KINDS)})")
+    return cfg
+
+
+def check_fits(cfg: dict, base, path: Path, check_fingerprint: bool = True) -> None:
+    """Raise ``UserError`` naming the first way the adapter does not fit ``base``."""
+    want = cfg.get("base_model", {})
+    have = base_identity(base) if check_fingerprint else {
+        k: getattr(base.args, k) for k in want if k not in ("name", "fingerprint") and hasattr(base.args, k)}
+    for k, v in have.items():
+        if k in want and want[k] is not None and want[k] != v:
+            raise UserError(f"adapter {path} was made for another base model ({want.get('name') or 'unknown'}): "
+                            f"{k} is {want[k]} there but {v} here")
+
+
+def load_adapter(path: Path, base, check_fingerprint: bool = True) -> tuple[PTPAdapter, dict]:
+    """Load an adapter folder onto ``base``; clear errors when it does not fit."""
+    path = Path(path)
+    cfg = read_config(path)
+    check_fits(cfg, base, path, check_fingerprint)
+    try:
+        adapter = PTPAdapter(base, int(cfg["rank"]), float(cfg["scale"]), cfg["u_embedding"],
+                             targets=cfg.get("target_modules", ALL_TARGETS), layers=cfg.get("layers"))
+    except (KeyError, ValueError) as e:
+        raise UserError(f"bad adapter config {path / CONFIG}: {e}") from None
+    try:
+        weights = mx.load(str(path / WEIGHTS))
+    except Exception as e:
+        raise UserError(f"cannot read {path / WEIGHTS} (truncated or corrupt?): {e}") from None
+    expected = {k: v.shape for k, v in tree_flatten(adapter.parameters()) if not k.endswith(".scale")}
+    unknown = sorted(set(weights) - set(expected))
+    missing = sorted(set(expected) - set(weights))
+    if unknown or missing:
+        raise UserError(f"adapter {path} does not match its config: "
+                        + (f"unknown keys {unknown[:5]}" if unknown else f"missing keys {missing[:5]}"))
+    for k, v in weights.items():
+        if tuple(v.shape) != tuple(expected[k]):
+            raise UserError(f"adapter {path}: {k} has shape {tuple(v.shape)}, expected {tuple(expected[k])}")
+    adapter.load_weights(list(weights.items()), strict=False)
+    mx.eval(adapter.parameters())
+    return adapter, cfg
+
+
+def shipped_adapter(model_name: str = DEFAULT_MODEL_NAME) -> Path | None:
+    """The adapter folder shipped inside the package for ``model_name``, if any."""
+    p = shipped_adapters_dir() / model_name
+    return p if (p / CONFIG).exists() and (p / WEIGHTS).exists() else None

@@ -1,0 +1,136 @@
+"""How many drafts to verify and how wide each draft branch is, per call (method doc section 5).
+
+The cost of a pass grows with its rows in a machine-specific way (flat on a GPU or with a fast BLAS up to
+some width, linear with the reference BLAS). The budget spends rows only while the expected number of tokens
+they buy, per unit of measured cost, keeps rising, so PTP degrades towards plain decoding when drafts are poor.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+PROBE_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+@dataclass
+class CostCurve:
+    """Forward time of a pass with ``w`` rows relative to one row, interpolated between probed widths."""
+
+    widths: list[int] = field(default_factory=lambda: [1, 64])
+    rel: list[float] = field(default_factory=lambda: [1.0, 1.0])
+
+    def __call__(self, rows: int) -> float:
+        return float(np.interp(rows, self.widths, self.rel))
+
+    def to_dict(self) -> dict:
+        return {"widths": list(self.widths), "relative": list(self.rel)}
+
+    @classmethod
+    def linear(cls, per_row: float = 1.0) -> CostCurve:
+        return cls([1, 64], [1.0, 1.0 + 63 * per_row])
+
+
+def measure_cost_curve(pm, widths=PROBE_WIDTHS, context: int = 256, repeats: int = 3) -> tuple[CostCurve, list[float]]:
+    """Time token passes of each width on top of a ``context``-token cache. Returns the curve and seconds."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(pm.base)
+    mx.eval(pm(mx.zeros((context,), dtype=mx.int32), cache=cache))
+    secs = []
+    for w in widths:
+        toks = mx.zeros((w,), dtype=mx.int32)
+        best = float("inf")
+        for _ in range(repeats + 1):
+            t0 = time.perf_counter()
+            mx.eval(pm(toks, cache=cache))  # sync: we are timing the pass
+            best = min(best, time.perf_counter() - t0)
+            for c in cache:
+                c.trim(w)
+        secs.append(best)
+    rel = [s / secs[0] for s in secs]
+    return CostCurve(list(widths), rel), secs
+
+
+def cached_cost_curve(pm, key: str, cache_dir: Path, log=None) -> CostCurve:
+    """The measured curve for this machine and model, measured once and cached as JSON."""
+    path = Path(cache_dir) / f"cost-curve-{key}.json"
+    if path.exists():
+        try:
+            d = json.loads(path.read_text())
+            return CostCurve(d["widths"], d["relative"])
+        except (json.JSONDecodeError, KeyError):
+            pass
+    if log:
+        log("measuring this machine's forward cost curve once (widths 1..64)...")
+    curve, secs = measure_cost_curve(pm)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**curve.to_dict(), "seconds": secs}))
+    tmp.replace(path)
+    return curve
+
+
+@dataclass
+class Budget:
+    """Chooses ``(n_verify, branches)`` for a fused call.
+
+    ``survival[k]`` is the prior probability that at least ``k`` drafts of a fresh branch are accepted
+    (from the adapter's acceptance histogram); draft confidences sharpen it for the drafts in hand.
+    """
+
+    curve: CostCurve
+    max_width: int = 8
+    survival: list[float] = field(default_factory=lambda: [1.0] + [0.5**k for k in range(1, 16)])
+    max_rows: int = 64
+    min_prob: float = 0.02
+
+    @classmethod
+    def from_histogram(cls, curve: CostCurve, hist: list[float] | None, max_width: int, **kw) -> Budget:
+        if hist and sum(hist) > 0:
+            h = np.asarray(hist, dtype=np.float64) / float(sum(hist))
+            surv = [float(h[k:].sum()) for k in range(len(h))] + [0.0]
+        else:
+            surv = [1.0] + [0.5**k for k in range(1, max_width + 1)]
+        return cls(curve=curve, max_width=max_width, survival=surv, **kw)
+
+    def _s(self, k: int) -> float:
+        return self.survival[k] if k < len(self.survival) else 0.0
+
+    def choose(self, confidences: list[float], room: int) -> tuple[int, list[tuple[int, int]]]:
+        """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total."""
+        # P(at least m drafts accepted), m = 0..n, from the drafts' own confidences.
+        reach = np.cumprod([1.0] + [float(c) for c in confidences])
+        n = int(np.sum(reach[1:] >= self.min_prob))
+        rows = 1 + n
+        if rows > room:
+            n = max(0, room - 1)
+            rows = 1 + n
+        value = 1.0 + float(reach[1:n + 1].sum())
+        p_end = [reach[d] - (reach[d + 1] if d < n else 0.0) for d in range(n + 1)]  # P(c == d)
+        widths = [0] * (n + 1)
+        # Greedy allocation: add the row with the best marginal value while it improves value per cost.
+        while True:
+            best, best_d, best_add = 0.0, -1, 0
+            for d in range(n + 1):
+                w = widths[d]
+                if w >= self.max_width:
+                    continue
+                add = 2 if w == 0 else 1  # a branch's first slot is the exact token: it needs two rows to draft
+                gain = p_end[d] * (self._s(w + add - 1) if w == 0 else self._s(w))
+                if gain / add > best:
+                    best, best_d, best_add = gain / add, d, add
+            if best_d < 0 or rows + best_add > min(room, self.max_rows):
+                break
+            new_value = value + best * best_add
+            if new_value / self.curve(rows + best_add) < value / self.curve(rows):
+                break
+            widths[best_d] += best_add
+            rows += best_add
+            value = new_value
+        return n, [(d, w) for d, w in enumerate(widths) if w > 0]

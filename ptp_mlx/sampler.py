@@ -1,0 +1,127 @@
+"""The exact sampler: a token as a pure function of a uniform ``u`` (method doc section 1).
+
+``pick(u, logits)`` returns the first kept token, in vocabulary-id order, whose cumulative probability
+exceeds ``u``. PTP's losslessness rests on drafting and verification using this same function with the same
+``u``; the shipped adapters were trained against this exact order, so do not change it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Sampling settings; ``temperature == 0`` (or ``top_k == 1``) means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0 or self.top_k == 1
+
+    def validate(self) -> SamplingSettings:
+        if self.temperature < 0 or not np.isfinite(self.temperature):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        return self
+
+    def as_dict(self) -> dict:
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+
+def filtered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
+    """Steps 1-4: softmax at temperature T, top-k, top-p, renormalised; float32, shape of ``logits``."""
+    x = logits.astype(mx.float32)
+    if s.temperature not in (0, 1):
+        x = x / s.temperature
+    p = mx.softmax(x, axis=-1, precise=True)
+    V = p.shape[-1]
+    k = s.top_k if 0 < s.top_k < V else 0
+    if k or s.top_p < 1.0:
+        order = mx.argsort(-p, axis=-1)  # descending probability
+        p_sorted = mx.take_along_axis(p, order, axis=-1)
+        keep_sorted = mx.ones(p_sorted.shape, dtype=mx.bool_)
+        if k:
+            keep_sorted = keep_sorted & (mx.arange(V) < k)
+        if s.top_p < 1.0:
+            keep_sorted = keep_sorted & ((mx.cumsum(p_sorted, axis=-1) - p_sorted) <= s.top_p)
+        # Scatter the kept flags back to vocabulary-id order.
+        keep = mx.put_along_axis(mx.zeros(p.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
+        p = mx.where(keep, p, 0.0)
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def id_sorted_edges(q: mx.array) -> mx.array:
+    """Step 6: CDF in vocabulary-id order with the last kept edge forced to 1."""
+    cdf = mx.cumsum(q, axis=-1)
+    V = q.shape[-1]
+    ids = mx.arange(V)
+    last_kept = mx.max(mx.where(q > 0, ids, -1), axis=-1, keepdims=True)
+    return mx.where(ids >= last_kept, 1.0, cdf)
+
+
+def pick(u: mx.array | float, logits: mx.array, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+         check: bool = True) -> mx.array:
+    """Exact sampler, batched over leading axes of ``logits`` (``u`` has the leading shape).
+
+    Returns int32 token ids. Rows whose filtered distribution is empty or not finite (e.g. all logits
+    ``-inf``) give ``-1``; with ``check=True`` such rows raise ``ValueError`` (this synchronises).
+    """
+    s = SamplingSettings(temperature, top_k, top_p)
+    finite = mx.isfinite(mx.max(logits, axis=-1)) & mx.all(~mx.isnan(logits), axis=-1)
+    if s.greedy:
+        out = mx.argmax(logits, axis=-1).astype(mx.int32)
+    else:
+        q = filtered_probs(logits, s)
+        edges = id_sorted_edges(q)
+        u = mx.array(u, dtype=mx.float32)
+        out = mx.sum(edges <= mx.expand_dims(u, -1), axis=-1).astype(mx.int32)
+        finite = finite & mx.all(~mx.isnan(q), axis=-1)
+    out = mx.where(finite, out, -1)
+    if check:
+        # Sync: validation needs the values on the host.
+        if bool(mx.any(out < 0).item()):
+            raise ValueError("cannot sample: a row of logits is entirely masked (-inf) or not finite")
+    return out
+
+
+def bins(logits: mx.array, tokens: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
+    """The bin ``[F(t) - p(t), F(t))`` of each token in the id-sorted CDF (for distillation targets)."""
+    if s.greedy:  # greedy: every u picks the argmax, so its bin is [0, 1)
+        z = mx.zeros(tokens.shape, dtype=mx.float32)
+        return z, z + 1.0
+    q = filtered_probs(logits, s)
+    edges = id_sorted_edges(q)
+    right = mx.take_along_axis(edges, tokens[..., None], axis=-1)[..., 0]
+    p_t = mx.take_along_axis(q, tokens[..., None], axis=-1)[..., 0]
+    return mx.maximum(right - p_t, 0.0), right
+
+
+class UniformStream:
+    """Seeded, index-addressable stream of float32 uniforms in [0, 1): ``u[i]`` drives generated token i."""
+
+    CHUNK = 4096
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._buf = np.zeros(0, dtype=np.float32)
+
+    def take(self, start: int, n: int) -> np.ndarray:
+        while self._buf.size < start + n:
+            # Fixed chunk size keeps the stream identical however it is read.
+            self._buf = np.concatenate([self._buf, self._rng.random(self.CHUNK, dtype=np.float32)])
+        return self._buf[start:start + n]
+
+    def __getitem__(self, i: int) -> float:
+        return float(self.take(i, 1)[0])
