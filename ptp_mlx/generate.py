@@ -33,7 +33,7 @@ class GenerationStep:
     accepted: int = 0            # drafts accepted; the call emitted accepted + 1 tokens unless it stopped
     rows: int = 1                # rows in the forward pass (verify + auxiliaries)
     step_time: float = 0.0       # seconds for this call
-    elapsed: float = 0.0         # seconds since the first generated token's call started
+    elapsed: float = 0.0         # seconds since prefill ended (all decoding calls so far)
     generated: int = 0           # tokens generated so far, this block included
     prompt_tokens: int = 0
     prompt_time: float = 0.0     # seconds of prefill
@@ -95,11 +95,11 @@ def stream_generate(pm: PTPModel, tokenizer, prompt_ids: Sequence[int], opts: De
     t0 = time.perf_counter()
     _prefill(pm.base, prompt_ids[:-1], cache)
     calls = _ar_calls if opts.mode == "ar" else _ptp_calls
-    generated, prompt_time, t_gen = 0, 0.0, None
+    generated = 0
+    t_gen = time.perf_counter()
+    prompt_time = t_gen - t0  # prefill of all prompt tokens but the last (which every first call processes)
     for block, info in calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx):
         now = time.perf_counter()
-        if t_gen is None:
-            prompt_time, t_gen = now - t0, now
         finish = None
         out = []
         for t in block:

@@ -1,0 +1,98 @@
+"""The engine: a loaded model, its tokenizer and adapter, and a ready decoding budget.
+
+The CLI, the chat, the bench and the tests all build one ``Engine`` and iterate ``Engine.generate``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+
+from . import blas
+from .adapter import load_adapter, shipped_adapter
+from .budget import Budget, CostCurve, cached_cost_curve
+from .cli_common import UserError
+from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate
+from .models import load, model_fingerprint
+from .paths import DEFAULT_MODEL_NAME, cache_root
+from .ptp_model import PTPModel
+from .sampler import SamplingSettings
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+@dataclass
+class Engine:
+    pm: PTPModel
+    tokenizer: object
+    model_path: str
+    adapter_path: str | None = None
+    budget: Budget | None = None
+    log: object = field(default=_stderr, repr=False)
+
+    @classmethod
+    def load(cls, model: str | None = None, adapter: str | None = None, log=_stderr,
+             measure_cost: bool = True) -> Engine:
+        """Load ``model`` (default: the default model) and ``adapter``.
+
+        ``adapter=None`` takes the adapter shipped for the default model (if any); ``"none"`` loads none.
+        """
+        blas.warn_if_slow()
+        base, tokenizer = load(model, log=log)
+        adapter_dir: Path | None
+        if adapter is None:
+            adapter_dir = shipped_adapter(DEFAULT_MODEL_NAME) if model is None else None
+        elif str(adapter).lower() == "none":
+            adapter_dir = None
+        else:
+            adapter_dir = Path(adapter).expanduser()
+            if not adapter_dir.exists():
+                raise UserError(f"adapter folder not found: {adapter}")
+        ad, cfg = (load_adapter(adapter_dir, base) if adapter_dir else (None, {}))
+        pm = PTPModel(base, ad, cfg)
+        eng = cls(pm=pm, tokenizer=tokenizer, model_path=str(model or DEFAULT_MODEL_NAME),
+                  adapter_path=str(adapter_dir) if adapter_dir else None, log=log)
+        if ad is not None:
+            eng.budget = eng.make_budget(measure_cost)
+        return eng
+
+    def make_budget(self, measure: bool = True) -> Budget:
+        width = int(self.pm.adapter_config.get("window", 8))
+        if measure:
+            key = f"{model_fingerprint(self.pm.base)}-{mx.default_device()}-{blas.state['blas'].split(':')[0]}"
+            curve = cached_cost_curve(self.pm, key.replace(" ", "").replace("(", "").replace(")", "").replace(",", ""),
+                                      cache_root() / "cost-curves", log=self.log)
+        else:
+            curve = CostCurve()
+        return Budget.from_histogram(curve, self.pm.adapter_config.get("acceptance_histogram"), width)
+
+    @property
+    def has_adapter(self) -> bool:
+        return self.pm.adapter is not None
+
+    def default_mode(self) -> str:
+        return "ptp" if self.has_adapter else "ar"
+
+    def encode(self, prompt: str | Sequence[dict]) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt)
+
+    def generate(self, prompt: str | Sequence[dict] | Sequence[int], mode: str | None = None,
+                 sampling: SamplingSettings | None = None, max_tokens: int = 256,
+                 step: str = "fused") -> Iterator[GenerationStep]:
+        """Stream an answer to a prompt string, chat messages, or token ids."""
+        mode = mode or self.default_mode()
+        if mode == "ptp" and not self.has_adapter:
+            raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
+        if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int):
+            ids = list(prompt)
+        else:
+            ids = self.encode(prompt)
+        opts = DecodeOptions(mode=mode, step=step, max_tokens=max_tokens,
+                             sampling=sampling or SamplingSettings(), budget=self.budget)
+        return stream_generate(self.pm, self.tokenizer, ids, opts)

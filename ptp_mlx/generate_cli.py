@@ -1,0 +1,64 @@
+"""``ptp-generate``: one prompt in, streamed text out (stdout), one summary line (stderr)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .cli_common import UserError, add_model_flags, add_sampling_flags, run_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ptp-generate", description="Generate text with lossless PTP decoding.")
+    p.add_argument("--prompt", required=True, help="the prompt ('-' reads it from stdin)")
+    add_model_flags(p)
+    add_sampling_flags(p)
+    p.add_argument("--step", choices=["fused", "simple"], default="fused", help="PTP step kind")
+    p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--show-blocks", action="store_true", help="mark accepted-block boundaries with '|' on stdout")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from .engine import Engine
+    from .generate import ContextFull
+    from .sampler import SamplingSettings
+    from .stats import RunStats
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    sampling = SamplingSettings(args.temp, args.top_k, args.top_p, args.seed)
+    try:
+        sampling.validate()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if args.max_tokens < 1:
+        raise UserError("--max-tokens must be at least 1")
+    if args.mode == "ptp" and args.adapter and args.adapter.lower() == "none":
+        raise UserError("--mode ptp needs an adapter")
+    eng = Engine.load(args.model, args.adapter)
+    mode = args.mode or eng.default_mode()
+    if args.no_chat:
+        ids = list(eng.tokenizer.encode(prompt))
+    else:
+        ids = eng.encode(prompt)
+    stats = RunStats()
+    try:
+        for st in stats.consume(eng.generate(ids, mode=mode, sampling=sampling, max_tokens=args.max_tokens,
+                                             step=args.step)):
+            sys.stdout.write(st.text + ("|" if args.show_blocks and st.tokens else ""))
+            sys.stdout.flush()
+    except ContextFull as e:
+        raise UserError(str(e)) from None
+    sys.stdout.write("\n")
+    print(stats.summary(), file=sys.stderr)
+    if mode == "ptp":
+        print(stats.histogram_line(), file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_cli(run, build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

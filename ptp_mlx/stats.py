@@ -1,0 +1,63 @@
+"""Acceptance statistics of a generation, printed in one fixed format by every command."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from .generate import GenerationStep
+
+
+@dataclass
+class RunStats:
+    """Accumulates ``GenerationStep``s of one or more answers."""
+
+    prompt_tokens: int = 0
+    prompt_time: float = 0.0
+    tokens: int = 0
+    calls: int = 0
+    gen_time: float = 0.0
+    peak_memory: float = 0.0
+    histogram: Counter = field(default_factory=Counter)  # tokens emitted per call -> count
+
+    def add(self, step: GenerationStep, final: bool) -> None:
+        self.calls += 1
+        self.tokens += len(step.tokens)
+        self.histogram[step.accepted + 1] += 1
+        self.peak_memory = max(self.peak_memory, step.peak_memory)
+        if final:
+            self.prompt_tokens += step.prompt_tokens
+            self.prompt_time += step.prompt_time
+            self.gen_time += step.elapsed
+
+    def consume(self, steps):
+        """Iterate ``steps``, accumulating, and yield them on."""
+        last = None
+        for st in steps:
+            if last is not None:
+                self.add(last, final=False)
+            last = st
+            yield st
+        if last is not None:
+            self.add(last, final=True)
+
+    @property
+    def mean_accepted(self) -> float:
+        """Tokens per call: accepted drafts plus the exact token (1.0 for autoregressive decoding)."""
+        return sum(k * v for k, v in self.histogram.items()) / max(1, self.calls)
+
+    @property
+    def generation_tps(self) -> float:
+        return self.tokens / self.gen_time if self.gen_time > 0 else 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_time if self.prompt_time > 0 else 0.0
+
+    def summary(self) -> str:
+        return (f"prompt {self.prompt_tps:.1f} tok/s | generation {self.generation_tps:.1f} tok/s | "
+                f"mean accepted {self.mean_accepted:.2f} tokens/call | peak memory {self.peak_memory:.2f} GB")
+
+    def histogram_line(self) -> str:
+        parts = " ".join(f"{k}:{self.histogram[k]}" for k in sorted(self.histogram))
+        return f"accepted per call (tokens:calls) {parts}"

@@ -1,0 +1,37 @@
+import os
+
+import pytest
+
+import ptp_mlx  # noqa: F401  (sets up the BLAS before mlx is imported)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    from ptp_mlx.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_model_dir):
+    """(model, tokenizer) of the tiny random Llama, loaded with mlx_lm.load."""
+    import mlx_lm
+
+    return mlx_lm.load(str(tiny_model_dir))
+
+
+@pytest.fixture(scope="session")
+def default_model_dir():
+    """The real default model (SmolLM2-135M-Instruct), fetched and converted once into the cache."""
+    if os.environ.get("PTP_MLX_SKIP_SLOW"):
+        pytest.skip("PTP_MLX_SKIP_SLOW is set")
+    from ptp_mlx.models import ensure_default_model
+
+    return ensure_default_model()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path, monkeypatch, request):
+    # Tests that do not use the real default model get their own cache root, so nothing leaks.
+    if "default_model_dir" not in request.fixturenames and not os.environ.get("PTP_MLX_HOME"):
+        monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
