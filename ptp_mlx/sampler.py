@@ -48,11 +48,14 @@ def filtered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
     V = p.shape[-1]
     k = s.top_k if 0 < s.top_k < V else 0
     if k or s.top_p < 1.0:
-        order = mx.argsort(-p, axis=-1)  # descending probability
+        if k:
+            # Only the k largest can survive: partition, then sort just those (much cheaper than a full sort).
+            part = mx.argpartition(-p, kth=k - 1, axis=-1)[..., :k]
+            order = mx.take_along_axis(part, mx.argsort(-mx.take_along_axis(p, part, axis=-1), axis=-1), axis=-1)
+        else:
+            order = mx.argsort(-p, axis=-1)  # descending probability
         p_sorted = mx.take_along_axis(p, order, axis=-1)
         keep_sorted = mx.ones(p_sorted.shape, dtype=mx.bool_)
-        if k:
-            keep_sorted = keep_sorted & (mx.arange(V) < k)
         if s.top_p < 1.0:
             keep_sorted = keep_sorted & ((mx.cumsum(p_sorted, axis=-1) - p_sorted) <= s.top_p)
         # Scatter the kept flags back to vocabulary-id order.
@@ -125,3 +128,17 @@ class UniformStream:
 
     def __getitem__(self, i: int) -> float:
         return float(self.take(i, 1)[0])
+
+
+def pick_with_bins(u: mx.array, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array, mx.array]:
+    """``pick`` and ``bins`` in one pass over the filtered distribution (teacher-data generation)."""
+    if s.greedy:
+        t = mx.argmax(logits, axis=-1).astype(mx.int32)
+        z = mx.zeros(t.shape, dtype=mx.float32)
+        return t, z, z + 1.0
+    q = filtered_probs(logits, s)
+    edges = id_sorted_edges(q)
+    t = mx.sum(edges <= mx.expand_dims(u.astype(mx.float32), -1), axis=-1).astype(mx.int32)
+    right = mx.take_along_axis(edges, t[..., None], axis=-1)[..., 0]
+    p_t = mx.take_along_axis(q, t[..., None], axis=-1)[..., 0]
+    return t, mx.maximum(right - p_t, 0.0), right

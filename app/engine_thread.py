@@ -1,0 +1,225 @@
+"""The engine thread: the only thread that touches the model, its caches and its MLX stream.
+
+The UI posts ``ChatRequest``s to it and gets Textual messages back: status lines while loading, one
+``BlockGenerated`` per accepted block, and one ``AnswerFinished``/``AnswerFailed`` per request. The UI never
+waits on it, so typing stays responsive while the model works.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from textual.message import Message
+
+LogFn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class GenSettings:
+    """Sampling settings and answer length, as given on the command line."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    max_tokens: int = 256
+
+    def describe(self) -> str:
+        """Short text for the status bar, e.g. ``greedy · max 256``."""
+        if self.temperature <= 0 or self.top_k == 1:
+            parts = ["greedy"]
+        else:
+            parts = [f"T {self.temperature:g}"]
+            if self.top_k:
+                parts.append(f"top-k {self.top_k}")
+            if self.top_p < 1:
+                parts.append(f"top-p {self.top_p:g}")
+        parts += [f"seed {self.seed}", f"max {self.max_tokens}"]
+        return " · ".join(parts)
+
+
+class EngineLike(Protocol):
+    """What the chat needs from an engine (``ptp_mlx.engine.Engine`` or a test fake)."""
+
+    @property
+    def has_adapter(self) -> bool: ...
+
+    def default_mode(self) -> str: ...
+
+    def generate(self, prompt: Sequence[dict], mode: str | None = None, sampling: Any = None,
+                 max_tokens: int = 256) -> Iterator[Any]: ...
+
+
+Loader = Callable[[LogFn], EngineLike]
+
+
+@dataclass
+class ChatRequest:
+    """One answer to produce. ``stop`` is set by the UI (Esc, clear, quit) and read between blocks."""
+
+    request_id: int
+    messages: list[dict]
+    mode: str
+    settings: GenSettings
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class EngineStatus(Message):
+    """A progress line while the model loads (fetching, converting, loading, measuring)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.text = text
+
+
+class EngineReady(Message):
+    def __init__(self, has_adapter: bool, default_mode: str, description: str) -> None:
+        super().__init__()
+        self.has_adapter = has_adapter
+        self.default_mode = default_mode
+        self.description = description
+
+
+class EngineFailed(Message):
+    """The model could not be loaded; ``error`` is one line for a notification."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class BlockGenerated(Message):
+    """One accepted block (a ``GenerationStep``) of request ``request_id``."""
+
+    def __init__(self, request_id: int, step: Any) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.step = step
+
+
+class AnswerFinished(Message):
+    def __init__(self, request_id: int, finish_reason: str | None, stopped: bool) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.finish_reason = finish_reason
+        self.stopped = stopped
+
+
+class AnswerFailed(Message):
+    def __init__(self, request_id: int, error: str) -> None:
+        super().__init__()
+        self.request_id = request_id
+        self.error = error
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for a notification: never a traceback."""
+    from ptp_mlx.cli_common import UserError
+
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    name = type(e).__name__
+    if name == "ContextFull":
+        return f"context full: {msg}. Clear the chat (ctrl+l) to start a new conversation."
+    if isinstance(e, UserError):
+        return msg or name
+    return f"{name}: {msg}" if msg else name
+
+
+def describe_engine(engine: EngineLike) -> str:
+    """``model · adapter`` for the status line."""
+    model = getattr(engine, "model_path", None) or "model"
+    adapter = getattr(engine, "adapter_path", None)
+    name = Path(str(model)).name or str(model)
+    return f"{name} · " + (f"adapter {Path(str(adapter)).name}" if adapter else "no adapter")
+
+
+def engine_loader(model: str | None, adapter: str | None, measure_cost: bool = True) -> Loader:
+    """The real loader: ``Engine.load`` (fetching and converting the default model on first use)."""
+
+    def load(log: LogFn) -> EngineLike:
+        from ptp_mlx.engine import Engine
+
+        log("loading " + (model or "the default model") + " ...")
+        return Engine.load(model, adapter, log=log, measure_cost=measure_cost)
+
+    return load
+
+
+class EngineThread(threading.Thread):
+    """Owns the engine: loads it, then answers requests one at a time on its own MLX stream."""
+
+    def __init__(self, loader: Loader, post: Callable[[Message], Any]) -> None:
+        super().__init__(name="ptp-engine", daemon=True)
+        self._loader = loader
+        self._post = post
+        self._requests: queue.Queue[ChatRequest | None] = queue.Queue()
+        self._current: ChatRequest | None = None
+
+    def submit(self, request: ChatRequest) -> None:
+        self._requests.put(request)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Stop the answer in progress, end the thread and wait for it (bounded)."""
+        if self._current is not None:
+            self._current.stop.set()
+        self._requests.put(None)
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+
+    def run(self) -> None:
+        import mlx.core as mx
+
+        # MLX streams belong to the thread that made them: this thread creates its own and does every
+        # model operation (loading included) inside it.
+        stream = mx.new_stream(mx.default_device())
+        with mx.stream(stream):
+            self._serve()
+
+    def _serve(self) -> None:
+        try:
+            engine = self._loader(lambda text: self._post(EngineStatus(text)))
+        except Exception as e:  # noqa: BLE001 - every load failure becomes a notification
+            error = describe_error(e)
+            self._post(EngineFailed(error))
+            while (req := self._requests.get()) is not None:
+                self._post(AnswerFailed(req.request_id, "no model loaded: " + error))
+            return
+        self._post(EngineReady(engine.has_adapter, engine.default_mode(), describe_engine(engine)))
+        while (req := self._requests.get()) is not None:
+            self._current = req
+            try:
+                self._answer(engine, req)
+            finally:
+                self._current = None
+
+    def _answer(self, engine: EngineLike, req: ChatRequest) -> None:
+        from ptp_mlx.sampler import SamplingSettings
+
+        s = req.settings
+        sampling = SamplingSettings(s.temperature, s.top_k, s.top_p, s.seed)
+        reason: str | None = None
+        steps = None
+        try:
+            steps = iter(engine.generate(req.messages, mode=req.mode, sampling=sampling, max_tokens=s.max_tokens))
+            while not req.stop.is_set():
+                step = next(steps, None)
+                # Checked again after the call: a block computed after Esc is dropped, not shown.
+                if step is None or req.stop.is_set():
+                    break
+                self._post(BlockGenerated(req.request_id, step))
+                reason = getattr(step, "finish_reason", None)
+                if reason:
+                    break
+        except Exception as e:  # noqa: BLE001 - shown as a notification, never a traceback
+            self._post(AnswerFailed(req.request_id, describe_error(e)))
+            return
+        finally:
+            close = getattr(steps, "close", None)
+            if close is not None:
+                close()
+        self._post(AnswerFinished(req.request_id, reason, req.stop.is_set()))

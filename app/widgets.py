@@ -1,0 +1,172 @@
+"""The chat's widgets: messages, the accepted-block view, the stats bar and the help screen."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widget import Widget
+from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+# (key, what it does): the help screen and the README list these.
+KEYS = [
+    ("enter", "send the message"),
+    ("esc", "stop the answer (the partial answer is kept)"),
+    ("ctrl+t", "switch PTP / AR decoding for the next answer"),
+    ("ctrl+b", "show accepted blocks (alternating shading, one shade per model call)"),
+    ("ctrl+y", "copy the last answer to the clipboard"),
+    ("ctrl+l", "clear the chat and its saved history"),
+    ("f1", "this help"),
+    ("ctrl+q", "quit"),
+]
+
+
+def sparkline(histogram: dict[int, int]) -> str:
+    """Bars for tokens-per-call 1..max, e.g. ``1▕▂█▅▁▏4``; empty when there is no data."""
+    if not histogram:
+        return ""
+    top = max(histogram)
+    peak = max(histogram.values())
+    bars = "".join(
+        SPARK[min(len(SPARK) - 1, round((len(SPARK) - 1) * histogram[k] / peak))] if histogram.get(k) else " "
+        for k in range(1, top + 1)
+    )
+    return f"1▕{bars}▏{top}"
+
+
+def split_blocks(text: str, lengths: list[int] | None) -> list[str]:
+    """Cut ``text`` into blocks of the given character lengths (one block when they do not add up)."""
+    if not lengths or sum(lengths) != len(text):
+        return [text] if text else []
+    out, pos = [], 0
+    for n in lengths:
+        out.append(text[pos : pos + n])
+        pos += n
+    return out
+
+
+class UserMessage(Static):
+    """What the user sent."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Text(text), classes="user")
+        self.text = text
+
+
+class BlocksView(Widget):
+    """The answer as plain text with alternating shading per accepted block."""
+
+    COMPONENT_CLASSES = {"blocks--even", "blocks--odd"}
+    DEFAULT_CSS = """
+    BlocksView { height: auto; }
+    BlocksView > .blocks--even { background: $primary 25%; }
+    BlocksView > .blocks--odd { background: $warning 25%; }
+    """
+
+    def __init__(self, blocks: list[str]) -> None:
+        super().__init__()
+        self.blocks = blocks
+
+    def render(self) -> Text:
+        even = self.get_component_rich_style("blocks--even")
+        odd = self.get_component_rich_style("blocks--odd")
+        text = Text()
+        for i, block in enumerate(self.blocks):
+            text.append(block, style=odd if i % 2 else even)
+        return text
+
+
+class AnswerView(Vertical):
+    """One answer: a header (mode, counts), the Markdown view and the block view (shown by ctrl+b)."""
+
+    def __init__(self, mode: str, blocks: list[str] | None = None, stopped: bool = False,
+                 finished: bool = False) -> None:
+        super().__init__(classes="answer")
+        self.mode = mode
+        self.blocks: list[str] = list(blocks or [])
+        self.tokens = 0
+        self.calls = 0
+        self.stopped = stopped
+        self.finished = finished
+        self.note = ""
+        self._stream: MarkdownStream | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.blocks)
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._header(), classes="answer-header")
+        yield Markdown(self.text if self.finished else "")
+        yield BlocksView(self.blocks)
+
+    def _header(self) -> str:
+        parts = [self.mode.upper()]
+        if self.calls:
+            parts.append(f"{self.tokens} tokens in {self.calls} calls")
+        elif self.finished and self.blocks:
+            parts.append(f"{len(self.blocks)} blocks")
+        if not self.finished:
+            parts.append("answering…")
+        if self.stopped:
+            parts.append("stopped")
+        if self.note:
+            parts.append(self.note)
+        return " · ".join(parts)
+
+    async def add_block(self, text: str, tokens: int) -> None:
+        """Show one accepted block: appended to the Markdown (streamed) and to the block view."""
+        self.blocks.append(text)
+        self.tokens += tokens
+        self.calls += 1
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(Markdown))
+        await self._stream.write(text)
+        self.query_one(BlocksView).refresh(layout=True)
+        self.query_one(".answer-header", Static).update(self._header())
+
+    async def finish(self, stopped: bool, note: str = "") -> None:
+        """Flush the Markdown stream and mark the answer done."""
+        self.finished = True
+        self.stopped = stopped
+        self.note = note
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.query_one(".answer-header", Static).update(self._header())
+
+
+class StatsBar(Static):
+    """Mode, sampling settings, speed and the accepted-length histogram."""
+
+    def show(self, mode: str, settings: str, tps: float | None, mean: float | None,
+             histogram: dict[int, int]) -> None:
+        parts = [
+            mode.upper(),
+            settings,
+            f"{tps:.1f} tok/s" if tps is not None else "– tok/s",
+            f"{mean:.2f} tokens/call" if mean is not None else "– tokens/call",
+        ]
+        spark = sparkline(histogram)
+        if spark:
+            parts.append(f"accepted {spark}")
+        self.update(" │ ".join(parts))
+
+
+class HelpScreen(ModalScreen[None]):
+    """Lists the keys."""
+
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close help")]
+
+    def compose(self) -> ComposeResult:
+        lines = ["# ptp-chat keys", "", "| key | action |", "|---|---|"]
+        lines += [f"| `{k}` | {what} |" for k, what in KEYS]
+        lines += ["", "Each model call accepts a block of tokens; in PTP mode a block can hold several.",
+                  "", "Press esc to close."]
+        with Vertical(id="help"):
+            yield Markdown("\n".join(lines))

@@ -1,0 +1,131 @@
+"""The decoders a benchmark compares, each behind one call: token ids in, a ``Measured`` answer out.
+
+- ``mlx-lm``: plain ``mlx_lm.stream_generate`` on the same weights (what a user would otherwise run);
+- ``mlx-lm-draft``: the same with mlx-lm's own speculative decoding and a draft model;
+- ``ar`` and ``ptp``: our ``Engine.generate`` in autoregressive and PTP mode.
+
+Every runner times the whole call on the host, prefill included (Spec-Bench's wall time), and counts model
+calls so that mean accepted tokens per call is comparable across methods.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from ..sampler import SamplingSettings
+
+METHODS = ("mlx-lm", "ar", "ptp", "mlx-lm-draft")
+
+
+@dataclass
+class Measured:
+    """One answer of one method, with the figures the report needs."""
+
+    token_ids: list[int]
+    calls: int                 # calls of the target model
+    accepted_sum: int          # sum over calls of the tokens each call settled (accepted drafts + 1)
+    wall_time: float           # seconds from the call to the last token, prefill included
+    first_time: float          # seconds until the first tokens reached the host (prefill + first call)
+    first_tokens: int          # tokens that arrived with the first call
+    peak_memory: float         # GB, MLX's peak since the call started
+    finish_reason: str | None
+
+
+Runner = Callable[[list[int], int, SamplingSettings], Measured]
+
+
+class EngineRunner:
+    """Our decoder: ``Engine.generate`` in ``mode`` ("ar" or "ptp")."""
+
+    def __init__(self, engine, mode: str, step: str = "fused"):
+        self.engine = engine
+        self.mode = mode
+        self.step = step
+        self.name = mode
+
+    def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
+        mx.clear_cache()
+        toks: list[int] = []
+        calls = acc = first_tokens = 0
+        first_time = 0.0
+        finish = None
+        peak = 0.0
+        t0 = time.perf_counter()
+        for st in self.engine.generate(ids, mode=self.mode, sampling=sampling, max_tokens=max_tokens,
+                                       step=self.step):
+            calls += 1
+            acc += st.accepted + 1
+            if not toks and st.tokens:
+                first_time, first_tokens = time.perf_counter() - t0, len(st.tokens)
+            toks.extend(st.tokens)
+            finish = st.finish_reason
+            peak = max(peak, st.peak_memory)
+        wall = time.perf_counter() - t0
+        return Measured(toks, calls, acc, wall, first_time, first_tokens, peak, finish)
+
+
+class MlxLmRunner:
+    """mlx-lm's own ``stream_generate`` (optionally with its speculative decoding) on the given weights."""
+
+    def __init__(self, model, tokenizer, draft_model=None, num_draft_tokens: int = 2):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.draft_model = draft_model
+        self.num_draft_tokens = num_draft_tokens
+        self.name = "mlx-lm-draft" if draft_model is not None else "mlx-lm"
+
+    def sampler(self, s: SamplingSettings):
+        """mlx-lm's sampler for ``s`` (``None`` = its greedy argmax). Not our exact sampler: same law, other draws."""
+        if s.greedy:
+            return None
+        from mlx_lm.sample_utils import make_sampler
+
+        return make_sampler(temp=s.temperature, top_p=s.top_p if s.top_p < 1.0 else 0.0, top_k=s.top_k)
+
+    def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
+        import mlx_lm
+
+        kw = {"sampler": self.sampler(sampling)}
+        if self.draft_model is not None:
+            kw.update(draft_model=self.draft_model, num_draft_tokens=self.num_draft_tokens)
+        mx.random.seed(sampling.seed)
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        toks: list[int] = []
+        responses = target_calls = 0
+        first_time = 0.0
+        finish = None
+        t0 = time.perf_counter()
+        for r in mlx_lm.stream_generate(self.model, self.tokenizer, list(ids), max_tokens=max_tokens, **kw):
+            responses += 1
+            target_calls += 0 if r.from_draft else 1  # a target call settles its drafts plus one own token
+            if r.finish_reason == "stop":  # mlx-lm's last response carries the EOS token itself
+                finish = "stop"
+                break
+            if not toks:
+                first_time = time.perf_counter() - t0
+            toks.append(int(r.token))
+            finish = r.finish_reason
+        wall = time.perf_counter() - t0
+        return Measured(toks, max(target_calls, 1), responses, wall, first_time, 1 if toks else 0,
+                        mx.get_peak_memory() / 1e9, finish)
+
+
+def make_runners(engine, methods: list[str], draft_model=None, num_draft_tokens: int = 2,
+                 step: str = "fused") -> dict[str, Runner]:
+    """Runners in the order of ``methods``; mlx-lm runners use the engine's own base weights."""
+    runners: dict[str, Runner] = {}
+    for m in methods:
+        if m == "mlx-lm":
+            runners[m] = MlxLmRunner(engine.pm.base, engine.tokenizer)
+        elif m == "mlx-lm-draft":
+            runners[m] = MlxLmRunner(engine.pm.base, engine.tokenizer, draft_model, num_draft_tokens)
+        elif m in ("ar", "ptp"):
+            runners[m] = EngineRunner(engine, m, step)
+        else:
+            raise ValueError(f"unknown method {m!r} (known: {', '.join(METHODS)})")
+    return runners

@@ -1,0 +1,159 @@
+"""The measuring loop: methods interleaved per prompt, warm-up first, Ctrl-C keeps what was measured.
+
+Also the exactness checks: ``ptp`` must return token for token what ``ar`` returns (any setting, because both
+read the same seeded uniforms); greedy ``ar`` is compared with greedy ``mlx-lm`` too (the same model and the
+same argmax, so any difference is a bug or a numerical near-tie, told apart by the logit gap).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from ..generate import encode_prompt
+from ..sampler import SamplingSettings
+from .methods import Measured, Runner
+from .prompts import Prompt, messages_for
+
+WARMUP_TOKENS = 8
+
+
+@dataclass
+class Record:
+    """One turn of one prompt answered by one method (one repeat)."""
+
+    method: str
+    question_id: str
+    category: str
+    turn: int
+    repeat: int
+    prompt_tokens: int
+    m: Measured
+    text: str = ""
+    prompt_ids: list[int] = field(default_factory=list, repr=False)  # kept for divergence diagnosis only
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("m", "prompt_ids")}
+        d.update(asdict(self.m))
+        d["tokens"] = len(self.m.token_ids)
+        return d
+
+
+@dataclass
+class BenchRun:
+    records: list[Record] = field(default_factory=list)
+    complete: list[str] = field(default_factory=list)  # question_ids every method finished (all repeats)
+    interrupted: bool = False
+    warmup_time: float = 0.0
+
+
+@dataclass
+class Divergence:
+    question_id: str
+    turn: int
+    repeat: int
+    position: int               # first generated position where the two outputs differ
+    ref_token: int | None       # None: that output had already ended
+    other_token: int | None
+    ref_tokens: int
+    other_tokens: int
+    logit_gap: float | None = None   # base logit of ref_token minus that of other_token at that position
+    top2_gap: float | None = None    # top-1 minus top-2 base logit there (near 0: a numerical near-tie)
+
+    def describe(self, ref: str, other: str) -> str:
+        what = (f"{ref} token {self.ref_token} vs {other} token {self.other_token}"
+                if self.ref_token is not None and self.other_token is not None
+                else f"{ref} has {self.ref_tokens} tokens, {other} has {self.other_tokens}")
+        gap = f", logit gap {self.logit_gap:.3g}, top-2 gap {self.top2_gap:.3g}" if self.logit_gap is not None else ""
+        return f"{self.question_id} turn {self.turn} repeat {self.repeat}: first difference at position " \
+               f"{self.position}: {what}{gap}"
+
+
+def warm_up(runners: dict[str, Runner], tokenizer, prompt: Prompt, sampling: SamplingSettings) -> float:
+    """One short untimed answer per method, so no timed call pays for first-use allocation or kernel setup."""
+    t0 = time.perf_counter()
+    ids = encode_prompt(tokenizer, messages_for(prompt, 0, []))
+    for run in runners.values():
+        run(ids, WARMUP_TOKENS, sampling)
+    return time.perf_counter() - t0
+
+
+def run_bench(prompts: list[Prompt], runners: dict[str, Runner], tokenizer, max_tokens: int,
+              sampling: SamplingSettings, repeats: int = 1, warmup: bool = True,
+              progress: Callable[[int], None] | None = None, context: int | None = None) -> BenchRun:
+    """Answer every prompt with every method, interleaved per prompt; rotate the order between prompts.
+
+    A ``KeyboardInterrupt`` ends the loop; the result keeps every finished record and says it was cut short.
+    """
+    out = BenchRun()
+    order = list(runners)
+    try:
+        if warmup and prompts:
+            out.warmup_time = warm_up(runners, tokenizer, prompts[0], sampling)
+        for pi, p in enumerate(prompts):
+            k = pi % len(order)
+            for rep in range(repeats):
+                for name in order[k:] + order[:k]:  # rotation: no method always runs first (caches, heat)
+                    answers: list[str] = []
+                    for t in range(len(p.turns)):
+                        ids = encode_prompt(tokenizer, messages_for(p, t, answers))
+                        if context and len(ids) >= context:
+                            raise ValueError(f"{p.question_id} turn {t}: prompt of {len(ids)} tokens does not fit "
+                                             f"the model's context of {context}")
+                        m = runners[name](ids, max_tokens, sampling)
+                        text = tokenizer.decode(m.token_ids)
+                        answers.append(text)
+                        out.records.append(Record(name, p.question_id, p.category, t, rep, len(ids), m, text, ids))
+                    if progress:
+                        progress(1)
+            out.complete.append(p.question_id)
+    except KeyboardInterrupt:
+        out.interrupted = True
+    return out
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first position where ``a`` and ``b`` differ (a length difference counts), else None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(records: list[Record], ref: str, other: str) -> tuple[int, int, list[Divergence]]:
+    """Compare ``other``'s outputs with ``ref``'s on every (prompt, turn, repeat) both answered.
+
+    Returns (answers compared, answers identical, divergences); only the first divergent turn of a conversation is listed, since
+    later turns then start from different chats.
+    """
+    by_key = {(r.question_id, r.turn, r.repeat): r for r in records if r.method == ref}
+    pairs, same, diverged, seen = 0, 0, [], set()
+    for r in records:
+        if r.method != other or (r.question_id, r.turn, r.repeat) not in by_key:
+            continue
+        pairs += 1
+        a, b = by_key[(r.question_id, r.turn, r.repeat)].m.token_ids, r.m.token_ids
+        pos = first_difference(a, b)
+        same += pos is None
+        if pos is None or (r.question_id, r.repeat) in seen:
+            continue
+        seen.add((r.question_id, r.repeat))
+        diverged.append(Divergence(r.question_id, r.turn, r.repeat, pos, a[pos] if pos < len(a) else None,
+                                   b[pos] if pos < len(b) else None, len(a), len(b)))
+    return pairs, same, diverged
+
+
+def diagnose(div: Divergence, records: list[Record], ref: str, model) -> None:
+    """Fill in the base model's logit gaps at the divergent position (one forward pass, no cache)."""
+    import mlx.core as mx
+
+    rec = next((r for r in records if r.method == ref and (r.question_id, r.turn, r.repeat)
+                == (div.question_id, div.turn, div.repeat)), None)
+    if rec is None or div.ref_token is None or div.other_token is None:
+        return
+    ids = rec.prompt_ids + rec.m.token_ids[:div.position]
+    logits = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
+    top2 = mx.topk(logits, 2)
+    div.logit_gap = float(logits[div.ref_token] - logits[div.other_token])
+    div.top2_gap = float(mx.max(top2) - mx.min(top2))

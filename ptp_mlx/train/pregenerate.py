@@ -1,0 +1,95 @@
+"""Phase 1 of distillation: the base model writes teacher completions with their sampler bins.
+
+All completions of one prompt decode together as a batch (same prompt, so no padding): the prompt is
+prefilled once and its cache repeated over the batch. Row 0 can be greedy, the other rows sample with the
+exact sampler; each sampled token's bin ``[F(t) - p(t), F(t))`` is stored so training can draw ``u`` inside it.
+Resumable: prompts already in the output file are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models.cache import make_prompt_cache
+from tqdm import tqdm
+
+from ..generate import encode_prompt
+from ..sampler import SamplingSettings, pick_with_bins
+from .data import read_prompts, read_records
+
+
+def _complete(model, prompt_ids: list[int], n: int, greedy_first: bool, s: SamplingSettings, max_new: int,
+              eos: set[int], rng: np.random.Generator) -> list[dict]:
+    cache = make_prompt_cache(model)
+    model(mx.array(prompt_ids[:-1])[None], cache=cache)
+    for c in cache:  # repeat the prefilled prompt over the batch
+        c.keys, c.values = (mx.repeat(t[..., : c.offset, :], n, axis=0) for t in (c.keys, c.values))
+    last = mx.array([prompt_ids[-1]] * n)[:, None]
+    toks, lefts, rights = [], [], []
+    done = np.zeros(n, dtype=bool)
+    for _ in range(max_new):
+        logits = model(last, cache=cache)[:, -1].astype(mx.float32)
+        u = mx.array(rng.random(n, dtype=np.float32))
+        t, left, right = pick_with_bins(u, logits, s)
+        if greedy_first:
+            g = mx.argmax(logits[:1], axis=-1).astype(mx.int32)
+            t = mx.concatenate([g, t[1:]])
+            left = mx.concatenate([mx.zeros((1,)), left[1:]])
+            right = mx.concatenate([mx.ones((1,)), right[1:]])
+        mx.eval(t, left, right)  # sync: stopping needs the tokens on the host
+        tl = np.array(t)
+        toks.append(tl)
+        lefts.append(np.array(left))
+        rights.append(np.array(right))
+        done |= np.isin(tl, list(eos))
+        if done.all():
+            break
+        last = t[:, None]
+    T = np.stack(toks, 1)
+    L, R = np.stack(lefts, 1), np.stack(rights, 1)
+    out = []
+    for r in range(n):
+        row = T[r].tolist()
+        end = next((i + 1 for i, x in enumerate(row) if x in eos), len(row))  # keep EOS: drafts learn to stop
+        out.append({
+            "tokens": prompt_ids + row[:end], "start": len(prompt_ids),
+            "left": [round(float(x), 7) for x in L[r, :end]], "right": [round(float(x), 7) for x in R[r, :end]],
+            "greedy": bool(greedy_first and r == 0),
+        })
+    return out
+
+
+def pregenerate(model, tokenizer, prompts_file: Path, out_file: Path, n: int = 16, greedy_first: bool = True,
+                sampling: SamplingSettings = SamplingSettings(0.7, 50, 0.95), max_new: int = 96,
+                split: str = "train", limit: int | None = None, seed: int = 0, max_prompt: int = 768,
+                greedy_only: bool = False) -> int:
+    """Append completions for every prompt not yet in ``out_file``. Returns the number of new records."""
+    prompts = read_prompts(prompts_file, split=split)[: limit or None]
+    done = {r["prompt_id"] for r in read_records(out_file)}
+    todo = [p for p in prompts if p["id"] not in done]
+    eos = set(tokenizer.eos_token_ids)
+    out_file = Path(out_file)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    written = 0
+    t0 = time.perf_counter()
+    with open(out_file, "a") as f:
+        for p in tqdm(todo, desc="pregenerate", unit="prompt", file=sys.stderr):
+            ids = encode_prompt(tokenizer, p["turns"][0])[-max_prompt:]
+            rng = np.random.default_rng([seed, zlib.crc32(p["id"].encode())])
+            rows = _complete(model, ids, 1 if greedy_only else n, greedy_first or greedy_only, sampling,
+                             max_new, eos, rng)
+            for r in rows:
+                r.update(prompt_id=p["id"], category=p["category"],
+                         settings={**sampling.as_dict(), "greedy": r["greedy"]})
+                f.write(json.dumps(r) + "\n")
+            f.flush()  # one prompt at a time: an interrupted run loses at most one prompt
+            written += len(rows)
+    print(f"pregenerate: {written} completions for {len(todo)} prompts in {time.perf_counter() - t0:.0f} s",
+          file=sys.stderr)
+    return written
