@@ -146,15 +146,16 @@ class StatsBar(Static):
 
     def show(self, mode: str, settings: str, tps: float | None, mean: float | None,
              histogram: dict[int, int]) -> None:
+        """The most telling figures first, so a narrow terminal cuts the settings, not the speed."""
         parts = [
             mode.upper(),
-            settings,
             f"{tps:.1f} tok/s" if tps is not None else "– tok/s",
-            f"{mean:.2f} tokens/call" if mean is not None else "– tokens/call",
+            f"{mean:.2f} tok/call" if mean is not None else "– tok/call",
         ]
         spark = sparkline(histogram)
         if spark:
-            parts.append(f"accepted {spark}")
+            parts.append(f"tokens/call {spark}")
+        parts.append(settings)
         self.update(" │ ".join(parts))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 
 class UserError(Exception):

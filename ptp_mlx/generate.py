@@ -48,6 +48,10 @@ class DecodeOptions:
     max_tokens: int = 256
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     budget: Budget | None = None  # default: a flat cost curve with the adapter's width
+    # Test hook, an adapter-free drafter: ``oracle[g]`` is proposed as the draft for generated token ``g``
+    # (the teacher's own continuation makes every draft right). Each PTP call then verifies up to
+    # ``width - 1`` oracle drafts and runs no auxiliary rows.
+    oracle: Sequence[int] | None = None
 
 
 class ContextFull(ValueError):
@@ -83,7 +87,7 @@ def stream_generate(pm: PTPModel, tokenizer, prompt_ids: Sequence[int], opts: De
     ctx = getattr(pm.args, "max_position_embeddings", None) or 1 << 30
     if len(prompt_ids) >= ctx:
         raise ContextFull(f"prompt is {len(prompt_ids)} tokens but the model's context is {ctx}")
-    if opts.mode == "ptp" and pm.adapter is None:
+    if opts.mode == "ptp" and pm.adapter is None and opts.oracle is None:
         raise ValueError("PTP decoding needs an adapter (use mode='ar' without one)")
     eos = set(eos_ids if eos_ids is not None else getattr(tokenizer, "eos_token_ids", None) or [])
     u = uniforms or UniformStream(s.seed)
@@ -168,7 +172,10 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         room = min(ctx - offset, 64)
         remaining = max_new - i
         # 1. Choose what to verify and which branches to draft.
-        if opts.step == "simple":
+        if opts.oracle is not None:
+            drafts = [int(t) for t in opts.oracle[i:i + budget.max_width - 1]]
+            n, branches = len(drafts), []
+        elif opts.step == "simple":
             n, branches = (len(drafts), []) if drafts else (0, [(0, min(budget.max_width, remaining + 1, room - 1))])
         else:
             n, branches = budget.choose(conf, room)

@@ -26,12 +26,12 @@ class Measured:
     """One answer of one method, with the figures the report needs."""
 
     token_ids: list[int]
-    calls: int                 # calls of the target model
-    accepted_sum: int          # sum over calls of the tokens each call settled (accepted drafts + 1)
-    wall_time: float           # seconds from the call to the last token, prefill included
-    first_time: float          # seconds until the first tokens reached the host (prefill + first call)
-    first_tokens: int          # tokens that arrived with the first call
-    peak_memory: float         # GB, MLX's peak since the call started
+    calls: int  # calls of the target model
+    accepted_sum: int  # sum over calls of the tokens each call settled (accepted drafts + 1)
+    wall_time: float  # seconds from the call to the last token, prefill included
+    first_time: float  # seconds until the first tokens reached the host (prefill + first call)
+    first_tokens: int  # tokens that arrived with the first call
+    peak_memory: float  # GB, MLX's peak since the call started
     finish_reason: str | None
 
 
@@ -55,8 +55,7 @@ class EngineRunner:
         finish = None
         peak = 0.0
         t0 = time.perf_counter()
-        for st in self.engine.generate(ids, mode=self.mode, sampling=sampling, max_tokens=max_tokens,
-                                       step=self.step):
+        for st in self.engine.generate(ids, mode=self.mode, sampling=sampling, max_tokens=max_tokens, step=self.step):
             calls += 1
             acc += st.accepted + 1
             if not toks and st.tokens:
@@ -111,12 +110,21 @@ class MlxLmRunner:
             toks.append(int(r.token))
             finish = r.finish_reason
         wall = time.perf_counter() - t0
-        return Measured(toks, max(target_calls, 1), responses, wall, first_time, 1 if toks else 0,
-                        mx.get_peak_memory() / 1e9, finish)
+        return Measured(
+            toks,
+            max(target_calls, 1),
+            responses,
+            wall,
+            first_time,
+            1 if toks else 0,
+            mx.get_peak_memory() / 1e9,
+            finish,
+        )
 
 
-def make_runners(engine, methods: list[str], draft_model=None, num_draft_tokens: int = 2,
-                 step: str = "fused") -> dict[str, Runner]:
+def make_runners(
+    engine, methods: list[str], draft_model=None, num_draft_tokens: int = 2, step: str = "fused"
+) -> dict[str, Runner]:
     """Runners in the order of ``methods``; mlx-lm runners use the engine's own base weights."""
     runners: dict[str, Runner] = {}
     for m in methods:

@@ -59,8 +59,9 @@ def parse_prompts(lines, source: str = "<prompts>") -> list[Prompt]:
     return out
 
 
-def load_prompts(path: str | Path | None = None, limit: int | None = None,
-                 categories: list[str] | None = None) -> list[Prompt]:
+def load_prompts(
+    path: str | Path | None = None, limit: int | None = None, categories: list[str] | None = None
+) -> list[Prompt]:
     """Load, filter by category, and take ``limit`` prompts round-robin over categories.
 
     Round-robin (in order of first appearance) keeps every category in a short run: ``--limit 6`` on the

@@ -24,8 +24,12 @@ def cpu_name() -> str:
     """The CPU or Apple chip, in the vendor's words."""
     if platform.system() == "Darwin":
         try:
-            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                  timeout=5).stdout.strip() or platform.processor()
+            return (
+                subprocess.run(
+                    ["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True, timeout=5
+                ).stdout.strip()
+                or platform.processor()
+            )
         except (OSError, subprocess.SubprocessError):
             return platform.processor()
     try:
@@ -35,6 +39,13 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def device_name() -> str:
+    """``cpu`` or ``gpu`` (MLX's default device)."""
+    import mlx.core as mx
+
+    return str(mx.default_device().type).split(".")[-1]
 
 
 def model_dtype(model) -> str:
@@ -67,26 +78,46 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
     except Exception:  # noqa: BLE001 - device details are informative only
         info = {}
     return {
-        "platform": platform.platform(), "machine": platform.machine(), "python": platform.python_version(),
-        "cpu": cpu_name(), "cpu_count": os.cpu_count(),
-        "mlx_version": mx.__version__, "mlx_lm_version": importlib.metadata.version("mlx-lm"),
-        "ptp_mlx_version": __version__, "device": str(mx.default_device()), "device_info": info,
-        "blas": blas.state["blas"], "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
-        "model": engine.model_path, "model_hash": model_fingerprint(engine.pm.base),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "mlx_version": mx.__version__,
+        "mlx_lm_version": importlib.metadata.version("mlx-lm"),
+        "ptp_mlx_version": __version__,
+        "device": device_name(),
+        "device_info": info,
+        "blas": blas.state["blas"],
+        "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "model": engine.model_path,
+        "model_hash": model_fingerprint(engine.pm.base),
         "dtype": model_dtype(engine.pm.base),
-        "adapter": engine.adapter_path, "adapter_hash": adapter_hash(engine.adapter_path),
-        "draft_model": draft_path, "draft_model_hash": model_fingerprint(draft_model) if draft_model else None,
+        "adapter": engine.adapter_path,
+        "adapter_hash": adapter_hash(engine.adapter_path),
+        "draft_model": draft_path,
+        "draft_model_hash": model_fingerprint(draft_model) if draft_model else None,
     }
 
 
-def check_doc(name: str, ref: str, other: str, compared: int, identical: int, divs: list[Divergence],
-              fatal: bool) -> dict:
-    return {"name": name, "reference": ref, "method": other, "compared": compared, "identical": identical,
-            "ok": not divs, "fatal": fatal, "divergences": [asdict(d) for d in divs]}
+def check_doc(
+    name: str, ref: str, other: str, compared: int, identical: int, divs: list[Divergence], fatal: bool
+) -> dict:
+    return {
+        "name": name,
+        "reference": ref,
+        "method": other,
+        "compared": compared,
+        "identical": identical,
+        "ok": not divs,
+        "fatal": fatal,
+        "divergences": [asdict(d) for d in divs],
+    }
 
 
-def build_json(settings: dict, env: dict, prompts, run: BenchRun, summary: dict, checks: list[dict],
-               cost: dict | None) -> dict:
+def build_json(
+    settings: dict, env: dict, prompts, run: BenchRun, summary: dict, checks: list[dict], cost: dict | None
+) -> dict:
     """The JSON document: settings, environment, every raw record, the summary, checks and the cost curve."""
     return {
         "schema": SCHEMA,
@@ -119,8 +150,8 @@ def table(doc: dict) -> str:
     lines = [
         f"ptp-bench | {Path(str(env['model'])).name} ({env['dtype']}) | {env['device']} | blas "
         f"{env['blas'].split(':')[0]} | {samp} | max {s['max_tokens']} tokens | "
-        f"{len(doc['prompts_complete'])} prompts x {s['repeats']} repeats" + (" | INTERRUPTED" if doc["interrupted"]
-                                                                              else ""),
+        f"{len(doc['prompts_complete'])} prompts x {s['repeats']} repeat(s)"
+        + (" | INTERRUPTED" if doc["interrupted"] else ""),
         f"{'method':<13}{'category':<16}{'prompts':>8}{'tokens':>8}{'tok/call':>10}{'tok/s':>9}{'speedup':>9}"
         f"{'decode tok/s':>14}{'peak GB':>9}",
     ]
@@ -128,17 +159,21 @@ def table(doc: dict) -> str:
         for c in [c for c in figs if c != ALL] + [ALL]:
             f = figs[c]
             sp = f"{f['speedup']:.2f}x" if f["speedup"] is not None else "-"
-            lines.append(f"{m:<13}{c:<16}{f['prompts']:>8}{f['tokens']:>8}{_f(f['mean_accepted'], '.2f', 10)}"
-                         f"{_f(f['tokens_per_s'], '.2f', 9)}{sp:>9}{_f(f['decode_tokens_per_s'], '.2f', 14)}"
-                         f"{_f(f['peak_memory_gb'], '.2f', 9)}")
+            lines.append(
+                f"{m:<13}{c:<16}{f['prompts']:>8}{f['tokens']:>8}{_f(f['mean_accepted'], '.2f', 10)}"
+                f"{_f(f['tokens_per_s'], '.2f', 9)}{sp:>9}{_f(f['decode_tokens_per_s'], '.2f', 14)}"
+                f"{_f(f['peak_memory_gb'], '.2f', 9)}"
+            )
     cost = doc.get("cost_curve")
     if cost:
-        pts = " ".join(f"{w}:{r:.2f}" for w, r in zip(cost["widths"], cost["relative"]))
+        pts = " ".join(f"{w}:{r:.2f}" for w, r in zip(cost["widths"], cost["relative"], strict=True))
         lines.append(f"cost curve (forward time vs 1 row, {cost['seconds'][0] * 1e3:.1f} ms): {pts}")
     for c in doc["checks"]:
         status = "ok" if c["ok"] else "DIFFERS"
-        lines.append(f"{c['name']} ({c['method']} == {c['reference']}): {c['identical']}/{c['compared']} "
-                     f"answers identical: {status}")
+        lines.append(
+            f"{c['name']} ({c['method']} == {c['reference']}): {c['identical']}/{c['compared']} "
+            f"answers identical: {status}"
+        )
         for d in c["divergences"]:
             lines.append("  " + Divergence(**d).describe(c["reference"], c["method"]))
     return "\n".join(lines)
@@ -156,8 +191,10 @@ def write_plot(path: str | Path, doc: dict) -> None:
     cats = sorted({c for figs in summ.values() for c in figs if c != ALL}) + [ALL]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     width = 0.8 / max(1, len(methods))
-    for ax, key, title in ((axes[0], "speedup", "speedup vs mlx-lm (tokens/s ratio)"),
-                           (axes[1], "mean_accepted", "mean accepted tokens per call")):
+    for ax, key, title in (
+        (axes[0], "speedup", "speedup vs mlx-lm (tokens/s ratio)"),
+        (axes[1], "mean_accepted", "mean accepted tokens per call"),
+    ):
         for i, m in enumerate(methods):
             vals = [(summ[m].get(c) or {}).get(key) or 0.0 for c in cats]
             ax.bar([j + (i - (len(methods) - 1) / 2) * width for j in range(len(cats))], vals, width, label=m)
@@ -180,8 +217,11 @@ def write_plot(path: str | Path, doc: dict) -> None:
         ax.text(0.5, 0.5, "cost curve not measured", ha="center", va="center")
     ax.set_title("cost curve")
     env = doc["environment"]
-    fig.suptitle(f"{Path(str(env['model'])).name} ({env['dtype']}) on {env['cpu']} | {env['device']} | "
-                 f"blas {env['blas'].split(':')[0]}" + (" | interrupted" if doc["interrupted"] else ""), fontsize=10)
+    fig.suptitle(
+        f"{Path(str(env['model'])).name} ({env['dtype']}) on {env['cpu']} | {env['device']} | "
+        f"blas {env['blas'].split(':')[0]}" + (" | interrupted" if doc["interrupted"] else ""),
+        fontsize=10,
+    )
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)

@@ -53,21 +53,25 @@ class Divergence:
     question_id: str
     turn: int
     repeat: int
-    position: int               # first generated position where the two outputs differ
-    ref_token: int | None       # None: that output had already ended
+    position: int  # first generated position where the two outputs differ
+    ref_token: int | None  # None: that output had already ended
     other_token: int | None
     ref_tokens: int
     other_tokens: int
-    logit_gap: float | None = None   # base logit of ref_token minus that of other_token at that position
-    top2_gap: float | None = None    # top-1 minus top-2 base logit there (near 0: a numerical near-tie)
+    logit_gap: float | None = None  # base logit of ref_token minus that of other_token at that position
+    top2_gap: float | None = None  # top-1 minus top-2 base logit there (near 0: a numerical near-tie)
 
     def describe(self, ref: str, other: str) -> str:
-        what = (f"{ref} token {self.ref_token} vs {other} token {self.other_token}"
-                if self.ref_token is not None and self.other_token is not None
-                else f"{ref} has {self.ref_tokens} tokens, {other} has {self.other_tokens}")
+        what = (
+            f"{ref} token {self.ref_token} vs {other} token {self.other_token}"
+            if self.ref_token is not None and self.other_token is not None
+            else f"{ref} has {self.ref_tokens} tokens, {other} has {self.other_tokens}"
+        )
         gap = f", logit gap {self.logit_gap:.3g}, top-2 gap {self.top2_gap:.3g}" if self.logit_gap is not None else ""
-        return f"{self.question_id} turn {self.turn} repeat {self.repeat}: first difference at position " \
-               f"{self.position}: {what}{gap}"
+        return (
+            f"{self.question_id} turn {self.turn} repeat {self.repeat}: first difference at position "
+            f"{self.position}: {what}{gap}"
+        )
 
 
 def warm_up(runners: dict[str, Runner], tokenizer, prompt: Prompt, sampling: SamplingSettings) -> float:
@@ -79,9 +83,17 @@ def warm_up(runners: dict[str, Runner], tokenizer, prompt: Prompt, sampling: Sam
     return time.perf_counter() - t0
 
 
-def run_bench(prompts: list[Prompt], runners: dict[str, Runner], tokenizer, max_tokens: int,
-              sampling: SamplingSettings, repeats: int = 1, warmup: bool = True,
-              progress: Callable[[int], None] | None = None, context: int | None = None) -> BenchRun:
+def run_bench(
+    prompts: list[Prompt],
+    runners: dict[str, Runner],
+    tokenizer,
+    max_tokens: int,
+    sampling: SamplingSettings,
+    repeats: int = 1,
+    warmup: bool = True,
+    progress: Callable[[int], None] | None = None,
+    context: int | None = None,
+) -> BenchRun:
     """Answer every prompt with every method, interleaved per prompt; rotate the order between prompts.
 
     A ``KeyboardInterrupt`` ends the loop; the result keeps every finished record and says it was cut short.
@@ -99,8 +111,10 @@ def run_bench(prompts: list[Prompt], runners: dict[str, Runner], tokenizer, max_
                     for t in range(len(p.turns)):
                         ids = encode_prompt(tokenizer, messages_for(p, t, answers))
                         if context and len(ids) >= context:
-                            raise ValueError(f"{p.question_id} turn {t}: prompt of {len(ids)} tokens does not fit "
-                                             f"the model's context of {context}")
+                            raise ValueError(
+                                f"{p.question_id} turn {t}: prompt of {len(ids)} tokens does not fit "
+                                f"the model's context of {context}"
+                            )
                         m = runners[name](ids, max_tokens, sampling)
                         text = tokenizer.decode(m.token_ids)
                         answers.append(text)
@@ -115,7 +129,7 @@ def run_bench(prompts: list[Prompt], runners: dict[str, Runner], tokenizer, max_
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first position where ``a`` and ``b`` differ (a length difference counts), else None."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
@@ -139,8 +153,18 @@ def compare(records: list[Record], ref: str, other: str) -> tuple[int, int, list
         if pos is None or (r.question_id, r.repeat) in seen:
             continue
         seen.add((r.question_id, r.repeat))
-        diverged.append(Divergence(r.question_id, r.turn, r.repeat, pos, a[pos] if pos < len(a) else None,
-                                   b[pos] if pos < len(b) else None, len(a), len(b)))
+        diverged.append(
+            Divergence(
+                r.question_id,
+                r.turn,
+                r.repeat,
+                pos,
+                a[pos] if pos < len(a) else None,
+                b[pos] if pos < len(b) else None,
+                len(a),
+                len(b),
+            )
+        )
     return pairs, same, diverged
 
 
@@ -148,11 +172,17 @@ def diagnose(div: Divergence, records: list[Record], ref: str, model) -> None:
     """Fill in the base model's logit gaps at the divergent position (one forward pass, no cache)."""
     import mlx.core as mx
 
-    rec = next((r for r in records if r.method == ref and (r.question_id, r.turn, r.repeat)
-                == (div.question_id, div.turn, div.repeat)), None)
+    rec = next(
+        (
+            r
+            for r in records
+            if r.method == ref and (r.question_id, r.turn, r.repeat) == (div.question_id, div.turn, div.repeat)
+        ),
+        None,
+    )
     if rec is None or div.ref_token is None or div.other_token is None:
         return
-    ids = rec.prompt_ids + rec.m.token_ids[:div.position]
+    ids = rec.prompt_ids + rec.m.token_ids[: div.position]
     logits = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
     top2 = mx.topk(logits, 2)
     div.logit_gap = float(logits[div.ref_token] - logits[div.other_token])

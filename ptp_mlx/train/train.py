@@ -1,9 +1,254 @@
-"""Phase 2 (placeholder until written)."""
+"""Phase 2 of distillation: O-PTP training of the gated LoRA and the u-embedding (method doc section 6).
+
+Per step, for a few teacher sequences: one teacher pass (base weights only) gives the context K/V; one
+student pass runs many windows of auxiliaries against it with the window mask; the loss is cross-entropy of
+the auxiliary logits against the teacher's tokens, with each ``u`` drawn inside its token's sampler bin
+(Beta(0.3, 0.3) in training, uniform in evaluation). Everything random is derived from ``(seed, step)``, so a
+run resumed from a checkpoint continues exactly as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.cache import make_prompt_cache
+from tqdm import tqdm
+
+from ..adapter import make_config, save_adapter
+from ..cli_common import UserError
+from ..ptp_model import ALL_TARGETS, PTPAdapter, PTPModel, Window
+from .data import read_records
 
 
-def add_train_args(p):
-    pass
+class StaticKV:
+    """The teacher's K/V as constants; the student's auxiliary K/V are appended without mutating them."""
+
+    def __init__(self, keys: mx.array, values: mx.array):
+        self.keys, self.values, self.offset = keys, values, keys.shape[2]
+
+    def update_and_fetch(self, k: mx.array, v: mx.array):
+        return mx.concatenate([self.keys, k], axis=2), mx.concatenate([self.values, v], axis=2)
 
 
-def train_from_args(args):
-    raise NotImplementedError
+def teacher_kv(pm: PTPModel, tokens: list[int]) -> list[StaticKV]:
+    cache = make_prompt_cache(pm.base)
+    pm.base(mx.array(tokens)[None], cache=cache)
+    kv = [StaticKV(mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
+          for c in cache]
+    mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student
+    return kv
+
+
+def make_windows(rec: dict, n_windows: int, width: int, rng: np.random.Generator, uniform: bool = False):
+    """Window starts in the completion, their auxiliary ``u`` (inside each token's bin) and labels."""
+    start, n_tok = rec["start"], len(rec["tokens"])
+    cands = np.arange(start, n_tok)
+    if cands.size == 0:
+        return [], np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(0, bool)
+    picks = np.sort(rng.choice(cands, size=min(n_windows, cands.size), replace=False))
+    windows, us, labels, valid = [], [], [], []
+    left, right = np.asarray(rec["left"], np.float32), np.asarray(rec["right"], np.float32)
+    for p in picks:
+        windows.append(Window(int(p), width))
+        for j in range(width):
+            q = p + j
+            if q < n_tok:
+                b = rng.random() if uniform else rng.beta(0.3, 0.3)
+                lo, hi = left[q - start], right[q - start]
+                us.append(min(lo + (hi - lo) * b, np.nextafter(hi, 0, dtype=np.float32)) if hi > lo else lo)
+                labels.append(rec["tokens"][q])
+                valid.append(True)
+            else:  # past the end of the sequence: padded, not scored
+                us.append(0.5)
+                labels.append(0)
+                valid.append(False)
+    return windows, np.asarray(us, np.float32), np.asarray(labels, np.int32), np.asarray(valid)
+
+
+def student_logits(pm: PTPModel, adapter: PTPAdapter, kv, windows, u):
+    return pm(mx.zeros((0,), dtype=mx.int32), mx.array(u), windows, cache=kv, adapter=adapter)
+
+
+def loss_fn(adapter, pm, batch):
+    total, count = mx.array(0.0), 0
+    for kv, windows, u, labels, valid in batch:
+        logits = student_logits(pm, adapter, kv, windows, u).astype(mx.float32)
+        ce = nn.losses.cross_entropy(logits, mx.array(labels), reduction="none")
+        total = total + (ce * mx.array(valid)).sum()
+        count += int(valid.sum())
+    return total / max(count, 1)
+
+
+def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int, n_windows: int, seed: int):
+    """Mean leading-correct drafts per window (auxiliaries 1.., slot 0 is the exact token in decoding)."""
+    hist = np.zeros(width, dtype=np.int64)
+    per_cat: dict[str, list[int]] = {}
+    for i, rec in enumerate(records):
+        rng = np.random.default_rng([seed, 10_000_000 + i])
+        windows, u, labels, valid = make_windows(rec, n_windows, width, rng, uniform=True)
+        if not windows:
+            continue
+        kv = teacher_kv(pm, rec["tokens"])
+        pred = mx.argmax(student_logits(pm, adapter, kv, windows, u), axis=-1)
+        ok = (np.array(pred) == labels) & valid
+        for w in range(len(windows)):
+            row = ok[w * width + 1:(w + 1) * width]
+            k = int(np.argmin(row)) if not row.all() else len(row)
+            hist[k] += 1
+            per_cat.setdefault(rec.get("category", "other"), []).append(k)
+    n = max(1, hist.sum())
+    mean_acc = float((hist * np.arange(width)).sum() / n) + 1.0
+    return {"mean_accepted": mean_acc, "histogram": hist.tolist(),
+            "per_category": {c: float(np.mean(v)) + 1.0 for c, v in per_cat.items()}}
+
+
+def add_train_args(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--model", default=None)
+    t.add_argument("--data", required=True, type=Path, nargs="+", help="teacher JSONL file(s)")
+    t.add_argument("--val", type=Path, default=None, help="held-out teacher JSONL for validation")
+    t.add_argument("--run", required=True, type=Path, help="run folder (checkpoints, log, best adapter)")
+    t.add_argument("--out", type=Path, default=None, help="export the best adapter here at the end")
+    t.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--rank", type=int, default=16)
+    t.add_argument("--alpha", type=float, default=32.0, help="LoRA scale = alpha / rank")
+    t.add_argument("--layers", default="all", help="'all', 'last:N' or comma-separated layer ids")
+    t.add_argument("--targets", default=",".join(ALL_TARGETS))
+    t.add_argument("--u-embedding", default="binary", choices=["binary", "linear_interpolation"])
+    t.add_argument("--window", type=int, default=8, help="auxiliaries per window (K)")
+    t.add_argument("--windows-per-seq", type=int, default=16)
+    t.add_argument("--seqs-per-step", type=int, default=2)
+    t.add_argument("--lr", type=float, default=5e-4)
+    t.add_argument("--warmup", type=int, default=20)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--save-every", type=int, default=50)
+    t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--eval-seqs", type=int, default=48)
+    t.add_argument("--seed", type=int, default=0)
+
+
+def _layer_ids(spec: str, n: int) -> list[int]:
+    if spec == "all":
+        return list(range(n))
+    if spec.startswith("last:"):
+        return list(range(n - int(spec[5:]), n))
+    return [int(x) for x in spec.split(",")]
+
+
+def train_from_args(a: argparse.Namespace) -> int:
+    from ..models import load
+
+    base, _ = load(a.model)
+    records = [r for f in a.data for r in read_records(f)]
+    if not records:
+        raise UserError(f"no teacher records in {', '.join(map(str, a.data))}")
+    val = read_records(a.val)[: a.eval_seqs] if a.val else []
+    return train(base, records, val, a)
+
+
+def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log=None) -> int:
+    """Train (or resume) in ``a.run``; returns 0. ``a`` carries the ``add_train_args`` fields."""
+    log = log or (lambda m: print(m, file=sys.stderr))
+    run = Path(a.run)
+    run.mkdir(parents=True, exist_ok=True)
+    base.freeze()
+    mx.random.seed(a.seed)
+    layers = _layer_ids(a.layers, len(base.model.layers))
+    adapter = PTPAdapter(base, a.rank, a.alpha / a.rank, a.u_embedding, targets=a.targets.split(","), layers=layers)
+    if a.u_embedding == "binary":  # start every auxiliary near an average token embedding
+        emb = base.model.embed_tokens(mx.arange(base.args.vocab_size)).astype(mx.float32)
+        adapter.u_embed.u_adapter.bias = emb.mean(axis=0)
+        adapter.u_embed.u_adapter.weight = adapter.u_embed.u_adapter.weight * 0.1
+    pm = PTPModel(base, adapter)
+    sched = optim.join_schedules([optim.linear_schedule(0.0, a.lr, a.warmup),
+                                  optim.cosine_decay(a.lr, max(1, a.steps - a.warmup), a.lr * 0.1)], [a.warmup])
+    opt = optim.AdamW(learning_rate=sched, weight_decay=a.weight_decay)
+    opt.init(adapter.trainable_parameters())
+    state = {"step": 0, "best": None, "evals": [], "seconds": 0.0}
+    if a.resume and (run / "last" / "state.json").exists():
+        state = json.loads((run / "last" / "state.json").read_text())
+        adapter.load_weights(str(run / "last" / "adapter.safetensors"), strict=False)
+        opt.state = tree_unflatten(list(mx.load(str(run / "last" / "optimizer.safetensors")).items()))
+        log(f"resumed at step {state['step']}")
+    config_extra = {"sampling": {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "greedy_rows": True},
+                    "training": {"records": len(records), "steps": a.steps, "rank": a.rank, "alpha": a.alpha,
+                                 "window": a.window, "windows_per_seq": a.windows_per_seq,
+                                 "seqs_per_step": a.seqs_per_step, "lr": a.lr, "layers": a.layers,
+                                 "seed": a.seed}}
+    grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch))
+    bar = tqdm(total=a.steps, initial=state["step"], desc="train", unit="step", file=sys.stderr)
+    logf = open(run / "train.log", "a")
+    t_last = time.perf_counter()
+    while state["step"] < a.steps:
+        step = state["step"]
+        rng = np.random.default_rng([a.seed, step])
+        batch = []
+        for idx in rng.choice(len(records), size=min(a.seqs_per_step, len(records)), replace=False):
+            rec = records[int(idx)]
+            windows, u, labels, valid = make_windows(rec, a.windows_per_seq, a.window, rng)
+            if windows:
+                batch.append((teacher_kv(pm, rec["tokens"]), windows, u, labels, valid))
+        loss, grads = grad_fn(adapter, batch)
+        opt.update(adapter, grads)
+        mx.eval(adapter.parameters(), opt.state, loss)  # sync: one per step
+        state["step"] = step + 1
+        now = time.perf_counter()
+        state["seconds"] += now - t_last
+        t_last = now
+        logf.write(json.dumps({"step": step + 1, "loss": round(loss.item(), 4), "lr": float(sched(step))}) + "\n")
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        bar.update(1)
+        done = state["step"] == a.steps
+        if val and (state["step"] % a.eval_every == 0 or done):
+            ev = evaluate(pm, adapter, val, a.window, 8, a.seed)
+            ev["step"] = state["step"]
+            state["evals"].append(ev)
+            logf.write(json.dumps({"eval": ev}) + "\n")
+            log(f"step {state['step']}: val mean accepted {ev['mean_accepted']:.3f} hist {ev['histogram']}")
+            if state["best"] is None or ev["mean_accepted"] > state["best"]["mean_accepted"]:
+                state["best"] = ev
+                cfg = make_config(base, adapter, a.rank, a.alpha / a.rank, a.window, name=getattr(a, "name", None),
+                                  acceptance_histogram=ev["histogram"], validation=ev,
+                                  **{**config_extra, "training": {**config_extra["training"],
+                                                                  "best_step": state["step"],
+                                                                  "cpu_seconds": round(state["seconds"])}})
+                save_adapter(adapter, cfg, run / "best")
+        if state["step"] % a.save_every == 0 or done:
+            _checkpoint(run, adapter, opt, state)
+        logf.flush()
+    bar.close()
+    logf.close()
+    if a.out:
+        src = run / "best" if (run / "best").exists() else None
+        if src is None:
+            cfg = make_config(base, adapter, a.rank, a.alpha / a.rank, a.window, **config_extra)
+            save_adapter(adapter, cfg, Path(a.out))
+        else:
+            import shutil
+
+            from ..paths import atomic_dir
+
+            with atomic_dir(Path(a.out), overwrite=True) as tmp:
+                for f in src.iterdir():
+                    shutil.copy2(f, tmp / f.name)
+    log(f"trained {state['step']} steps in {state['seconds'] / 3600:.2f} h; best {state['best']}")
+    return 0
+
+
+def _checkpoint(run: Path, adapter: PTPAdapter, opt, state: dict) -> None:
+    """Adapter, optimizer state and step, written atomically so an interrupted save leaves the last good one."""
+    from ..paths import atomic_dir
+
+    with atomic_dir(run / "last", overwrite=True) as tmp:
+        mx.save_safetensors(str(tmp / "adapter.safetensors"), dict(tree_flatten(adapter.trainable_parameters())))
+        mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
+        (tmp / "state.json").write_text(json.dumps(state))

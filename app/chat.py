@@ -1,0 +1,272 @@
+"""The chat app: sends the conversation to the engine thread and streams its accepted blocks."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.widgets import Footer, Header, Input, Static
+
+from .engine_thread import (
+    AnswerFailed,
+    AnswerFinished,
+    BlockGenerated,
+    ChatRequest,
+    EngineFailed,
+    EngineReady,
+    EngineStatus,
+    EngineThread,
+    GenSettings,
+    Loader,
+)
+from .history import ChatHistory, default_history_path
+from .widgets import AnswerView, HelpScreen, StatsBar, UserMessage, split_blocks
+
+
+class ChatApp(App[None]):
+    """``ptp-chat``. ``loader`` builds the engine inside the engine thread (a fake one in tests)."""
+
+    CSS_PATH = "chat.tcss"
+    TITLE = "ptp-chat"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+t", "toggle_mode", "PTP/AR"),
+        Binding("ctrl+b", "toggle_blocks", "Blocks"),
+        Binding("ctrl+y", "copy_answer", "Copy"),
+        Binding("ctrl+l", "clear_chat", "Clear"),
+        Binding("f1", "help", "Help"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+    ]
+
+    def __init__(self, loader: Loader, settings: GenSettings | None = None, mode: str | None = None,
+                 history_path: Path | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.loader = loader
+        self.settings = settings or GenSettings()
+        self.requested_mode = mode
+        self.mode = mode or "ar"
+        self.history = ChatHistory(history_path or default_history_path())
+        self.clock = clock
+        self.ready = False
+        self.has_adapter = False
+        self.load_error: str | None = None
+        self.engine_thread: EngineThread | None = None
+        self.current: ChatRequest | None = None
+        self.answer: AnswerView | None = None
+        self.histogram: Counter[int] = Counter()  # tokens per call -> calls, this session
+        self._live: tuple[float | None, float | None] = (None, None)  # tok/s, tokens/call of the last answer
+        self._calls: list[int] = []
+        self._next_id = 0
+        self._status_text = "starting"
+        self._load_started = 0.0
+
+    # ----- layout and start-up -----
+
+    def compose(self) -> ComposeResult:
+        yield Header(show_clock=False, icon="")
+        yield VerticalScroll(id="chat")
+        yield Static("", id="status")
+        yield Input(placeholder="Ask something (enter sends, esc stops, f1 help)", id="prompt")
+        yield StatsBar(id="stats")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        chat = self.query_one("#chat", VerticalScroll)
+        chat.anchor()
+        warning = self.history.load()
+        if warning:
+            self.notify(warning, title="history", severity="warning")
+        for turn in self.history.turns:
+            if turn["role"] == "user":
+                await chat.mount(UserMessage(turn["content"]))
+            else:
+                blocks = split_blocks(turn["content"], turn.get("blocks"))
+                await chat.mount(AnswerView(turn.get("mode", "ar"), blocks, turn.get("stopped", False), finished=True))
+        self.query_one("#prompt", Input).focus()
+        self._refresh_stats()
+        # The model loads in the engine thread, so the screen is up at once and shows progress.
+        self._load_started = self.clock()
+        self._set_status("loading the model …")
+        self._ticker = self.set_interval(1.0, self._tick)
+        self.engine_thread = EngineThread(self.loader, self.post_message)
+        self.engine_thread.start()
+
+    def _tick(self) -> None:
+        if self.ready or self.load_error:
+            self._ticker.stop()
+            return
+        self._set_status(self._status_text)
+
+    def _set_status(self, text: str) -> None:
+        self._status_text = text
+        if not self.ready and not self.load_error:
+            text = f"{text} ({self.clock() - self._load_started:.0f} s)"
+        self.query_one("#status", Static).update(text)
+
+    def _refresh_stats(self) -> None:
+        tps, mean = self._live
+        self.query_one(StatsBar).show(self.mode, self.settings.describe(), tps, mean, dict(self.histogram))
+
+    async def on_unmount(self) -> None:
+        self._shutdown_engine()
+
+    def _shutdown_engine(self) -> None:
+        if self.engine_thread is not None:
+            self.engine_thread.shutdown()
+            self.engine_thread = None
+
+    # ----- engine messages -----
+
+    def on_engine_status(self, msg: EngineStatus) -> None:
+        self._set_status(msg.text)
+
+    def on_engine_ready(self, msg: EngineReady) -> None:
+        self.ready = True
+        self.has_adapter = msg.has_adapter
+        self.mode = self.requested_mode or msg.default_mode
+        if self.mode == "ptp" and not self.has_adapter:
+            self.mode = "ar"
+            self.notify("no PTP adapter for this model: answering in AR mode", severity="warning")
+        self.sub_title = msg.description
+        self._set_status(f"ready · {msg.description}")
+        self._refresh_stats()
+
+    def on_engine_failed(self, msg: EngineFailed) -> None:
+        self.load_error = msg.error
+        self._set_status(f"no model loaded: {msg.error}")
+        self.notify(msg.error, title="could not load the model", severity="error", timeout=30)
+
+    async def on_block_generated(self, msg: BlockGenerated) -> None:
+        if self.current is None or msg.request_id != self.current.request_id or self.answer is None:
+            return  # a block of an answer already stopped: dropped
+        step = msg.step
+        await self.answer.add_block(step.text, len(step.tokens))
+        self.histogram[step.accepted + 1] += 1
+        # Tokens per call of this answer: accepted drafts + the exact token (1 in AR mode).
+        self._calls.append(step.accepted + 1)
+        tps = step.generated / step.elapsed if step.elapsed > 0 else None
+        self._live = (tps, sum(self._calls) / len(self._calls))
+        self._refresh_stats()
+
+    async def on_answer_finished(self, msg: AnswerFinished) -> None:
+        if self.current is None or msg.request_id != self.current.request_id:
+            return
+        note = "max tokens" if msg.finish_reason == "length" else ""
+        await self._finish_answer(stopped=msg.stopped, note=note)
+
+    async def on_answer_failed(self, msg: AnswerFailed) -> None:
+        self.notify(msg.error, title="generation failed", severity="error", timeout=15)
+        if self.current is None or msg.request_id != self.current.request_id or self.answer is None:
+            return
+        if self.answer.blocks:
+            await self._finish_answer(stopped=True, note="error")
+            return
+        # Nothing was generated: take the question back into the input box so it can be edited or resent.
+        chat = self.query_one("#chat", VerticalScroll)
+        await self.answer.remove()
+        if chat.children and isinstance(chat.children[-1], UserMessage):
+            await chat.children[-1].remove()
+        text = self.history.pop_user()
+        self.current = self.answer = None
+        prompt = self.query_one("#prompt", Input)
+        if text and not prompt.value:
+            prompt.value = text
+        self._set_status("ready")
+
+    async def _finish_answer(self, stopped: bool, note: str = "") -> None:
+        answer, self.answer, self.current = self.answer, None, None
+        if answer is None:
+            return
+        await answer.finish(stopped, note)
+        self.history.add_answer(answer.text, answer.mode, [len(b) for b in answer.blocks], stopped)
+        self._save()
+        self._set_status("stopped · the partial answer is kept" if stopped else f"ready · {self.sub_title}")
+
+    def _save(self) -> None:
+        try:
+            self.history.save()
+        except OSError as e:
+            self.notify(f"could not save the chat history: {e}", severity="warning")
+
+    # ----- user input and keys -----
+
+    async def on_input_submitted(self, event: Input.Submitted) -> None:
+        text = event.value.strip()
+        if not text:
+            return
+        if self.load_error:
+            self.notify(f"no model loaded: {self.load_error}", severity="error")
+            return
+        if not self.ready:
+            self.notify("the model is still loading; your message stays in the box", severity="warning")
+            return
+        if self.current is not None:
+            self.notify("still answering: press esc to stop first", severity="warning")
+            return
+        event.input.value = ""
+        chat = self.query_one("#chat", VerticalScroll)
+        self.history.add_user(text)
+        self.answer = AnswerView(self.mode)
+        await chat.mount_all([UserMessage(text), self.answer])
+        self._next_id += 1
+        self.current = ChatRequest(self._next_id, self.history.messages(), self.mode, self.settings)
+        self._calls = []
+        self._live = (None, None)
+        self._set_status("answering … (esc stops)")
+        assert self.engine_thread is not None
+        self.engine_thread.submit(self.current)
+
+    async def action_stop(self) -> None:
+        """Esc: stop at once; the engine thread drops whatever it computes after this."""
+        if self.current is None:
+            return
+        self.current.stop.set()
+        await self._finish_answer(stopped=True)
+
+    def action_toggle_mode(self) -> None:
+        if not self.ready:
+            self.notify("the model is still loading", severity="warning")
+            return
+        if self.mode == "ar" and not self.has_adapter:
+            self.notify("PTP needs an adapter and this model has none (start with --adapter DIR)",
+                        severity="warning")
+            return
+        self.mode = "ar" if self.mode == "ptp" else "ptp"
+        self.notify(f"the next answer uses {self.mode.upper()} decoding")
+        self._refresh_stats()
+
+    def action_toggle_blocks(self) -> None:
+        chat = self.query_one("#chat", VerticalScroll)
+        chat.toggle_class("show-blocks")
+        on = chat.has_class("show-blocks")
+        self.notify("showing accepted blocks: one shade per model call" if on else "showing rendered Markdown")
+
+    def action_copy_answer(self) -> None:
+        text = self.history.last_answer()
+        if not text:
+            self.notify("no answer to copy yet", severity="warning")
+            return
+        self.copy_to_clipboard(text)
+        self.notify(f"copied the last answer ({len(text)} characters)")
+
+    async def action_clear_chat(self) -> None:
+        if self.current is not None:
+            self.current.stop.set()
+            self.current = self.answer = None
+        await self.query_one("#chat", VerticalScroll).remove_children()
+        self.history.clear()
+        self.histogram.clear()
+        self._live = (None, None)
+        self._refresh_stats()
+        self._set_status("chat cleared" if self.ready else self._status_text)
+        self.notify("chat and saved history cleared")
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())

@@ -1,0 +1,46 @@
+"""``ptp-chat``: the Textual chat (conventions.md flags; errors inside the app are notifications)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ptp_mlx.cli_common import UserError, add_model_flags, add_sampling_flags, run_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ptp-chat", description="Chat with a local model; watch PTP accept token blocks.")
+    add_model_flags(p)
+    add_sampling_flags(p, max_tokens=512)
+    p.add_argument("--no-measure", action="store_true",
+                   help="skip measuring the forward-pass cost curve for the PTP budget (a flat curve is used)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from ptp_mlx.sampler import SamplingSettings
+
+    from .chat import ChatApp
+    from .engine_thread import GenSettings, engine_loader
+
+    try:
+        SamplingSettings(args.temp, args.top_k, args.top_p, args.seed).validate()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if args.max_tokens < 1:
+        raise UserError("--max-tokens must be at least 1")
+    if args.mode == "ptp" and args.adapter and args.adapter.lower() == "none":
+        raise UserError("--mode ptp needs an adapter")
+    settings = GenSettings(args.temp, args.top_k, args.top_p, args.seed, args.max_tokens)
+    # Missing model or bad adapter folders are reported inside the app (the model loads there).
+    app = ChatApp(engine_loader(args.model, args.adapter, measure_cost=not args.no_measure), settings, args.mode)
+    app.run()
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_cli(run, build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""``ptp-bench``: mlx-lm, our autoregressive path, PTP (and mlx-lm's speculative decoding) side by side.
+
+stdout: the table. stderr: progress and notices. ``--json`` / ``--plot`` write the raw figures and a PNG.
+Exit 1 when PTP's output differs from autoregressive decoding, or on Ctrl-C (after writing what was measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..cli_common import UserError, add_model_flags, add_sampling_flags, run_cli
+from .methods import METHODS
+
+DEFAULT_WIDTHS = "1,2,4,8,12,16,24,32,48,64"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ptp-bench",
+        description="Measure PTP against mlx-lm and autoregressive "
+        "decoding on the same weights, interleaved per prompt.",
+    )
+    add_model_flags(p, adapter=False)
+    p.add_argument(
+        "--adapter", default=None, help="adapter folder (default: the one shipped for the model; 'none' for no adapter)"
+    )
+    add_sampling_flags(p, max_tokens=128)
+    p.add_argument("--prompts", default=None, help="Spec-Bench JSONL file (default: the bundled dev prompts)")
+    p.add_argument("--limit", type=int, default=None, help="at most N prompts, taken round-robin over categories")
+    p.add_argument("--categories", default=None, help="only these categories, comma-separated")
+    p.add_argument("--repeats", type=int, default=1, help="answer every prompt N times per method")
+    p.add_argument(
+        "--methods",
+        default=None,
+        help=f"comma-separated subset of {','.join(METHODS)} (default: mlx-lm, ar, ptp when an "
+        "adapter is loaded, mlx-lm-draft with --draft-model)",
+    )
+    p.add_argument("--draft-model", default=None, help="draft model folder for mlx-lm's speculative decoding")
+    p.add_argument("--num-draft-tokens", type=int, default=2, help="draft tokens per step for mlx-lm-draft")
+    p.add_argument("--step", choices=["fused", "simple"], default="fused", help="PTP step kind")
+    p.add_argument("--cost-widths", default=DEFAULT_WIDTHS, help="pass widths of the cost-curve probe")
+    p.add_argument("--no-cost-curve", action="store_true", help="skip the cost-curve probe")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up answers")
+    p.add_argument("--json", default=None, help="write every raw figure and the environment to this file")
+    p.add_argument("--plot", default=None, help="write a PNG plot to this file")
+    return p
+
+
+def _parse_list(s: str | None) -> list[str]:
+    return [x.strip() for x in s.split(",") if x.strip()] if s else []
+
+
+def validate(args: argparse.Namespace):
+    """Check every flag before anything slow happens. Returns (sampling, methods or None, widths)."""
+    from ..sampler import SamplingSettings
+
+    sampling = SamplingSettings(args.temp, args.top_k, args.top_p, args.seed)
+    try:
+        sampling.validate()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    for flag, v in (
+        ("--max-tokens", args.max_tokens),
+        ("--repeats", args.repeats),
+        ("--num-draft-tokens", args.num_draft_tokens),
+    ):
+        if v < 1:
+            raise UserError(f"{flag} must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        raise UserError("--limit must be at least 1")
+    methods = _parse_list(args.methods) or None
+    if methods:
+        bad = [m for m in methods if m not in METHODS]
+        if bad:
+            raise UserError(f"unknown method {bad[0]!r} (known: {', '.join(METHODS)})")
+        if len(set(methods)) != len(methods):
+            raise UserError("--methods lists a method twice")
+        if "mlx-lm-draft" in methods and not args.draft_model:
+            raise UserError("method mlx-lm-draft needs --draft-model DIR")
+        if "ptp" in methods and args.adapter and args.adapter.lower() == "none":
+            raise UserError("method ptp needs an adapter")
+    widths: list[int] = []
+    if not args.no_cost_curve:
+        try:
+            widths = sorted({int(w) for w in _parse_list(args.cost_widths)} | {1})
+        except ValueError:
+            raise UserError(f"--cost-widths must be comma-separated integers, got {args.cost_widths!r}") from None
+        if widths[0] < 1 or widths[-1] > 1024:
+            raise UserError("--cost-widths must lie in 1..1024")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UserError("--plot needs matplotlib: pip install 'ptp-mlx[bench]'") from None
+    return sampling, methods, widths
+
+
+def run(args: argparse.Namespace) -> int:
+    sampling, methods, widths = validate(args)
+    from .prompts import load_prompts
+
+    prompts = load_prompts(args.prompts, args.limit, _parse_list(args.categories) or None)
+
+    from tqdm import tqdm
+
+    from ..engine import Engine
+    from ..models import load
+    from . import report
+    from .methods import make_runners
+    from .metrics import summarize
+    from .run import BenchRun, compare, diagnose, run_bench
+
+    eng = Engine.load(args.model, args.adapter)
+    if methods is None:
+        methods = (
+            ["mlx-lm", "ar"] + (["ptp"] if eng.has_adapter else []) + (["mlx-lm-draft"] if args.draft_model else [])
+        )
+    if "ptp" in methods and not eng.has_adapter:
+        raise UserError("method ptp needs an adapter (--adapter DIR); none is shipped for this model yet")
+    if "ptp" in methods and "ar" not in methods:
+        print("notice: without method ar there is no lossless check for ptp", file=sys.stderr)
+    draft = load(args.draft_model)[0] if args.draft_model else None
+    runners = make_runners(eng, methods, draft, args.num_draft_tokens, args.step)
+    ctx = getattr(eng.pm.args, "max_position_embeddings", None)
+
+    cost, bench = None, BenchRun()
+    try:
+        if widths:
+            from ..budget import measure_cost_curve
+
+            print(f"measuring the cost curve (widths {widths[0]}..{widths[-1]})...", file=sys.stderr)
+            probe_ctx = max(1, min(256, (ctx or 1 << 30) - widths[-1] - 1))
+            curve, secs = measure_cost_curve(eng.pm, widths, context=probe_ctx)
+            cost = {**curve.to_dict(), "seconds": secs, "context": probe_ctx}
+    except KeyboardInterrupt:
+        bench.interrupted = True
+    if not bench.interrupted:
+        with tqdm(
+            total=len(prompts) * args.repeats * len(runners),
+            desc="ptp-bench",
+            unit="answer",
+            file=sys.stderr,
+            disable=None,
+        ) as bar:
+            bench = run_bench(
+                prompts,
+                runners,
+                eng.tokenizer,
+                args.max_tokens,
+                sampling,
+                args.repeats,
+                warmup=not args.no_warmup,
+                progress=bar.update,
+                context=ctx,
+            )
+
+    checks = []
+    if "ptp" in methods and "ar" in methods:
+        checks.append(("lossless", "ar", "ptp", True))
+    if sampling.greedy and "mlx-lm" in methods and "ar" in methods:
+        checks.append(("greedy parity", "mlx-lm", "ar", False))
+    check_docs = []
+    for name, ref, other, fatal in checks:
+        n, same, divs = compare(bench.records, ref, other)
+        for d in divs:
+            diagnose(d, bench.records, ref, eng.pm.base)
+        check_docs.append(report.check_doc(name, ref, other, n, same, divs, fatal))
+
+    settings = {
+        "temp": args.temp,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": args.seed,
+        "greedy": sampling.greedy,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "limit": args.limit,
+        "categories": _parse_list(args.categories),
+        "methods": methods,
+        "prompts_file": str(args.prompts or "bundled"),
+        "step": args.step,
+        "num_draft_tokens": args.num_draft_tokens,
+        "warmup": not args.no_warmup,
+        "budget_curve": eng.budget.curve.to_dict() if eng.budget else None,
+    }
+    summary = summarize(bench.records, bench.complete, methods)
+    doc = report.build_json(
+        settings, report.environment(eng, draft, args.draft_model), prompts, bench, summary, check_docs, cost
+    )
+    print(report.table(doc))
+    sys.stdout.flush()
+    if args.json:
+        report.write_json(args.json, doc)
+    if args.plot:
+        report.write_plot(args.plot, doc)
+
+    failed = [c for c in check_docs if c["fatal"] and not c["ok"]]
+    if failed:
+        c = failed[0]
+        print(
+            f"error: lossless check failed: {c['method']} differs from {c['reference']} on "
+            f"{c['compared'] - c['identical']} of {c['compared']} answers",
+            file=sys.stderr,
+        )
+        return 1
+    if bench.interrupted:
+        print(
+            f"error: interrupted after {len(bench.complete)} of {len(prompts)} prompts "
+            "(the partial results were written)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_cli(run, build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

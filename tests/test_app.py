@@ -1,0 +1,373 @@
+"""The Textual chat (``ptp-chat``) driven with ``App.run_test`` and Pilot: fake engines and the tiny real model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+
+from ptp_mlx.generate import ContextFull, GenerationStep
+
+pytest.importorskip("textual")
+
+from textual.widgets import Input, Markdown  # noqa: E402
+from textual.widgets._markdown import MarkdownFence  # noqa: E402
+
+from ptp_mlx.app.chat import ChatApp  # noqa: E402
+from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
+from ptp_mlx.app.history import ChatHistory, default_history_path  # noqa: E402
+from ptp_mlx.app.main import main  # noqa: E402
+from ptp_mlx.app.widgets import AnswerView, BlocksView, HelpScreen, UserMessage, sparkline, split_blocks  # noqa: E402
+from ptp_mlx.cli_common import UserError  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+BLOCKS = ["Hello", " there", ", how", " can I", " help?"]
+
+
+class FakeEngine:
+    """Same surface as ``Engine``: PTP yields the given blocks (one token per character), AR one character
+    per call. With ``gate``, every block waits for one ``gate.release()`` so a test can step through."""
+
+    def __init__(self, blocks=BLOCKS, has_adapter=True, gate: threading.Semaphore | None = None,
+                 error: Exception | None = None, sizes: list[int] | None = None):
+        self.blocks = list(blocks)
+        self.sizes = sizes or [len(b) for b in blocks]  # tokens per PTP block
+        self._has_adapter = has_adapter
+        self.gate = gate
+        self.error = error
+        self.calls: list[dict] = []
+        self.model_path = "fake-model"
+        self.adapter_path = "fake-adapter" if has_adapter else None
+        self.closed = threading.Event()
+
+    @property
+    def has_adapter(self) -> bool:
+        return self._has_adapter
+
+    def default_mode(self) -> str:
+        return "ptp" if self._has_adapter else "ar"
+
+    def generate(self, prompt, mode=None, sampling=None, max_tokens=256):
+        self.calls.append({"messages": list(prompt), "mode": mode, "sampling": sampling, "max_tokens": max_tokens})
+        if self.error is not None:
+            raise self.error
+        return self._steps(mode)
+
+    def _steps(self, mode):
+        if mode == "ptp":
+            blocks, sizes = self.blocks, self.sizes
+        else:
+            blocks = list("".join(self.blocks))
+            sizes = [1] * len(blocks)
+        generated = 0
+        try:
+            for i, (text, n) in enumerate(zip(blocks, sizes)):
+                if self.gate is not None and not self.gate.acquire(timeout=10):
+                    return
+                generated += n
+                last = i == len(blocks) - 1
+                yield GenerationStep(tokens=list(range(n)), text=text, accepted=n - 1, proposed=n,
+                                     generated=generated, elapsed=0.1 * (i + 1),
+                                     finish_reason="stop" if last else None)
+        finally:
+            self.closed.set()
+
+
+def make_app(engine=None, tmp_path=None, **kw) -> ChatApp:
+    engine = engine or FakeEngine()
+    kw.setdefault("history_path", tmp_path / "history.json" if tmp_path else None)
+    return ChatApp(lambda log: engine, GenSettings(max_tokens=64), **kw)
+
+
+async def wait_until(pilot, cond, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("timed out waiting for the app")
+        await pilot.pause(0.02)
+
+
+async def send(pilot, text: str) -> None:
+    app = pilot.app
+    await wait_until(pilot, lambda: app.ready or app.load_error)
+    app.query_one("#prompt", Input).value = text
+    await pilot.press("enter")
+
+
+def answers(app) -> list[AnswerView]:
+    return list(app.query(AnswerView))
+
+
+def notes(app) -> list[str]:
+    return [n.message for n in app._notifications]
+
+
+async def test_streams_blocks_in_order(tmp_path):
+    gate = threading.Semaphore(0)
+    app = make_app(FakeEngine(gate=gate), tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await send(pilot, "hi")
+        answer = answers(app)[0]
+        for i in range(len(BLOCKS)):
+            assert answer.blocks == BLOCKS[:i]  # nothing shown ahead of the engine
+            gate.release()
+            await wait_until(pilot, lambda i=i: len(answer.blocks) == i + 1)
+            assert answer.blocks == BLOCKS[: i + 1]
+        await wait_until(pilot, lambda: app.current is None)
+        assert answer.query_one(Markdown).source == "".join(BLOCKS)
+        assert answer.finished and not answer.stopped
+        assert app.histogram == {5: 2, 6: 3}  # tokens per call -> calls
+        assert str(answer.query_one(".answer-header").render()) == "PTP · 28 tokens in 5 calls"
+        assert app.query_one("#prompt", Input).value == ""
+
+
+async def test_escape_stops_and_keeps_partial_answer(tmp_path):
+    gate = threading.Semaphore(0)
+    engine = FakeEngine(gate=gate)
+    app = make_app(engine, tmp_path)
+    async with app.run_test() as pilot:
+        await send(pilot, "hi")
+        answer = answers(app)[0]
+        gate.release(2)
+        await wait_until(pilot, lambda: len(answer.blocks) == 2)
+        await pilot.press("escape")
+        assert app.current is None and answer.finished and answer.stopped
+        gate.release(10)  # the engine thread may compute one more block: it is dropped, then generation closes
+        await asyncio.get_running_loop().run_in_executor(None, engine.closed.wait, 10)
+        await pilot.pause(0.1)
+        assert answer.blocks == BLOCKS[:2]
+        assert answer.query_one(Markdown).source == "".join(BLOCKS[:2])
+        assert "stopped" in str(app.query_one("#status").render())
+    saved = json.loads((tmp_path / "history.json").read_text())["turns"]
+    assert saved[-1] == {"role": "assistant", "content": "Hello there", "mode": "ptp", "blocks": [5, 6],
+                         "stopped": True}
+
+
+async def test_mode_switch_applies_to_next_answer(tmp_path):
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.ready)
+        assert app.mode == "ptp"
+        await pilot.press("ctrl+t")
+        assert app.mode == "ar"
+        assert "AR" in str(app.query_one("#stats").render())
+        await send(pilot, "one")
+        await wait_until(pilot, lambda: app.current is None)
+        await pilot.press("ctrl+t")
+        await send(pilot, "two")
+        await wait_until(pilot, lambda: app.current is None)
+        assert [c["mode"] for c in engine.calls] == ["ar", "ptp"]
+        first, second = answers(app)
+        assert first.mode == "ar" and first.calls == len("".join(BLOCKS))
+        assert second.mode == "ptp" and second.calls == len(BLOCKS)
+        assert first.text == second.text  # lossless: same text, fewer calls
+        # The second request carries the whole conversation (multi-turn chat template).
+        assert [m["role"] for m in engine.calls[1]["messages"]] == ["user", "assistant", "user"]
+
+
+async def test_mode_switch_without_adapter_warns(tmp_path):
+    app = make_app(FakeEngine(has_adapter=False), tmp_path, mode="ptp")
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.ready)
+        assert app.mode == "ar"
+        await pilot.press("ctrl+t")
+        assert app.mode == "ar"
+        assert any("adapter" in n for n in notes(app))
+
+
+async def test_history_saved_reloaded_and_cleared(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test() as pilot:
+        await send(pilot, "first question")
+        await wait_until(pilot, lambda: app.current is None)
+    path = tmp_path / "history.json"
+    turns = json.loads(path.read_text())["turns"]
+    assert [t["role"] for t in turns] == ["user", "assistant"]
+    assert turns[1]["content"] == "".join(BLOCKS) and turns[1]["blocks"] == [len(b) for b in BLOCKS]
+
+    engine = FakeEngine(blocks=["Sure", "."])
+    app = make_app(engine, tmp_path)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.ready)
+        assert [m.text for m in app.query(UserMessage)] == ["first question"]
+        old = answers(app)[0]
+        assert old.blocks == BLOCKS and old.query_one(Markdown).source == "".join(BLOCKS)
+        await send(pilot, "second")
+        await wait_until(pilot, lambda: app.current is None)
+        assert engine.calls[0]["messages"] == [
+            {"role": "user", "content": "first question"},
+            {"role": "assistant", "content": "".join(BLOCKS)},
+            {"role": "user", "content": "second"},
+        ]
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert not answers(app) and not list(app.query(UserMessage))
+    assert not path.exists()
+
+
+async def test_unreadable_history_is_set_aside(tmp_path):
+    path = tmp_path / "history.json"
+    path.write_text("{not json")
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.ready)
+        assert any("could not read the chat history" in n for n in notes(app))
+    assert (tmp_path / "history.json.unreadable").read_text() == "{not json"
+
+
+def failing_loader(log):
+    log("loading the model ...")
+    raise UserError("model folder not found: /nowhere")
+
+
+async def test_load_error_is_a_notification(tmp_path):
+    app = ChatApp(failing_loader, history_path=tmp_path / "h.json")
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.load_error is not None)
+        assert notes(app) == ["model folder not found: /nowhere"]
+        assert "no model loaded" in str(app.query_one("#status").render())
+        app.query_one("#prompt", Input).value = "hello"
+        await pilot.press("enter")
+        assert not answers(app) and "no model loaded" in notes(app)[-1]
+
+
+async def test_context_full_is_a_notification_and_returns_the_question(tmp_path):
+    app = make_app(FakeEngine(error=ContextFull("prompt is 600 tokens but the model's context is 512")), tmp_path)
+    async with app.run_test() as pilot:
+        await send(pilot, "a long question")
+        await wait_until(pilot, lambda: app.current is None)
+        assert any(n.startswith("context full: prompt is 600 tokens") for n in notes(app))
+        assert not answers(app) and not list(app.query(UserMessage))
+        assert app.query_one("#prompt", Input).value == "a long question"
+        assert app.history.turns == []
+
+
+async def test_code_block_survives_streaming(tmp_path):
+    blocks = ["Here:\n\n", "```py", "thon\nprint(", "'hi')\n", "x = 1\n``", "`\n\nDone."]
+    app = make_app(FakeEngine(blocks=blocks), tmp_path)
+    async with app.run_test() as pilot:
+        await send(pilot, "code please")
+        await wait_until(pilot, lambda: app.current is None)
+        md = answers(app)[0].query_one(Markdown)
+        assert md.source == "".join(blocks)
+        fences = list(md.query(MarkdownFence))
+        assert len(fences) == 1 and fences[0].code == "print('hi')\nx = 1" and fences[0].lexer == "python"
+
+
+async def test_blocks_toggle_copy_and_help(tmp_path):
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test() as pilot:
+        await pilot.press("ctrl+y")
+        assert "no answer" in notes(app)[-1]
+        await send(pilot, "hi")
+        await wait_until(pilot, lambda: app.current is None)
+        view = answers(app)[0].query_one(BlocksView)
+        assert not view.display or not view.region.height
+        await pilot.press("ctrl+b")
+        await pilot.pause()
+        assert view.region.height > 0 and not answers(app)[0].query_one(Markdown).region.height
+        rendered = view.render()
+        assert rendered.plain == "".join(BLOCKS) and len({s.style for s in rendered.spans}) == 2
+        await pilot.press("ctrl+y")
+        assert app.clipboard == "".join(BLOCKS)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_typing_stays_possible_while_answering(tmp_path):
+    gate = threading.Semaphore(0)
+    app = make_app(FakeEngine(gate=gate), tmp_path)
+    async with app.run_test() as pilot:
+        await send(pilot, "hi")
+        await pilot.press("n", "e", "x", "t")
+        assert app.query_one("#prompt", Input).value == "next"
+        await pilot.press("enter")  # refused while answering; the text stays
+        assert app.query_one("#prompt", Input).value == "next" and "esc" in notes(app)[-1]
+        gate.release(10)
+        await wait_until(pilot, lambda: app.current is None)
+
+
+def test_helpers():
+    assert sparkline({}) == ""
+    assert sparkline({1: 2, 3: 8}) == "1▕▃ █▏3"
+    assert split_blocks("abcdef", [2, 4]) == ["ab", "cdef"]
+    assert split_blocks("abcdef", [2, 2]) == ["abcdef"]
+    assert GenSettings().describe() == "greedy · seed 0 · max 256"
+    assert GenSettings(0.7, 40, 0.9, 3, 10).describe() == "T 0.7 · top-k 40 · top-p 0.9 · seed 3 · max 10"
+    assert default_history_path().name == "chat_history.json"
+    h = ChatHistory(default_history_path())
+    h.add_user("q")
+    h.save()
+    assert json.loads(default_history_path().read_text())["turns"] == [{"role": "user", "content": "q"}]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--top-p", "0"], "top_p"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--mode", "ptp", "--adapter", "none"], "needs an adapter"),
+])
+def test_cli_bad_flags_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err
+
+
+# ----- the real engine on the tiny random model -----
+
+def _reference(engine, messages, mode, settings: GenSettings) -> str:
+    from ptp_mlx.sampler import SamplingSettings
+
+    s = SamplingSettings(settings.temperature, settings.top_k, settings.top_p, settings.seed)
+    return "".join(st.text for st in engine.generate(messages, mode=mode, sampling=s, max_tokens=settings.max_tokens))
+
+
+@pytest.fixture(scope="module")
+def tiny_adapter_dir(tiny_model_dir, tmp_path_factory):
+    import mlx_lm
+
+    from ptp_mlx.adapter import make_config, save_adapter
+    from ptp_mlx.ptp_model import PTPAdapter
+    from ptp_mlx.testing import randomize_adapter
+
+    model, _ = mlx_lm.load(str(tiny_model_dir))
+    adapter = PTPAdapter(model, 4, 1.0, "binary")
+    randomize_adapter(adapter)
+    out = tmp_path_factory.mktemp("adapter") / "tiny-ptp"
+    save_adapter(adapter, make_config(model, adapter, 4, 1.0, window=4), out)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["ar", "ptp"])
+async def test_real_engine_text_equals_generator_text(mode, tiny_model_dir, tiny_adapter_dir, tmp_path):
+    from ptp_mlx.app.engine_thread import engine_loader
+    from ptp_mlx.engine import Engine
+
+    adapter = str(tiny_adapter_dir) if mode == "ptp" else "none"
+    settings = GenSettings(temperature=0.8, top_k=20, seed=7, max_tokens=40)
+    app = ChatApp(engine_loader(str(tiny_model_dir), adapter, measure_cost=False), settings, mode,
+                  history_path=tmp_path / "h.json")
+    async with app.run_test() as pilot:
+        await send(pilot, "Hi there")
+        await wait_until(pilot, lambda: app.current is None, timeout=60)
+        answer = answers(app)[0]
+        shown = answer.query_one(Markdown).source
+        assert not notes(app) and answer.mode == mode and answer.calls > 0
+        messages = app.history.messages()[:1]
+    assert shown == answer.text and shown
+    engine = Engine.load(str(tiny_model_dir), adapter, log=lambda m: None, measure_cost=False)
+    assert shown == _reference(engine, messages, mode, settings)
+    if mode == "ptp":  # lossless: the AR answer is the same text
+        assert shown == _reference(engine, messages, "ar", settings)

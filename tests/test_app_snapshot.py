@@ -1,0 +1,77 @@
+"""SVG snapshots of the chat (pytest-textual-snapshot): fake engine, fixed clock, fixed seed, fixed size.
+
+Update after an intended change with ``pytest tests/test_app_snapshot.py --snapshot-update`` and look at the
+SVGs under ``tests/__snapshots__/``.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("pytest_textual_snapshot")
+
+from test_app import FakeEngine, wait_until  # noqa: E402
+from textual.widgets import Input  # noqa: E402
+
+from ptp_mlx.app.chat import ChatApp  # noqa: E402
+from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
+
+SIZE = (100, 32)
+ANSWER = ["Parallel", " token prediction", " drafts several", " tokens per call", ":\n\n", "```python\n",
+          "def add(a, b):\n", "    return a", " + b\n```\n\n", "Every token", " is checked", "."]
+SIZES = [2, 3, 2, 3, 1, 3, 5, 2, 4, 2, 2, 1]  # tokens per block
+
+
+def chat_app(tmp_path, engine=None, loader=None) -> ChatApp:
+    engine = engine or FakeEngine(blocks=ANSWER, sizes=SIZES)
+    return ChatApp(loader or (lambda log: engine), GenSettings(temperature=0.7, top_k=40, seed=1, max_tokens=64),
+                   history_path=tmp_path / "history.json", clock=lambda: 0.0)
+
+
+async def one_exchange(pilot, *keys: str) -> None:
+    app = pilot.app
+    await wait_until(pilot, lambda: app.ready)
+    app.query_one("#prompt", Input).value = "How does PTP work?"
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: app.current is None)
+    await pilot.press(*keys)
+    app.clear_notifications()
+    await pilot.pause()
+
+
+def test_main_screen(snap_compare, tmp_path):
+    assert snap_compare(chat_app(tmp_path), terminal_size=SIZE, run_before=one_exchange)
+
+
+def test_block_view(snap_compare, tmp_path):
+    async def run_before(pilot):
+        await one_exchange(pilot, "ctrl+b")
+
+    assert snap_compare(chat_app(tmp_path), terminal_size=SIZE, run_before=run_before)
+
+
+def test_loading_progress(snap_compare, tmp_path):
+    release = threading.Event()
+
+    def slow_loader(log):
+        log("converting SmolLM2-135M-Instruct.Q4_1.gguf to an MLX folder (float32) ...")
+        release.wait(10)
+        return FakeEngine()
+
+    async def run_before(pilot):
+        await wait_until(pilot, lambda: "converting" in str(pilot.app.query_one("#status").render()))
+
+    try:
+        assert snap_compare(chat_app(tmp_path, loader=slow_loader), terminal_size=SIZE, run_before=run_before)
+    finally:
+        release.set()
+
+
+def test_help_screen(snap_compare, tmp_path):
+    async def run_before(pilot):
+        await wait_until(pilot, lambda: pilot.app.ready)
+        await pilot.press("f1")
+
+    assert snap_compare(chat_app(tmp_path), terminal_size=SIZE, run_before=run_before)
