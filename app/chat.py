@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
@@ -44,8 +46,14 @@ class ChatApp(App[None]):
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
-    def __init__(self, loader: Loader, settings: GenSettings | None = None, mode: str | None = None,
-                 history_path: Path | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        loader: Loader,
+        settings: GenSettings | None = None,
+        mode: str | None = None,
+        history_path: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         super().__init__()
         self.loader = loader
         self.settings = settings or GenSettings()
@@ -94,6 +102,8 @@ class ChatApp(App[None]):
         self._load_started = self.clock()
         self._set_status("loading the model …")
         self._ticker = self.set_interval(1.0, self._tick)
+        # Progress that the loader prints (tqdm bars of the first-run conversion) lands in the status line.
+        self.begin_capture_print(self, stdout=True, stderr=True)
         self.engine_thread = EngineThread(self.loader, self.post_message)
         self.engine_thread.start()
 
@@ -106,7 +116,7 @@ class ChatApp(App[None]):
     def _set_status(self, text: str) -> None:
         self._status_text = text
         if not self.ready and not self.load_error:
-            text = f"{text} ({self.clock() - self._load_started:.0f} s)"
+            text = f"{self.clock() - self._load_started:.0f} s · {text}"
         self.query_one("#status", Static).update(text)
 
     def _refresh_stats(self) -> None:
@@ -123,11 +133,19 @@ class ChatApp(App[None]):
 
     # ----- engine messages -----
 
+    def on_print(self, event: events.Print) -> None:
+        if self.ready or self.load_error:
+            return
+        pieces = [p.strip() for p in re.split(r"[\r\n]", event.text) if p.strip()]
+        if pieces:
+            self._set_status(pieces[-1])
+
     def on_engine_status(self, msg: EngineStatus) -> None:
         self._set_status(msg.text)
 
     def on_engine_ready(self, msg: EngineReady) -> None:
         self.ready = True
+        self.end_capture_print(self)
         self.has_adapter = msg.has_adapter
         self.mode = self.requested_mode or msg.default_mode
         if self.mode == "ptp" and not self.has_adapter:
@@ -139,6 +157,7 @@ class ChatApp(App[None]):
 
     def on_engine_failed(self, msg: EngineFailed) -> None:
         self.load_error = msg.error
+        self.end_capture_print(self)
         self._set_status(f"no model loaded: {msg.error}")
         self.notify(msg.error, title="could not load the model", severity="error", timeout=30)
 
@@ -234,8 +253,7 @@ class ChatApp(App[None]):
             self.notify("the model is still loading", severity="warning")
             return
         if self.mode == "ar" and not self.has_adapter:
-            self.notify("PTP needs an adapter and this model has none (start with --adapter DIR)",
-                        severity="warning")
+            self.notify("PTP needs an adapter and this model has none (start with --adapter DIR)", severity="warning")
             return
         self.mode = "ar" if self.mode == "ptp" else "ptp"
         self.notify(f"the next answer uses {self.mode.upper()} decoding")

@@ -51,8 +51,9 @@ class EngineLike(Protocol):
 
     def default_mode(self) -> str: ...
 
-    def generate(self, prompt: Sequence[dict], mode: str | None = None, sampling: Any = None,
-                 max_tokens: int = 256) -> Iterator[Any]: ...
+    def generate(
+        self, prompt: Sequence[dict], mode: str | None = None, sampling: Any = None, max_tokens: int = 256
+    ) -> Iterator[Any]: ...
 
 
 Loader = Callable[[LogFn], EngineLike]
@@ -142,9 +143,9 @@ def engine_loader(model: str | None, adapter: str | None, measure_cost: bool = T
     """The real loader: ``Engine.load`` (fetching and converting the default model on first use)."""
 
     def load(log: LogFn) -> EngineLike:
+        log("loading " + (model or "the default model") + " …")
         from ptp_mlx.engine import Engine
 
-        log("loading " + (model or "the default model") + " ...")
         return Engine.load(model, adapter, log=log, measure_cost=measure_cost)
 
     return load

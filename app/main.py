@@ -12,8 +12,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ptp-chat", description="Chat with a local model; watch PTP accept token blocks.")
     add_model_flags(p)
     add_sampling_flags(p, max_tokens=512)
-    p.add_argument("--no-measure", action="store_true",
-                   help="skip measuring the forward-pass cost curve for the PTP budget (a flat curve is used)")
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="skip measuring the forward-pass cost curve for the PTP budget (a flat curve is used)",
+    )
     return p
 
 
@@ -35,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     # Missing model or bad adapter folders are reported inside the app (the model loads there).
     app = ChatApp(engine_loader(args.model, args.adapter, measure_cost=not args.no_measure), settings, args.mode)
     app.run()
-    return 0
+    return 1 if app.load_error else 0  # the model never loaded: a failure while running
 
 
 def main(argv=None) -> int:

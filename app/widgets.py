@@ -84,8 +84,9 @@ class BlocksView(Widget):
 class AnswerView(Vertical):
     """One answer: a header (mode, counts), the Markdown view and the block view (shown by ctrl+b)."""
 
-    def __init__(self, mode: str, blocks: list[str] | None = None, stopped: bool = False,
-                 finished: bool = False) -> None:
+    def __init__(
+        self, mode: str, blocks: list[str] | None = None, stopped: bool = False, finished: bool = False
+    ) -> None:
         super().__init__(classes="answer")
         self.mode = mode
         self.blocks: list[str] = list(blocks or [])
@@ -144,8 +145,7 @@ class AnswerView(Vertical):
 class StatsBar(Static):
     """Mode, sampling settings, speed and the accepted-length histogram."""
 
-    def show(self, mode: str, settings: str, tps: float | None, mean: float | None,
-             histogram: dict[int, int]) -> None:
+    def show(self, mode: str, settings: str, tps: float | None, mean: float | None, histogram: dict[int, int]) -> None:
         """The most telling figures first, so a narrow terminal cuts the settings, not the speed."""
         parts = [
             mode.upper(),
@@ -167,7 +167,11 @@ class HelpScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         lines = ["# ptp-chat keys", "", "| key | action |", "|---|---|"]
         lines += [f"| `{k}` | {what} |" for k, what in KEYS]
-        lines += ["", "Each model call accepts a block of tokens; in PTP mode a block can hold several.",
-                  "", "Press esc to close."]
+        lines += [
+            "",
+            "Each model call accepts a block of tokens; in PTP mode a block can hold several.",
+            "",
+            "Press esc to close.",
+        ]
         with Vertical(id="help"):
             yield Markdown("\n".join(lines))

@@ -8,19 +8,19 @@ The folder holds ``config.json``, ``model.safetensors`` and the tokenizer files,
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
-from tqdm import tqdm
 
 from ptp_mlx.cli_common import UserError
 from ptp_mlx.paths import atomic_dir
 
+from .common import FLOAT_DTYPES, Mapping, Summary, check_output, dir_size, dtype_name, progress
+
 SUPPORTED_ARCHS = {"llama"}
-FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+DTYPES = ("auto", "quantized", *FLOAT_DTYPES)
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -56,6 +56,8 @@ def map_name(name: str) -> str:
         return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
     if len(parts) == 2 and parts[0] in _TOP_NAMES:
         return f"{_TOP_NAMES[parts[0]]}.{suffix}"
+    if parts[0] == "rope_freqs":
+        raise UserError("this GGUF scales RoPE frequencies (rope_freqs, Llama 3.1 style), which is not supported")
     raise UserError(f"unknown GGUF tensor {name!r}: not a Llama-family layout")
 
 
@@ -119,7 +121,7 @@ def convert_weights(weights: dict[str, mx.array], cfg: dict, dtype: str) -> tupl
     quant: dict | None = None
     heads = {"self_attn.q_proj": cfg["num_attention_heads"], "self_attn.k_proj": cfg["num_key_value_heads"]}
     bases = sorted({k.rsplit(".", 1)[0] for k in weights})
-    for base in tqdm(bases, desc="converting", unit="tensor", file=sys.stderr, leave=False):
+    for base in progress(bases, "converting", total=len(bases)):
         new_base = map_name(base + ".weight").rsplit(".", 1)[0]
         n_head = next((h for s, h in heads.items() if new_base.endswith(s)), None)
         w = weights[base + ".weight"]
@@ -134,14 +136,19 @@ def convert_weights(weights: dict[str, mx.array], cfg: dict, dtype: str) -> tupl
                 if quant is None or bits == 4:
                     quant = {"group_size": group, "bits": bits}
             else:
-                deq = mx.dequantize(w, scales, biases, group_size=group, bits=bits)
+                # Dequantize in float32: the GGUF's fp16 scales and mins times the codes, as llama.cpp and
+                # transformers do. Dequantizing with fp16 scales rounds every weight to fp16 on the way.
+                deq = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group,
+                                    bits=bits)
                 out[new_base + ".weight"] = deq.astype(FLOAT_DTYPES[dtype])
         else:
             if n_head:
                 w = unpermute_rows(w, n_head)
-            target = FLOAT_DTYPES.get(dtype, mx.float16 if w.ndim > 1 else mx.float32)
-            out[new_base + ".weight"] = w.astype(target if w.ndim > 1 else (mx.float32 if dtype == "quantized" else target))
-        mx.eval(out)
+            if dtype == "quantized":  # float tensors of a quantized model: fp16 matrices, fp32 norms
+                out[new_base + ".weight"] = w.astype(mx.float16 if w.ndim > 1 else mx.float32)
+            else:
+                out[new_base + ".weight"] = w.astype(FLOAT_DTYPES[dtype])
+        mx.eval([v for k, v in out.items() if k.startswith(new_base + ".")])
     return out, quant
 
 
@@ -160,6 +167,8 @@ def build_tokenizer(meta: dict, out_dir: Path) -> None:
 
     if meta.get("tokenizer.ggml.model") != "gpt2":
         raise UserError(f"unsupported GGUF tokenizer {meta.get('tokenizer.ggml.model')!r} (only byte-level BPE 'gpt2')")
+    if "tokenizer.ggml.tokens" not in meta or "tokenizer.ggml.merges" not in meta:
+        raise UserError("the GGUF lacks its tokenizer (tokenizer.ggml.tokens / tokenizer.ggml.merges)")
     tokens = list(meta["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     types = np.array(meta.get("tokenizer.ggml.token_type", np.ones(len(tokens))))
@@ -188,22 +197,35 @@ def build_tokenizer(meta: dict, out_dir: Path) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def convert_gguf(src: Path, out: Path, dtype: str = "auto", overwrite: bool = False, dry_run: bool = False) -> dict:
-    """Convert ``src`` (GGUF) into the MLX folder ``out`` atomically. Returns a summary dict."""
+def convert_gguf(src: Path, out: Path | None, dtype: str = "auto", overwrite: bool = False,
+                 dry_run: bool = False) -> Summary:
+    """Convert ``src`` (GGUF) into the MLX folder ``out`` atomically. Returns the summary (and the mapping)."""
     dtype = default_dtype() if dtype == "auto" else dtype
-    if dtype not in ("quantized", *FLOAT_DTYPES):
-        raise UserError(f"unknown dtype {dtype!r} (quantized, float32, float16, bfloat16)")
+    if dtype not in DTYPES:
+        raise UserError(f"unknown dtype {dtype!r} ({', '.join(DTYPES)})")
+    out = check_output(out, overwrite, dry_run)
     weights, meta = read_gguf(Path(src))
     cfg = build_config(meta, has_output="output.weight" in weights, quant=None)
+    if meta.get("tokenizer.ggml.model") != "gpt2":  # checked again when the tokenizer is built
+        raise UserError(f"unsupported GGUF tokenizer {meta.get('tokenizer.ggml.model')!r} (only byte-level BPE 'gpt2')")
+    folded = dtype != "quantized"
+    summary = Summary("gguf", [
+        Mapping(k, None, tuple(v.shape), dtype_name(v), "folded into the dequantized weight")
+        if folded and k.endswith((".scales", ".biases")) else Mapping(k, map_name(k), tuple(v.shape), dtype_name(v))
+        for k, v in sorted(weights.items())], out=out)
+    summary.info["model"] = (f"{meta.get('general.name', Path(src).stem)}: {cfg['num_hidden_layers']} layers, hidden "
+                             f"{cfg['hidden_size']}, vocabulary {cfg['vocab_size']}")
+    summary.info["dtype"] = dtype
     if dry_run:
-        mapping = {k: map_name(k) for k in sorted(weights)}
-        return {"mapping": mapping, "tensors": len(weights), "dtype": dtype, "config": cfg}
-    out = Path(out)
+        return summary
     with atomic_dir(out, overwrite=overwrite) as tmp:
         new, quant = convert_weights(weights, cfg, dtype)
         cfg = build_config(meta, has_output="output.weight" in weights, quant=quant)
         mx.save_safetensors(str(tmp / "model.safetensors"), new, metadata={"format": "mlx"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
         build_tokenizer(meta, tmp)
-    size = (out / "model.safetensors").stat().st_size
-    return {"tensors": len(new), "dtype": dtype, "bytes": size, "out": str(out), "quantization": quant}
+    summary.written = {k: (tuple(v.shape), dtype_name(v)) for k, v in new.items()}
+    if quant:
+        summary.info["quantization"] = f"{quant['bits']}-bit affine, group {quant['group_size']} (embedding may differ)"
+    summary.bytes = dir_size(out)
+    return summary

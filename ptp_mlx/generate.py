@@ -162,6 +162,8 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
     # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
     width = int((pm.adapter_config or {}).get("window", 8))
+    # Greedy verification ignores u, so drafts may use the adapter's reserved "argmax" u when it has one.
+    greedy_u = pm.adapter_config.get("greedy_u") if s.greedy and pm.adapter_config else None
     budget = opts.budget or Budget(CostCurve(), max_width=width)
     drafts: list[int] = []
     conf: list[float] = []
@@ -192,7 +194,10 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         # 2. One forward pass: verify rows then auxiliary windows.
         tokens = mx.array([last] + drafts[:n])
         windows = [Window(offset + 1 + d, w) for d, w in branches]
-        aux_u = mx.array(np.concatenate([u.take(i + d, w) for d, w in branches])) if branches else None
+        aux_u = None
+        if branches:
+            aux_u = mx.array(np.full(sum(w for _, w in branches), greedy_u, np.float32) if greedy_u is not None
+                             else np.concatenate([u.take(i + d, w) for d, w in branches]))
         logits = pm(tokens, aux_u, windows, cache)
         targets = pick(mx.array(u.take(i, n + 1)), logits[: n + 1], s.temperature, s.top_k, s.top_p, check=False)
         if branches:

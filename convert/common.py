@@ -1,0 +1,239 @@
+"""What the converters share: reading weight files safely, output checks, progress and the summary.
+
+torch is imported only inside :func:`load_pickle`, the one place that needs it, so the runtime never pays
+for it and the safetensors/GGUF paths work without it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import mlx.core as mx
+from tqdm import tqdm
+
+from ptp_mlx.cli_common import UserError
+
+FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def sniff(path: Path) -> str:
+    """File format from its first bytes: ``safetensors``, ``zip`` (torch.save), ``pickle``, ``gguf``."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if head[:4] == b"PK\x03\x04":
+        return "zip"
+    if head[:1] == b"\x80":
+        return "pickle"
+    if len(head) >= 9 and head[8:9] == b"{":
+        return "safetensors"
+    return "unknown"
+
+
+def load_safetensors(path: Path) -> dict[str, mx.array]:
+    try:
+        return mx.load(str(path))
+    except Exception as e:  # MLX raises on truncated headers or data
+        raise UserError(f"cannot read {path} (truncated or corrupt safetensors?): {_one_line(e)}") from None
+
+
+def load_pickle(path: Path, trust_pickle: bool = False) -> Any:
+    """``torch.load`` under the pickle rule: ``weights_only=True`` unless the user trusts the file.
+
+    A pickle can run arbitrary code while loading; ``weights_only`` restricts it to tensors and plain
+    containers. Anything that needs more is refused with the global it asked for.
+    """
+    import pickle
+
+    try:
+        import torch
+    except ImportError:
+        raise UserError(f"{path.name} is a PyTorch pickle: reading it needs torch (pip install 'ptp-mlx[convert]')"
+                        ) from None
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=not trust_pickle, mmap=sniff(path) == "zip")
+    except pickle.UnpicklingError as e:
+        if trust_pickle:
+            raise UserError(f"cannot unpickle {path}: {_one_line(e)}") from None
+        wanted = re.search(r"GLOBAL ([\w.]+)", str(e)) or re.search(r"global[s]? ['`]?([\w.]+)", str(e))
+        what = f" (it asks for {wanted.group(1)})" if wanted else ""
+        raise UserError(f"refusing to load {path}: it needs code execution beyond plain tensors{what}; "
+                        "pass --trust-pickle only if you trust where the file came from") from None
+    except (RuntimeError, EOFError, OSError, ValueError, AttributeError, ImportError, ModuleNotFoundError) as e:
+        raise UserError(f"cannot read {path} (truncated or corrupt checkpoint?): {_one_line(e)}") from None
+
+
+def read_weight_file(path: Path, trust_pickle: bool = False) -> Any:
+    """The object stored in a weight file: a dict of mx arrays (safetensors) or the unpickled object."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"file not found: {path}")
+    kind = sniff(path)
+    if kind == "safetensors":
+        return load_safetensors(path)
+    if kind in ("zip", "pickle"):
+        return load_pickle(path, trust_pickle)
+    if kind == "gguf":
+        raise UserError(f"{path} is a GGUF file: use `ptp-convert gguf`")
+    raise UserError(f"{path} is not a safetensors or PyTorch checkpoint (unknown file format)")
+
+
+def is_tensor(v: Any) -> bool:
+    return isinstance(v, mx.array) or (type(v).__module__.startswith("torch") and hasattr(v, "shape"))
+
+
+def shape_of(v: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in v.shape)
+
+
+def dtype_name(v: Any) -> str:
+    return str(v.dtype).replace("mlx.core.", "").replace("torch.", "")
+
+
+def to_mx(v: Any) -> mx.array:
+    """A torch tensor or mx array as an mx array, bit-exact (bfloat16 travels as raw 16-bit words)."""
+    if isinstance(v, mx.array):
+        return v
+    import torch
+
+    t = v.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return mx.array(t.view(torch.int16).numpy()).view(mx.bfloat16)
+    return mx.array(t.numpy())
+
+
+def is_float(v: Any) -> bool:
+    return dtype_name(v) in ("float32", "float16", "bfloat16", "float64")
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def check_output(out: Path | None, overwrite: bool, dry_run: bool) -> Path | None:
+    """Fail early, before any heavy work, when ``out`` cannot be written."""
+    if dry_run:
+        return Path(out) if out else None
+    if out is None:
+        raise UserError("--out DIR is required (or pass --dry-run)")
+    out = Path(out).expanduser()
+    if out.exists() and not overwrite:
+        raise UserError(f"output folder already exists: {out} (pass --overwrite to replace it)")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output path exists and is not a folder: {out}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.probe-", dir=out.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"cannot write to {out.parent}: {e.strerror or e}") from None
+    return out
+
+
+def dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def progress(items: Iterable, desc: str, total: int | None = None):
+    """A tqdm bar on stderr (stdout carries the product)."""
+    return tqdm(items, desc=desc, total=total, unit="tensor", file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------------------------------------- summary
+
+
+@dataclass
+class Mapping:
+    """One source tensor and where it went (``dst`` None when dropped, with the reason)."""
+
+    src: str
+    dst: str | None
+    shape: tuple[int, ...]
+    dtype: str
+    why: str = ""
+
+    def line(self) -> str:
+        dst = self.dst if self.dst is not None else f"(dropped: {self.why})"
+        return f"{self.src} -> {dst}  {list(self.shape)} {self.dtype}"
+
+
+@dataclass
+class Summary:
+    """What a conversion mapped and wrote; ``lines()`` is what the CLI prints on stderr."""
+
+    kind: str
+    mappings: list[Mapping] = field(default_factory=list)
+    written: dict[str, tuple[tuple[int, ...], str]] = field(default_factory=dict)  # dst tensor -> (shape, dtype)
+    out: Path | None = None
+    bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mapped(self) -> int:
+        return sum(m.dst is not None for m in self.mappings)
+
+    @property
+    def dropped(self) -> list[Mapping]:
+        return [m for m in self.mappings if m.dst is None]
+
+    def lines(self, max_groups: int = 24) -> list[str]:
+        tensors = self.written or {m.dst: (m.shape, m.dtype) for m in self.mappings if m.dst}
+        n_params = sum(_numel(s) for s, _ in tensors.values())
+        dtypes = Counter(d for _, d in tensors.values())
+        out = [f"{self.kind}: mapped {self.mapped} source tensors, dropped {len(self.dropped)}"
+               + (f" ({', '.join(sorted({m.why for m in self.dropped}))})" if self.dropped else "")]
+        verb = "wrote" if self.written else "would write (source shapes and dtypes)"
+        out.append(f"  {verb} {len(tensors)} tensors, {n_params / 1e6:.2f}M values, dtypes "
+                   + ", ".join(f"{d} x{c}" for d, c in sorted(dtypes.items())))
+        for k, v in self.info.items():
+            out.append(f"  {k}: {v}")
+        groups = shape_groups(tensors)
+        for line in groups[:max_groups]:
+            out.append(f"    {line}")
+        if len(groups) > max_groups:
+            out.append(f"    ... {len(groups) - max_groups} more groups")
+        out.extend(f"  note: {n}" for n in self.notes)
+        if self.out is not None:
+            out.append(f"  size on disk: {human_bytes(self.bytes)} in {self.out}")
+        return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def shape_groups(tensors: dict[str, tuple[tuple[int, ...], str]]) -> list[str]:
+    """Compact shape listing: per-layer tensors folded into ``layers.*`` with a count."""
+    groups: dict[tuple[str, tuple[int, ...], str], int] = {}
+    for name, (shape, dtype) in tensors.items():
+        key = (re.sub(r"(^|[./])layers\.\d+\.", r"\1layers.*.", name), tuple(shape), dtype)
+        groups[key] = groups.get(key, 0) + 1
+    return [f"{n} {list(s)} {d}" + (f" x{c}" if c > 1 else "") for (n, s, d), c in sorted(groups.items())]
+
+
+def _one_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
