@@ -121,7 +121,13 @@ class ChatApp(App[None]):
 
     def _refresh_stats(self) -> None:
         tps, mean = self._live
-        self.query_one(StatsBar).show(self.mode, self.settings.describe(), tps, mean, dict(self.histogram))
+        mode = self.mode if self.ready else (self.requested_mode or "…")  # undecided until the adapter is known
+        self.query_one(StatsBar).show(mode, self.settings.describe(), tps, mean, dict(self.histogram))
+
+    async def action_quit(self) -> None:
+        """Quit; an answer in progress is stopped and saved like Esc does."""
+        await self.action_stop()
+        self.exit()
 
     async def on_unmount(self) -> None:
         self._shutdown_engine()
@@ -196,7 +202,7 @@ class ChatApp(App[None]):
         prompt = self.query_one("#prompt", Input)
         if text and not prompt.value:
             prompt.value = text
-        self._set_status("ready")
+        self._set_status(f"ready · {self.sub_title}")
 
     async def _finish_answer(self, stopped: bool, note: str = "") -> None:
         answer, self.answer, self.current = self.answer, None, None
@@ -274,15 +280,16 @@ class ChatApp(App[None]):
         self.notify(f"copied the last answer ({len(text)} characters)")
 
     async def action_clear_chat(self) -> None:
-        if self.current is not None:
+        if self.current is not None and self.answer is not None:
             self.current.stop.set()
+            await self.answer.finish(stopped=True)  # ends its Markdown stream before the widget goes
             self.current = self.answer = None
         await self.query_one("#chat", VerticalScroll).remove_children()
         self.history.clear()
         self.histogram.clear()
         self._live = (None, None)
         self._refresh_stats()
-        self._set_status("chat cleared" if self.ready else self._status_text)
+        self._set_status(f"chat cleared · {self.sub_title}" if self.ready else self._status_text)
         self.notify("chat and saved history cleared")
 
     def action_help(self) -> None:

@@ -24,14 +24,21 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--overwrite", action="store_true", help="replace an existing output folder")
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     pickle_flag = argparse.ArgumentParser(add_help=False)
-    pickle_flag.add_argument("--trust-pickle", action="store_true",
-                             help="allow PyTorch pickles that need code execution to load (only for trusted files)")
+    pickle_flag.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow PyTorch pickles that need code execution to load (only for trusted files)",
+    )
     float_dtypes = ["auto", "float32", "float16", "bfloat16"]
     sub = p.add_subparsers(dest="command", required=True, metavar="{gguf,hf,ptp}")
 
     g = sub.add_parser("gguf", parents=[common], help="llama.cpp GGUF (Llama family) -> MLX model folder")
-    g.add_argument("--dtype", choices=["auto", "quantized", "float32", "float16", "bfloat16"], default="auto",
-                   help="keep the quantized weights or dequantize (auto: float32 on CPU, bfloat16 on a GPU)")
+    g.add_argument(
+        "--dtype",
+        choices=["auto", "quantized", "float32", "float16", "bfloat16"],
+        default="auto",
+        help="keep the quantized weights or dequantize (auto: float32 on CPU, bfloat16 on a GPU)",
+    )
 
     h = sub.add_parser("hf", parents=[common, pickle_flag], help="Hugging Face model folder -> MLX model folder")
     h.add_argument("--dtype", choices=float_dtypes, default="auto", help="float dtype (auto: the config's)")
@@ -39,16 +46,26 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--q-bits", type=int, default=4, help="bits per weight when quantizing (default 4)")
     h.add_argument("--q-group-size", type=int, default=64, help="quantization group size (default 64)")
 
-    t = sub.add_parser("ptp", parents=[common, pickle_flag],
-                       help="PyTorch PTP checkpoint (.ckpt/.pt/.bin/.safetensors) -> MLX model + adapter folders")
+    t = sub.add_parser(
+        "ptp",
+        parents=[common, pickle_flag],
+        help="PyTorch PTP checkpoint (.ckpt/.pt/.bin/.safetensors) -> MLX model + adapter folders",
+    )
     t.add_argument("--base", default=None, help="MLX folder of the base model (else written from the checkpoint)")
-    t.add_argument("--config", default=None,
-                   help="base model's Hugging Face folder (config.json + tokenizer) when writing the base model")
+    t.add_argument(
+        "--config",
+        default=None,
+        help="base model's Hugging Face folder (config.json + tokenizer) when writing the base model",
+    )
     t.add_argument("--train-yaml", default=None, help="the run's train.yaml (default: found beside the checkpoint)")
     t.add_argument("--rank", type=int, default=None, help="LoRA rank (checked against the tensors)")
     t.add_argument("--alpha", type=float, default=None, help="LoRA alpha (default: train.yaml, else PEFT's 8)")
-    t.add_argument("--u-embedding", choices=["binary", "linear_interpolation"], default=None,
-                   help="u-embedding kind (checked against the tensors)")
+    t.add_argument(
+        "--u-embedding",
+        choices=["binary", "linear_interpolation"],
+        default=None,
+        help="u-embedding kind (checked against the tensors)",
+    )
     t.add_argument("--window", type=int, default=None, help="auxiliary window the adapter was trained with")
     t.add_argument("--name", default=None, help="base model name recorded in the adapter config")
     t.add_argument("--dtype", choices=float_dtypes, default="auto", help="base model dtype (auto: the config's)")
@@ -63,18 +80,37 @@ def main_args(args: argparse.Namespace) -> int:
     elif args.command == "hf":
         from .hf import convert_hf
 
-        summary = convert_hf(args.src, args.out, dtype=args.dtype, quantize_bits=args.q_bits if args.quantize else None,
-                             q_group_size=args.q_group_size, overwrite=args.overwrite, dry_run=args.dry_run,
-                             trust_pickle=args.trust_pickle)
+        summary = convert_hf(
+            args.src,
+            args.out,
+            dtype=args.dtype,
+            quantize_bits=args.q_bits if args.quantize else None,
+            q_group_size=args.q_group_size,
+            overwrite=args.overwrite,
+            dry_run=args.dry_run,
+            trust_pickle=args.trust_pickle,
+        )
     else:
         from .ptp import convert_ptp
 
         if args.base and args.config:
             raise UserError("pass either --base (use that MLX base model) or --config (write the base model), not both")
-        summary = convert_ptp(args.src, args.out, base=args.base, config=args.config, train_yaml=args.train_yaml,
-                              rank=args.rank, alpha=args.alpha, u_embedding=args.u_embedding, window=args.window,
-                              name=args.name, dtype=args.dtype, overwrite=args.overwrite, dry_run=args.dry_run,
-                              trust_pickle=args.trust_pickle)
+        summary = convert_ptp(
+            args.src,
+            args.out,
+            base=args.base,
+            config=args.config,
+            train_yaml=args.train_yaml,
+            rank=args.rank,
+            alpha=args.alpha,
+            u_embedding=args.u_embedding,
+            window=args.window,
+            name=args.name,
+            dtype=args.dtype,
+            overwrite=args.overwrite,
+            dry_run=args.dry_run,
+            trust_pickle=args.trust_pickle,
+        )
     if args.dry_run:
         for m in summary.mappings:
             print(m.line())

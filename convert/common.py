@@ -11,9 +11,10 @@ import re
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import mlx.core as mx
 from tqdm import tqdm
@@ -59,8 +60,9 @@ def load_pickle(path: Path, trust_pickle: bool = False) -> Any:
     try:
         import torch
     except ImportError:
-        raise UserError(f"{path.name} is a PyTorch pickle: reading it needs torch (pip install 'ptp-mlx[convert]')"
-                        ) from None
+        raise UserError(
+            f"{path.name} is a PyTorch pickle: reading it needs torch (pip install 'ptp-mlx[convert]')"
+        ) from None
     try:
         return torch.load(str(path), map_location="cpu", weights_only=not trust_pickle, mmap=sniff(path) == "zip")
     except pickle.UnpicklingError as e:
@@ -68,8 +70,10 @@ def load_pickle(path: Path, trust_pickle: bool = False) -> Any:
             raise UserError(f"cannot unpickle {path}: {_one_line(e)}") from None
         wanted = re.search(r"GLOBAL ([\w.]+)", str(e)) or re.search(r"global[s]? ['`]?([\w.]+)", str(e))
         what = f" (it asks for {wanted.group(1)})" if wanted else ""
-        raise UserError(f"refusing to load {path}: it needs code execution beyond plain tensors{what}; "
-                        "pass --trust-pickle only if you trust where the file came from") from None
+        raise UserError(
+            f"refusing to load {path}: it needs code execution beyond plain tensors{what}; "
+            "pass --trust-pickle only if you trust where the file came from"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError, AttributeError, ImportError, ModuleNotFoundError) as e:
         raise UserError(f"cannot read {path} (truncated or corrupt checkpoint?): {_one_line(e)}") from None
 
@@ -153,9 +157,9 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def progress(items: Iterable, desc: str, total: int | None = None):
+def progress(items: Iterable, desc: str, total: int | None = None, unit: str = "tensor"):
     """A tqdm bar on stderr (stdout carries the product)."""
-    return tqdm(items, desc=desc, total=total, unit="tensor", file=sys.stderr, leave=False, dynamic_ncols=True)
+    return tqdm(items, desc=desc, total=total, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 # ---------------------------------------------------------------------------------------------- summary
@@ -200,11 +204,15 @@ class Summary:
         tensors = self.written or {m.dst: (m.shape, m.dtype) for m in self.mappings if m.dst}
         n_params = sum(_numel(s) for s, _ in tensors.values())
         dtypes = Counter(d for _, d in tensors.values())
-        out = [f"{self.kind}: mapped {self.mapped} source tensors, dropped {len(self.dropped)}"
-               + (f" ({', '.join(sorted({m.why for m in self.dropped}))})" if self.dropped else "")]
+        out = [
+            f"{self.kind}: mapped {self.mapped} source tensors, dropped {len(self.dropped)}"
+            + (f" ({', '.join(sorted({m.why for m in self.dropped}))})" if self.dropped else "")
+        ]
         verb = "wrote" if self.written else "would write (source shapes and dtypes)"
-        out.append(f"  {verb} {len(tensors)} tensors, {n_params / 1e6:.2f}M values, dtypes "
-                   + ", ".join(f"{d} x{c}" for d, c in sorted(dtypes.items())))
+        out.append(
+            f"  {verb} {len(tensors)} tensors, {n_params / 1e6:.2f}M values, dtypes "
+            + ", ".join(f"{d} x{c}" for d, c in sorted(dtypes.items()))
+        )
         for k, v in self.info.items():
             out.append(f"  {k}: {v}")
         groups = shape_groups(tensors)

@@ -138,8 +138,9 @@ def convert_weights(weights: dict[str, mx.array], cfg: dict, dtype: str) -> tupl
             else:
                 # Dequantize in float32: the GGUF's fp16 scales and mins times the codes, as llama.cpp and
                 # transformers do. Dequantizing with fp16 scales rounds every weight to fp16 on the way.
-                deq = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group,
-                                    bits=bits)
+                deq = mx.dequantize(
+                    w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group, bits=bits
+                )
                 out[new_base + ".weight"] = deq.astype(FLOAT_DTYPES[dtype])
         else:
             if n_head:
@@ -172,7 +173,10 @@ def build_tokenizer(meta: dict, out_dir: Path) -> None:
     tokens = list(meta["tokenizer.ggml.tokens"])
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     types = np.array(meta.get("tokenizer.ggml.token_type", np.ones(len(tokens))))
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    try:
+        tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False))
+    except Exception as e:  # tokenizers raises a bare Exception on an inconsistent vocabulary
+        raise UserError(f"the GGUF's tokenizer is inconsistent: {e}") from None
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
     special = [tokens[i] for i in np.nonzero(types == 3)[0]]
@@ -197,8 +201,9 @@ def build_tokenizer(meta: dict, out_dir: Path) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def convert_gguf(src: Path, out: Path | None, dtype: str = "auto", overwrite: bool = False,
-                 dry_run: bool = False) -> Summary:
+def convert_gguf(
+    src: Path, out: Path | None, dtype: str = "auto", overwrite: bool = False, dry_run: bool = False
+) -> Summary:
     """Convert ``src`` (GGUF) into the MLX folder ``out`` atomically. Returns the summary (and the mapping)."""
     dtype = default_dtype() if dtype == "auto" else dtype
     if dtype not in DTYPES:
@@ -209,12 +214,20 @@ def convert_gguf(src: Path, out: Path | None, dtype: str = "auto", overwrite: bo
     if meta.get("tokenizer.ggml.model") != "gpt2":  # checked again when the tokenizer is built
         raise UserError(f"unsupported GGUF tokenizer {meta.get('tokenizer.ggml.model')!r} (only byte-level BPE 'gpt2')")
     folded = dtype != "quantized"
-    summary = Summary("gguf", [
-        Mapping(k, None, tuple(v.shape), dtype_name(v), "folded into the dequantized weight")
-        if folded and k.endswith((".scales", ".biases")) else Mapping(k, map_name(k), tuple(v.shape), dtype_name(v))
-        for k, v in sorted(weights.items())], out=out)
-    summary.info["model"] = (f"{meta.get('general.name', Path(src).stem)}: {cfg['num_hidden_layers']} layers, hidden "
-                             f"{cfg['hidden_size']}, vocabulary {cfg['vocab_size']}")
+    summary = Summary(
+        "gguf",
+        [
+            Mapping(k, None, tuple(v.shape), dtype_name(v), "folded into the dequantized weight")
+            if folded and k.endswith((".scales", ".biases"))
+            else Mapping(k, map_name(k), tuple(v.shape), dtype_name(v))
+            for k, v in sorted(weights.items())
+        ],
+        out=out,
+    )
+    summary.info["model"] = (
+        f"{meta.get('general.name', Path(src).stem)}: {cfg['num_hidden_layers']} layers, hidden "
+        f"{cfg['hidden_size']}, vocabulary {cfg['vocab_size']}"
+    )
     summary.info["dtype"] = dtype
     if dry_run:
         return summary

@@ -92,7 +92,7 @@ def find_weight_files(src: Path) -> list[Path]:
 
 def read_weights(files: list[Path], trust_pickle: bool) -> dict[str, Any]:
     weights: dict[str, Any] = {}
-    for f in progress(files, "reading", total=len(files)):
+    for f in progress(files, "reading", total=len(files), unit="file"):
         obj = read_weight_file(f, trust_pickle)
         if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
             obj = obj["state_dict"]
@@ -125,28 +125,42 @@ def plan_model(config: dict, weights: dict[str, Any], names: dict[str, str] | No
     except (TypeError, ValueError, KeyError) as e:
         raise UserError(f"cannot build the model from its config: {e}") from None
     unused = {k for k in weights if k.endswith("rotary_emb.inv_freq")}
-    kept = model.sanitize({k: v for k, v in weights.items() if k not in unused}) if hasattr(model, "sanitize") \
+    kept = (
+        model.sanitize({k: v for k, v in weights.items() if k not in unused})
+        if hasattr(model, "sanitize")
         else {k: v for k, v in weights.items() if k not in unused}
+    )
     expected = {k: tuple(v.shape) for k, v in tree_flatten(model.parameters())}
     missing = sorted(set(expected) - set(kept))
     unexpected = sorted(names.get(k, k) for k in set(kept) - set(expected))
     if unexpected:
-        raise UserError(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:8])}"
-                        + (" ..." if len(unexpected) > 8 else ""))
+        raise UserError(
+            f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:8])}"
+            + (" ..." if len(unexpected) > 8 else "")
+        )
     if missing:
-        raise UserError(f"missing keys ({len(missing)}): {', '.join(names.get(k, k) for k in missing[:8])}"
-                        + (" ..." if len(missing) > 8 else ""))
+        raise UserError(
+            f"missing keys ({len(missing)}): {', '.join(names.get(k, k) for k in missing[:8])}"
+            + (" ..." if len(missing) > 8 else "")
+        )
     for k, v in kept.items():
         if shape_of(v) != expected[k]:
-            raise UserError(f"wrong shape for {names.get(k, k)}: {list(shape_of(v))} in the checkpoint, "
-                            f"{list(expected[k])} for the model config")
+            raise UserError(
+                f"wrong shape for {names.get(k, k)}: {list(shape_of(v))} in the checkpoint, "
+                f"{list(expected[k])} for the model config"
+            )
     mappings = []
     for k, v in weights.items():
         if k in kept:
             mappings.append(Mapping(names.get(k, k), k, shape_of(v), dtype_name(v)))
         else:
-            why = "unused RoPE table" if k in unused else "tied to the embedding" if k == "lm_head.weight" else \
-                "dropped by the model's sanitize"
+            why = (
+                "unused RoPE table"
+                if k in unused
+                else "tied to the embedding"
+                if k == "lm_head.weight"
+                else "dropped by the model's sanitize"
+            )
             mappings.append(Mapping(names.get(k, k), None, shape_of(v), dtype_name(v), why))
     return model, kept, mappings
 
@@ -209,9 +223,16 @@ def verify_loads(folder: Path) -> None:
         raise RuntimeError(f"the written folder does not load with mlx_lm.load: {e}") from e
 
 
-def convert_hf(src: Path, out: Path | None, dtype: str = "auto", quantize_bits: int | None = None,
-               q_group_size: int = 64, overwrite: bool = False, dry_run: bool = False,
-               trust_pickle: bool = False) -> Summary:
+def convert_hf(
+    src: Path,
+    out: Path | None,
+    dtype: str = "auto",
+    quantize_bits: int | None = None,
+    q_group_size: int = 64,
+    overwrite: bool = False,
+    dry_run: bool = False,
+    trust_pickle: bool = False,
+) -> Summary:
     """Convert the Hugging Face folder ``src`` into the MLX folder ``out``. Returns the summary."""
     src = Path(src).expanduser()
     if not src.is_dir():

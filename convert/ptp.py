@@ -49,12 +49,19 @@ def read_state_dict(path: Path, trust_pickle: bool) -> tuple[dict[str, Any], str
 
 def lora_rank(lay: Layout, sd: dict[str, Any]) -> int:
     """The LoRA rank, checking that every target of every LoRA layer has both factors of one rank."""
-    missing = [f"layers.{i}.{t}.lora_{ab}" for i in lay.layers for t in lay.targets for ab in "AB"
-               if (i, t, ab) not in lay.lora]
+    missing = [
+        f"layers.{i}.{t}.lora_{ab}"
+        for i in lay.layers
+        for t in lay.targets
+        for ab in "AB"
+        if (i, t, ab) not in lay.lora
+    ]
     if missing:
-        raise UserError(f"missing keys ({len(missing)}): {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+        raise UserError(
+            f"missing keys ({len(missing)}): {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else "")
+        )
     ranks = {}
-    for (i, t, ab), key in lay.lora.items():
+    for (_, _, ab), key in lay.lora.items():
         s = shape_of(sd[key])
         if len(s) != 2:
             raise UserError(f"wrong shape for {key}: {list(s)} (a LoRA factor is 2-D)")
@@ -62,23 +69,33 @@ def lora_rank(lay: Layout, sd: dict[str, Any]) -> int:
     if len(set(ranks.values())) > 1:
         r0 = min(ranks.values(), key=list(ranks.values()).count)
         odd = next(k for k, r in ranks.items() if r == r0)
-        raise UserError(f"wrong shape for {odd}: LoRA rank {r0} where the other factors have rank "
-                        f"{max(set(ranks.values()) - {r0})}")
+        raise UserError(
+            f"wrong shape for {odd}: LoRA rank {r0} where the other factors have rank {max(set(ranks.values()) - {r0})}"
+        )
     return next(iter(ranks.values()))
 
 
 def check_against_base(lay: Layout, sd: dict[str, Any], base, rank: int) -> None:
     """Raise a base-model mismatch when the adapter tensors do not fit ``base``'s shapes."""
-    n_layers = len(base.model.layers)
+    n_layers, hidden = len(base.model.layers), base.args.hidden_size
+    u_w = sd[lay.u_embed.get("u_adapter.weight") or lay.u_embed["embedding.weight"]]
+    u_hidden = shape_of(u_w)[0 if "u_adapter.weight" in lay.u_embed else 1]
+    if u_hidden != hidden:
+        raise UserError(
+            f"base-model mismatch: the u-embedding is for hidden size {u_hidden}, the base model's is {hidden}"
+        )
     if lay.layers and lay.layers[-1] >= n_layers:
-        raise UserError(f"base-model mismatch: the checkpoint has LoRA on layer {lay.layers[-1]} but the base "
-                        f"model has {n_layers} layers")
+        raise UserError(
+            f"base-model mismatch: the checkpoint has LoRA on layer {lay.layers[-1]} but the base "
+            f"model has {n_layers} layers"
+        )
     for (i, t, ab), key in sorted(lay.lora.items()):
         in_dim, out_dim = linear_dims(base.model.layers[i], t)
         want = (rank, in_dim) if ab == "A" else (out_dim, rank)
         if shape_of(sd[key]) != want:
-            raise UserError(f"base-model mismatch: {key} is {list(shape_of(sd[key]))}, the base model's {t} "
-                            f"needs {list(want)}")
+            raise UserError(
+                f"base-model mismatch: {key} is {list(shape_of(sd[key]))}, the base model's {t} needs {list(want)}"
+            )
 
 
 def compare_base(base, lay: Layout, sd: dict[str, Any], base_dir: Path) -> None:
@@ -93,17 +110,21 @@ def compare_base(base, lay: Layout, sd: dict[str, Any], base_dir: Path) -> None:
         mod = _module_at(base, name.rsplit(".", 1)[0])
         have, quantized = params[name], hasattr(mod, "bits") and name.endswith(".weight")
         if quantized:
-            have = mx.dequantize(mod.weight, mod.scales, getattr(mod, "biases", None), group_size=mod.group_size,
-                                 bits=mod.bits)
+            have = mx.dequantize(
+                mod.weight, mod.scales, getattr(mod, "biases", None), group_size=mod.group_size, bits=mod.bits
+            )
         want = to_mx(sd[key]).astype(mx.float32)
         if tuple(have.shape) != tuple(want.shape):
-            raise UserError(f"base-model mismatch: {key} is {list(want.shape)} in the checkpoint, "
-                            f"{list(have.shape)} in {base_dir}")
+            raise UserError(
+                f"base-model mismatch: {key} is {list(want.shape)} in the checkpoint, {list(have.shape)} in {base_dir}"
+            )
         diff = float(mx.linalg.norm((have.astype(mx.float32) - want).reshape(-1)))
         rel = diff / (float(mx.linalg.norm(want.reshape(-1))) + 1e-12)
         if rel > (0.25 if quantized else 0.02):
-            raise UserError(f"base-model mismatch: {key} differs from {base_dir} (relative difference {rel:.3g}); "
-                            "the checkpoint was trained on another base model")
+            raise UserError(
+                f"base-model mismatch: {key} differs from {base_dir} (relative difference {rel:.3g}); "
+                "the checkpoint was trained on another base model"
+            )
 
 
 def _module_at(model, path: str):
@@ -124,23 +145,37 @@ def config_source(config_dir: Path | None, facts: TrainFacts) -> Path:
         try:  # the Hugging Face cache, offline only
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(facts.model_id, local_files_only=True,
-                                          allow_patterns=["*.json", "tokenizer.model", "*.txt", "*.jinja"]))
+            return Path(
+                snapshot_download(
+                    facts.model_id,
+                    local_files_only=True,
+                    allow_patterns=["*.json", "tokenizer.model", "*.txt", "*.jinja"],
+                )
+            )
         except Exception:  # noqa: BLE001 - not cached: fall through to the clear error below
             pass
-    raise UserError("the checkpoint does not store the model config: pass --config DIR (the base model's Hugging "
-                    "Face folder with config.json and tokenizer) or --base DIR (an MLX base model folder)")
+    raise UserError(
+        "the checkpoint does not store the model config: pass --config DIR (the base model's Hugging "
+        "Face folder with config.json and tokenizer) or --base DIR (an MLX base model folder)"
+    )
 
 
-def resolve_hyper(lay: Layout, sd: dict[str, Any], facts: TrainFacts, rank: int | None, alpha: float | None,
-                  u_kind: str | None, window: int | None, hidden: int | None) -> dict[str, Any]:
+def resolve_hyper(
+    lay: Layout,
+    sd: dict[str, Any],
+    facts: TrainFacts,
+    rank: int | None,
+    alpha: float | None,
+    u_kind: str | None,
+    window: int | None,
+) -> dict[str, Any]:
     """Rank, scale, kind, window: tensors first, then flags, then ``train.yaml``, then the defaults."""
     r = lora_rank(lay, sd) if lay.lora else 0
     want_r = rank if rank is not None else facts.rank
     if lay.lora and want_r is not None and want_r != r:
         src = "--rank" if rank is not None else str(facts.path)
         raise UserError(f"wrong shapes: the LoRA tensors have rank {r} but {src} says {want_r}")
-    kind = u_embedding_kind({k: shape_of(sd[v]) for k, v in lay.u_embed.items()}, hidden)
+    kind = u_embedding_kind({k: shape_of(sd[v]) for k, v in lay.u_embed.items()}, None)
     want_kind = u_kind or facts.u_embedding
     if want_kind is not None and want_kind != kind:
         src = "--u-embedding" if u_kind else str(facts.path)
@@ -154,17 +189,22 @@ def resolve_hyper(lay: Layout, sd: dict[str, Any], facts: TrainFacts, rank: int 
 
 
 def adapter_mappings(lay: Layout, sd: dict[str, Any], original: dict[str, str]) -> list[Mapping]:
-    maps = [Mapping(original[k], f"adapter/layers.{i}.{t}.{ab}", shape_of(sd[k]), dtype_name(sd[k]))
-            for (i, t, ab), k in sorted(lay.lora.items())]
-    maps += [Mapping(original[k], f"adapter/u_embed.{rest}", shape_of(sd[k]), dtype_name(sd[k]))
-             for rest, k in sorted(lay.u_embed.items())]
+    maps = [
+        Mapping(original[k], f"adapter/layers.{i}.{t}.{ab}", shape_of(sd[k]), dtype_name(sd[k]))
+        for (i, t, ab), k in sorted(lay.lora.items())
+    ]
+    maps += [
+        Mapping(original[k], f"adapter/u_embed.{rest}", shape_of(sd[k]), dtype_name(sd[k]))
+        for rest, k in sorted(lay.u_embed.items())
+    ]
     return maps
 
 
 def build_adapter(base, lay: Layout, sd: dict[str, Any], hp: dict[str, Any]) -> PTPAdapter:
     """The gated adapter in this project's format, factors kept unmerged, float32."""
-    adapter = PTPAdapter(base, max(hp["rank"], 1), hp["scale"], hp["u_embedding"], targets=lay.targets,
-                         layers=lay.layers)
+    adapter = PTPAdapter(
+        base, max(hp["rank"], 1), hp["scale"], hp["u_embedding"], targets=lay.targets, layers=lay.layers
+    )
     weights = [(f"layers.{i}.{t}.{ab}", k) for (i, t, ab), k in lay.lora.items()]
     weights += [(f"u_embed.{rest}", k) for rest, k in lay.u_embed.items()]
     expected = {k: tuple(v.shape) for k, v in tree_flatten(adapter.parameters())}
@@ -178,11 +218,22 @@ def build_adapter(base, lay: Layout, sd: dict[str, Any], hp: dict[str, Any]) -> 
     return adapter
 
 
-def convert_ptp(src: Path, out: Path | None, base: Path | None = None, config: Path | None = None,
-                train_yaml: Path | None = None, rank: int | None = None, alpha: float | None = None,
-                u_embedding: str | None = None, window: int | None = None, name: str | None = None,
-                dtype: str = "auto", overwrite: bool = False, dry_run: bool = False,
-                trust_pickle: bool = False) -> Summary:
+def convert_ptp(
+    src: Path,
+    out: Path | None,
+    base: Path | None = None,
+    config: Path | None = None,
+    train_yaml: Path | None = None,
+    rank: int | None = None,
+    alpha: float | None = None,
+    u_embedding: str | None = None,
+    window: int | None = None,
+    name: str | None = None,
+    dtype: str = "auto",
+    overwrite: bool = False,
+    dry_run: bool = False,
+    trust_pickle: bool = False,
+) -> Summary:
     """Convert a reference PTP checkpoint. Returns the summary (with the key mapping)."""
     import mlx_lm
 
@@ -198,7 +249,9 @@ def convert_ptp(src: Path, out: Path | None, base: Path | None = None, config: P
     lay, original = classify(list(sd))
     sd = {n: sd[k] for n, k in original.items()}
     summary = Summary("ptp", out=out)
-    summary.info["source"] = f"{fmt}, {len(sd)} tensors" + (f", {lay.renamed} legacy keys renamed" if lay.renamed else "")
+    summary.info["source"] = f"{fmt}, {len(sd)} tensors" + (
+        f", {lay.renamed} legacy keys renamed" if lay.renamed else ""
+    )
     if facts.path:
         summary.notes.append(f"hyper-parameters from {facts.path}")
 
@@ -210,30 +263,35 @@ def convert_ptp(src: Path, out: Path | None, base: Path | None = None, config: P
             base_model, _ = mlx_lm.load(str(base), lazy=True)
         except Exception as e:
             raise UserError(f"cannot load the base model {base}: {e}") from None
-        hidden = base_model.args.hidden_size
     elif not lay.has_base:
-        raise UserError("the checkpoint holds only the adapter (LoRA and u-embedding): pass --base DIR, the MLX "
-                        "folder of the base model it was trained on")
+        raise UserError(
+            "the checkpoint holds only the adapter (LoRA and u-embedding): pass --base DIR, the MLX "
+            "folder of the base model it was trained on"
+        )
     else:
         cfg_dir = config_source(config, facts)
         cfg = {k: v for k, v in hf.read_config(cfg_dir).items() if k not in ("quantization", "quantization_config")}
-        base_model, kept, base_maps = hf.plan_model(cfg, {n: sd[k] for n, k in lay.base.items()},
-                                                    {n: original[k] for n, k in lay.base.items()})
+        base_model, kept, base_maps = hf.plan_model(
+            cfg, {n: sd[k] for n, k in lay.base.items()}, {n: original[k] for n, k in lay.base.items()}
+        )
         for m in base_maps:
             m.dst = f"model/{m.dst}" if m.dst else None
         summary.mappings += base_maps
-        hidden = cfg.get("hidden_size")
         tok_src = hf.tokenizer_source(cfg_dir)
-    hp = resolve_hyper(lay, sd, facts, rank, alpha, u_embedding, window, hidden)
+    hp = resolve_hyper(lay, sd, facts, rank, alpha, u_embedding, window)
     check_against_base(lay, sd, base_model, hp["rank"])
     if base is not None and lay.has_base:
         compare_base(base_model, lay, sd, base)
-        summary.mappings += [Mapping(original[k], None, shape_of(sd[k]), dtype_name(sd[k]), "base weights from --base")
-                             for k in lay.base.values()]
+        summary.mappings += [
+            Mapping(original[k], None, shape_of(sd[k]), dtype_name(sd[k]), "base weights from --base")
+            for k in lay.base.values()
+        ]
     summary.mappings += adapter_mappings(lay, sd, original)
-    summary.info["adapter"] = (f"LoRA rank {hp['rank']} on {', '.join(lay.targets) or 'no modules'} of "
-                               f"{len(lay.layers)} layers, alpha {hp['alpha']:g} (scale {hp['scale']:.4g}), "
-                               f"u-embedding {hp['u_embedding']}, window {hp['window']}")
+    summary.info["adapter"] = (
+        f"LoRA rank {hp['rank']} on {', '.join(lay.targets) or 'no modules'} of "
+        f"{len(lay.layers)} layers, alpha {hp['alpha']:g} (scale {hp['scale']:.4g}), "
+        f"u-embedding {hp['u_embedding']}, window {hp['window']}"
+    )
     summary.info["base model"] = str(base) if base is not None else "written from the checkpoint to model/"
     if dry_run:
         return summary
@@ -245,17 +303,26 @@ def convert_ptp(src: Path, out: Path | None, base: Path | None = None, config: P
             hf.write_model_folder(base_model, cfg, tok_src, tmp / "model")
             base_model, _ = mlx_lm.load(str(tmp / "model"))  # the adapter fits what is on disk
         adapter = build_adapter(base_model, lay, sd, hp)
-        acfg = make_config(base_model, adapter, hp["rank"], hp["scale"], hp["window"],
-                           name=name or facts.model_id or (base.name if base else src.stem),
-                           lora_alpha=hp["alpha"], converted_from={"file": src.name, "format": fmt})
+        acfg = make_config(
+            base_model,
+            adapter,
+            hp["rank"],
+            hp["scale"],
+            hp["window"],
+            name=name or facts.model_id or (base.name if base else src.stem),
+            lora_alpha=hp["alpha"],
+            converted_from={"file": src.name, "format": fmt},
+        )
         save_adapter(adapter, acfg, tmp / "adapter")
         load_adapter(tmp / "adapter", base_model)  # round trip: the folder loads onto its base
-    summary.written = {f"adapter/{k}": (tuple(v.shape), dtype_name(v))
-                       for k, v in tree_flatten(adapter.parameters())}
+    summary.written = {f"adapter/{k}": (tuple(v.shape), dtype_name(v)) for k, v in tree_flatten(adapter.parameters())}
     if base is None:
-        summary.written.update({f"model/{k}": (tuple(v.shape), dtype_name(v))
-                                for k, v in tree_flatten(base_model.parameters())})
+        summary.written.update(
+            {f"model/{k}": (tuple(v.shape), dtype_name(v)) for k, v in tree_flatten(base_model.parameters())}
+        )
     summary.bytes = dir_size(out)
-    summary.info = {**summary.info, "use": f"ptp-generate --model {out / 'model' if base is None else base} "
-                                           f"--adapter {out / 'adapter'}"}
+    summary.info = {
+        **summary.info,
+        "use": f"ptp-generate --model {out / 'model' if base is None else base} --adapter {out / 'adapter'}",
+    }
     return summary

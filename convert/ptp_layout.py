@@ -26,12 +26,22 @@ from ptp_mlx.cli_common import UserError
 from ptp_mlx.ptp_model import ALL_TARGETS, U_EMBEDDING_KINDS
 
 # Longest first: the first prefix under which a key is a valid Hugging Face name wins.
-BASE_PREFIXES = ("model.model.base_model.model.", "model.base_model.model.", "base_model.model.",
-                 "model.model.", "model.", "")
-_HF_NAME = re.compile(r"^(model\.embed_tokens\.weight|model\.norm\.weight|lm_head\.weight|model\.rotary_emb\.inv_freq"
-                      r"|model\.layers\.\d+\.[A-Za-z0-9_.]+)$")
-_LORA = re.compile(r"^(?P<prefix>.*?)model\.layers\.(?P<layer>\d+)\.(?:self_attn|mlp)\.(?P<target>\w+)"
-                   r"\.lora_(?P<ab>[AB])\.(?P<name>[^.]+)\.weight$")
+BASE_PREFIXES = (
+    "model.model.base_model.model.",
+    "model.base_model.model.",
+    "base_model.model.",
+    "model.model.",
+    "model.",
+    "",
+)
+_HF_NAME = re.compile(
+    r"^(model\.embed_tokens\.weight|model\.norm\.weight|lm_head\.weight|model\.rotary_emb\.inv_freq"
+    r"|model\.layers\.\d+\.[A-Za-z0-9_.]+)$"
+)
+_LORA = re.compile(
+    r"^(?P<prefix>.*?)model\.layers\.(?P<layer>\d+)\.(?:self_attn|mlp)\.(?P<target>\w+)"
+    r"\.lora_(?P<ab>[AB])\.(?P<name>[^.]+)\.weight$"
+)
 _UEMB = re.compile(r"^(?:.*\.)?u_embed\.(?P<rest>.+)$")
 _PEFT_OTHER = re.compile(r"\.(lora_[AB]|lora_embedding_[AB]|lora_magnitude_vector|modules_to_save|original_module)\.")
 
@@ -43,10 +53,10 @@ def normalize_key(key: str) -> str:
     u-embedding is itself named ``u_embed.u_adapter`` and must stay as it is.
     """
     if key.startswith("student."):
-        key = "model." + key[len("student."):]
+        key = "model." + key[len("student.") :]
     if ".u_embed." not in key and not key.startswith("u_embed."):
         if key.startswith("u_adapter."):
-            key = "u_embed." + key[len("u_adapter."):]
+            key = "u_embed." + key[len("u_adapter.") :]
         elif ".u_adapter." in key:
             key = key.replace(".u_adapter.", ".u_embed.", 1)
     return key
@@ -56,9 +66,9 @@ def normalize_key(key: str) -> str:
 class Layout:
     """A classified checkpoint: base tensors by Hugging Face name, LoRA factors, u-embedding tensors."""
 
-    base: dict[str, str] = field(default_factory=dict)                    # hf name -> source key
-    lora: dict[tuple[int, str, str], str] = field(default_factory=dict)   # (layer, target, "A"|"B") -> key
-    u_embed: dict[str, str] = field(default_factory=dict)                 # "u_adapter.weight" ... -> key
+    base: dict[str, str] = field(default_factory=dict)  # hf name -> source key
+    lora: dict[tuple[int, str, str], str] = field(default_factory=dict)  # (layer, target, "A"|"B") -> key
+    u_embed: dict[str, str] = field(default_factory=dict)  # "u_adapter.weight" ... -> key
     prefix: str | None = None
     renamed: int = 0
 
@@ -103,25 +113,31 @@ def classify(keys: list[str]) -> tuple[Layout, dict[str, str]]:
         else:
             rest.append(n)
     if len(adapter_names) > 1:
-        raise UserError(f"the checkpoint holds several PEFT adapters ({', '.join(sorted(adapter_names))}); "
-                        "expected one")
+        raise UserError(
+            f"the checkpoint holds several PEFT adapters ({', '.join(sorted(adapter_names))}); expected one"
+        )
     if rest:
+
         def fits(prefix: str, n: str) -> bool:
-            return n.startswith(prefix) and bool(_HF_NAME.match(n[len(prefix):].replace(".base_layer.", ".")))
+            return n.startswith(prefix) and bool(_HF_NAME.match(n[len(prefix) :].replace(".base_layer.", ".")))
 
         lay.prefix = max(BASE_PREFIXES, key=lambda p: sum(fits(p, n) for n in rest))
         for n in rest:
             if fits(lay.prefix, n):
-                lay.base[n[len(lay.prefix):].replace(".base_layer.", ".")] = n
+                lay.base[n[len(lay.prefix) :].replace(".base_layer.", ".")] = n
             else:
                 unexpected.append(original[n])
     if unexpected:
         unexpected.sort()
-        raise UserError(f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:8])}"
-                        + (" ..." if len(unexpected) > 8 else ""))
+        raise UserError(
+            f"unexpected keys ({len(unexpected)}): {', '.join(unexpected[:8])}"
+            + (" ..." if len(unexpected) > 8 else "")
+        )
     if not lay.lora and not lay.u_embed:
-        raise UserError("no PTP keys in the checkpoint (no u_embed and no LoRA): is this a plain model? "
-                        "use `ptp-convert hf` for those")
+        raise UserError(
+            "no PTP keys in the checkpoint (no u_embed and no LoRA): is this a plain model? "
+            "use `ptp-convert hf` for those"
+        )
     return lay, original
 
 
@@ -133,21 +149,29 @@ def u_embedding_kind(u_keys: dict[str, tuple[int, ...]], hidden: int | None) -> 
     if names == {"u_adapter.weight", "u_adapter.bias"}:
         w, b = u_keys["u_adapter.weight"], u_keys["u_adapter.bias"]
         if len(w) != 2 or w[1] != 32 or b != (w[0],) or (hidden is not None and w[0] != hidden):
-            raise UserError(f"wrong shape for the binary u-embedding: weight {list(w)}, bias {list(b)} "
-                            f"(expected [{hidden or 'H'}, 32] and [{hidden or 'H'}])")
+            raise UserError(
+                f"wrong shape for the binary u-embedding: weight {list(w)}, bias {list(b)} "
+                f"(expected [{hidden or 'H'}, 32] and [{hidden or 'H'}])"
+            )
         return "binary"
     if names == {"embedding.weight"}:
         w = u_keys["embedding.weight"]
         if len(w) == 2 and w[0] == 3 and (hidden is None or w[1] == hidden):
             return "linear_interpolation"
         if len(w) == 2 and w[0] == 32:
-            raise UserError("the checkpoint holds a 'round' u-embedding (Embedding(32, H)); supported kinds: "
-                            + ", ".join(U_EMBEDDING_KINDS))
-        raise UserError(f"wrong shape for the u-embedding: embedding.weight {list(w)} "
-                        f"(linear_interpolation is [3, {hidden or 'H'}])")
+            raise UserError(
+                "the checkpoint holds a 'round' u-embedding (Embedding(32, H)); supported kinds: "
+                + ", ".join(U_EMBEDDING_KINDS)
+            )
+        raise UserError(
+            f"wrong shape for the u-embedding: embedding.weight {list(w)} "
+            f"(linear_interpolation is [3, {hidden or 'H'}])"
+        )
     if names == {"embedding.weight", "embedding.bias"}:
-        raise UserError("the checkpoint holds a 'sawtooth' or 'quarter_cos' u-embedding (Linear(32, H) named "
-                        "'embedding'); supported kinds: " + ", ".join(U_EMBEDDING_KINDS))
+        raise UserError(
+            "the checkpoint holds a 'sawtooth' or 'quarter_cos' u-embedding (Linear(32, H) named "
+            "'embedding'); supported kinds: " + ", ".join(U_EMBEDDING_KINDS)
+        )
     if "u_adapter.weight" in names and "u_adapter.bias" not in names:
         raise UserError("missing keys: model.u_embed.u_adapter.bias")
     raise UserError(f"unexpected u-embedding keys: {', '.join('u_embed.' + n for n in sorted(names))}")

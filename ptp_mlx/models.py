@@ -136,7 +136,14 @@ def model_fingerprint(model) -> str:
     import mlx.core as mx
     import numpy as np
 
-    emb = model.model.embed_tokens(mx.arange(64)).astype(mx.float16)
+    e = model.model.embed_tokens
+    if getattr(e, "mode", "affine") == "affine" and getattr(e, "biases", None) is not None:
+        # Dequantize in float32 like the GGUF converter does, so quantized and float conversions agree.
+        rows = mx.dequantize(e.weight[:64], e.scales[:64].astype(mx.float32), e.biases[:64].astype(mx.float32),
+                             group_size=e.group_size, bits=e.bits)
+    else:
+        rows = e(mx.arange(64))
+    emb = rows.astype(mx.float16)
     h = hashlib.sha256(np.array(emb).tobytes())
     a = model.args
     h.update(f"{a.hidden_size}/{a.num_hidden_layers}/{a.vocab_size}".encode())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
 
@@ -170,6 +171,19 @@ async def test_escape_stops_and_keeps_partial_answer(tmp_path):
     }
 
 
+async def test_quit_while_answering_saves_the_partial_answer(tmp_path):
+    gate = threading.Semaphore(0)
+    app = make_app(FakeEngine(gate=gate), tmp_path)
+    async with app.run_test() as pilot:
+        await send(pilot, "hi")
+        gate.release(1)
+        await wait_until(pilot, lambda: len(answers(app)[0].blocks) == 1)
+        threading.Timer(0.3, gate.release, args=(10,)).start()  # unblocks the engine thread after the quit
+        await pilot.press("ctrl+q")
+    turns = json.loads((tmp_path / "history.json").read_text())["turns"]
+    assert turns[0]["content"] == "hi" and turns[1]["stopped"] and turns[1]["content"].startswith("Hello")
+
+
 async def test_mode_switch_applies_to_next_answer(tmp_path):
     engine = FakeEngine()
     app = make_app(engine, tmp_path)
@@ -233,6 +247,25 @@ async def test_history_saved_reloaded_and_cleared(tmp_path):
     assert not path.exists()
 
 
+async def test_clear_while_answering(tmp_path):
+    gate = threading.Semaphore(0)
+    engine = FakeEngine(gate=gate)
+    app = make_app(engine, tmp_path)
+    async with app.run_test() as pilot:
+        await send(pilot, "hi")
+        gate.release()
+        await wait_until(pilot, lambda: answers(app) and len(answers(app)[0].blocks) == 1)
+        await pilot.press("ctrl+l")
+        gate.release(10)
+        await asyncio.get_running_loop().run_in_executor(None, engine.closed.wait, 10)
+        await pilot.pause(0.1)
+        assert app.current is None and not answers(app) and app.history.turns == []
+        await send(pilot, "again")  # the chat goes on
+        await wait_until(pilot, lambda: app.current is None)
+        assert answers(app)[0].text == "".join(BLOCKS)
+        assert [m["content"] for m in engine.calls[-1]["messages"]] == ["again"]
+
+
 async def test_unreadable_history_is_set_aside(tmp_path):
     path = tmp_path / "history.json"
     path.write_text("{not json")
@@ -257,6 +290,27 @@ async def test_load_error_is_a_notification(tmp_path):
         app.query_one("#prompt", Input).value = "hello"
         await pilot.press("enter")
         assert not answers(app) and "no model loaded" in notes(app)[-1]
+
+
+async def test_loader_progress_shows_in_status_line(tmp_path):
+    release = threading.Event()
+
+    def slow_loader(log):
+        log("converting the model ...")
+        print("\rconverting:  50%|#####     | 136/272", end="", file=sys.stderr, flush=True)
+        release.wait(10)
+        return FakeEngine()
+
+    app = ChatApp(slow_loader, history_path=tmp_path / "h.json", clock=lambda: 0.0)
+    async with app.run_test() as pilot:
+        status = app.query_one("#status")
+        try:
+            await wait_until(pilot, lambda: "50%" in str(status.render()))
+            assert str(status.render()).startswith("0 s · converting:  50%")
+        finally:
+            release.set()
+        await wait_until(pilot, lambda: app.ready)
+        assert str(status.render()) == "ready · fake-model · adapter fake-adapter"
 
 
 async def test_context_full_is_a_notification_and_returns_the_question(tmp_path):
@@ -397,3 +451,14 @@ async def test_real_engine_text_equals_generator_text(mode, tiny_model_dir, tiny
     assert shown == _reference(engine, messages, mode, settings)
     if mode == "ptp":  # lossless: the AR answer is the same text
         assert shown == _reference(engine, messages, "ar", settings)
+
+
+async def test_real_engine_context_full(tiny_model_dir, tmp_path):
+    from ptp_mlx.app.engine_thread import engine_loader
+
+    app = ChatApp(engine_loader(str(tiny_model_dir), "none", measure_cost=False), history_path=tmp_path / "h.json")
+    async with app.run_test() as pilot:
+        await send(pilot, "x" * 600)  # byte tokenizer: 600+ tokens, the tiny model's context is 512
+        await wait_until(pilot, lambda: app.current is None, timeout=60)
+        assert any(n.startswith("context full: prompt is") for n in notes(app))
+        assert app.query_one("#prompt", Input).value == "x" * 600 and not answers(app)

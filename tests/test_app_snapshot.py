@@ -45,8 +45,14 @@ def chat_app(tmp_path, engine=None, loader=None) -> ChatApp:
     )
 
 
+def steady_cursor(app: ChatApp) -> None:
+    """A blinking cursor would make the screenshot depend on timing."""
+    app.query_one("#prompt", Input).cursor_blink = False
+
+
 async def one_exchange(pilot, *keys: str) -> None:
     app = pilot.app
+    steady_cursor(app)
     await wait_until(pilot, lambda: app.ready)
     app.query_one("#prompt", Input).value = "How does PTP work?"
     await pilot.press("enter")
@@ -76,6 +82,7 @@ def test_loading_progress(snap_compare, tmp_path):
         return FakeEngine()
 
     async def run_before(pilot):
+        steady_cursor(pilot.app)
         await wait_until(pilot, lambda: "converting" in str(pilot.app.query_one("#status").render()))
 
     try:
@@ -86,6 +93,7 @@ def test_loading_progress(snap_compare, tmp_path):
 
 def test_help_screen(snap_compare, tmp_path):
     async def run_before(pilot):
+        steady_cursor(pilot.app)
         await wait_until(pilot, lambda: pilot.app.ready)
         await pilot.press("f1")
 

@@ -14,20 +14,19 @@ pytest.importorskip("peft")
 
 import mlx.core as mx  # noqa: E402
 import mlx_lm  # noqa: E402
-
-from ptp_mlx.adapter import load_adapter  # noqa: E402
 from ptp_mlx.convert.cli import main as cli_main  # noqa: E402
 from ptp_mlx.convert.ptp import convert_ptp  # noqa: E402
-from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate  # noqa: E402
-from ptp_mlx.ptp_model import PTPModel, Window  # noqa: E402
-from ptp_mlx.sampler import SamplingSettings  # noqa: E402
-
 from test_convert_support import (  # noqa: E402
     make_ptp_module,
     reference_logits,
     save_hf_folder,
     save_lightning,
 )
+
+from ptp_mlx.adapter import load_adapter  # noqa: E402
+from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate  # noqa: E402
+from ptp_mlx.ptp_model import PTPModel, Window  # noqa: E402
+from ptp_mlx.sampler import SamplingSettings  # noqa: E402
 
 TOKENS = [5, 70, 80, 90, 100, 33, 44, 55, 66, 77]
 WINDOWS = [(4, 3), (7, 4), (10, 2)]  # (real tokens seen, auxiliaries): overlapping contexts, separate windows
@@ -84,16 +83,18 @@ def test_logits_parity_token_and_auxiliary_rows(converted):
     assert np.abs(reference_logits(bare, TOKENS, WINDOWS, u)[n:] - ref[n:]).max() / scale > 1e-2
 
 
-@pytest.mark.parametrize("sampling", [SamplingSettings(), SamplingSettings(temperature=0.9, top_p=0.95, seed=7)],
-                         ids=["greedy", "sampled"])
+@pytest.mark.parametrize(
+    "sampling", [SamplingSettings(), SamplingSettings(temperature=0.9, top_p=0.95, seed=7)], ids=["greedy", "sampled"]
+)
 def test_ptp_decoding_with_converted_adapter_is_exact(converted, sampling):
     _, _, _, _, out = converted
     pm, tok = load_pm(out / "model", out / "adapter")
     prompt = encode_prompt(tok, "convert me")
     runs = {}
     for mode in ("ar", "ptp"):
-        steps = list(stream_generate(pm, tok, prompt, DecodeOptions(mode=mode, max_tokens=40, sampling=sampling),
-                                     eos_ids=set()))
+        steps = list(
+            stream_generate(pm, tok, prompt, DecodeOptions(mode=mode, max_tokens=40, sampling=sampling), eos_ids=set())
+        )
         runs[mode] = [t for s in steps for t in s.tokens]
     assert len(runs["ar"]) == 40
     assert runs["ptp"] == runs["ar"]
@@ -128,7 +129,7 @@ def test_plain_state_dict_with_legacy_keys(converted, tmp_path):
     kind, lit, _, cfg_dir, out = converted
     legacy = {}
     for k, v in lit.state_dict().items():
-        k = "student." + k[len("model."):]
+        k = "student." + k[len("model.") :]
         k = k.replace(".u_embed.", ".u_adapter.")  # binary becomes student.u_adapter.u_adapter.*
         legacy[k] = v
     torch.save(legacy, str(tmp_path / "legacy.pt"))
@@ -150,7 +151,8 @@ def test_train_yaml_sets_alpha_and_window(tmp_path):
     cfg_dir = save_hf_folder(lit.model.model.base_model.model, tmp_path / "hf")
     (run / "train.yaml").write_text(
         "model:\n  model:\n    model_id: some/model\n    lora_config:\n      r: 4\n      lora_alpha: 16\n"
-        "      target_modules: all-linear\ndata:\n  train_completion_len: 8\n")
+        "      target_modules: all-linear\ndata:\n  train_completion_len: 8\n"
+    )
     convert_ptp(ckpt, tmp_path / "a", config=cfg_dir)
     cfg = json.loads((tmp_path / "a" / "adapter" / "adapter_config.json").read_text())
     assert (cfg["scale"], cfg["window"], cfg["base_model"]["name"]) == (4.0, 8, "some/model")
@@ -167,9 +169,13 @@ def test_dry_run_lists_the_mapping(converted, tmp_path, capsys):
     out = tmp_path / "never"
     assert cli_main(["ptp", str(ckpt), "--config", str(cfg_dir), "--out", str(out), "--dry-run"]) == 0
     stdout, stderr = capsys.readouterr()
-    assert ("model.model.base_model.model.model.layers.1.mlp.up_proj.lora_B.default.weight -> "
-            "adapter/layers.1.up_proj.B  [128, 4] float32") in stdout
-    assert ("model.model.base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight -> "
-            "model/model.layers.0.self_attn.q_proj.weight") in stdout
+    assert (
+        "model.model.base_model.model.model.layers.1.mlp.up_proj.lora_B.default.weight -> "
+        "adapter/layers.1.up_proj.B  [128, 4] float32"
+    ) in stdout
+    assert (
+        "model.model.base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight -> "
+        "model/model.layers.0.self_attn.q_proj.weight"
+    ) in stdout
     assert "LoRA rank 4" in stderr and "scale 2" in stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 torch.set_num_threads(1)
 
-from ptp_mlx.testing import save_byte_tokenizer, tiny_config
+from ptp_mlx.testing import save_byte_tokenizer, tiny_config  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 PEFT_PREFIX = "model.model.base_model.model."
@@ -22,11 +22,21 @@ def hf_config(tie: bool = False, rope_theta: float = 5000.0, **kw):
     from transformers import LlamaConfig
 
     c = {**tiny_config(**kw), "rope_theta": rope_theta}  # not mlx-lm's default: a dropped theta shows
-    return LlamaConfig(vocab_size=c["vocab_size"], hidden_size=c["hidden_size"], intermediate_size=c["intermediate_size"],
-                       num_hidden_layers=c["num_hidden_layers"], num_attention_heads=c["num_attention_heads"],
-                       num_key_value_heads=c["num_key_value_heads"], head_dim=c["head_dim"],
-                       max_position_embeddings=c["max_position_embeddings"], rms_norm_eps=c["rms_norm_eps"],
-                       rope_theta=c["rope_theta"], tie_word_embeddings=tie, bos_token_id=1, eos_token_id=2)
+    return LlamaConfig(
+        vocab_size=c["vocab_size"],
+        hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"],
+        num_hidden_layers=c["num_hidden_layers"],
+        num_attention_heads=c["num_attention_heads"],
+        num_key_value_heads=c["num_key_value_heads"],
+        head_dim=c["head_dim"],
+        max_position_embeddings=c["max_position_embeddings"],
+        rms_norm_eps=c["rms_norm_eps"],
+        rope_theta=c["rope_theta"],
+        tie_word_embeddings=tie,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
 
 
 def tiny_hf_model(seed: int = 0, tie: bool = False, **kw):
@@ -47,7 +57,11 @@ def tiny_hf_model(seed: int = 0, tie: bool = False, **kw):
 
 def save_hf_folder(model, out: Path, safe: bool = True) -> Path:
     out = Path(out)
-    model.save_pretrained(str(out), safe_serialization=safe)
+    model.save_pretrained(str(out))
+    if not safe:  # the classic pickle layout (transformers 5 only writes safetensors)
+        for f in out.glob("*.safetensors"):
+            f.unlink()
+        torch.save(model.state_dict(), str(out / "pytorch_model.bin"))
     save_byte_tokenizer(out)
     return out
 
@@ -111,8 +125,10 @@ def make_ptp_module(kind: str, rank: int = 4, seed: int = 0, tie: bool = False, 
 
 
 def save_lightning(lit, path: Path, **extra) -> Path:
-    torch.save({"state_dict": lit.state_dict(), "epoch": 1, "global_step": 10,
-                "pytorch-lightning_version": "2.4.0", **extra}, str(path))
+    torch.save(
+        {"state_dict": lit.state_dict(), "epoch": 1, "global_step": 10, "pytorch-lightning_version": "2.4.0", **extra},
+        str(path),
+    )
     return Path(path)
 
 
@@ -128,7 +144,7 @@ def _rope(x, pos, theta):
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
     f = pos[:, None].to(torch.float32) * inv[None]
     emb = torch.cat([f, f], -1)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
 
 
@@ -144,15 +160,16 @@ def ptp_rows(n_tok: int, windows: list[tuple[int, int]]):
         for j in range(n):
             pos.append(ctx + j - 1)  # the auxiliary predicting absolute position p sits at p - 1
             mask[r + j, :ctx] = True  # the real context before its window
-            mask[r + j, r: r + j + 1] = True  # its own window, causally
+            mask[r + j, r : r + j + 1] = True  # its own window, causally
         r += n
     gate = torch.tensor([0.0] * n_tok + [1.0] * n_aux)
     return torch.tensor(pos), gate, torch.tensor(mask)
 
 
 @torch.no_grad()
-def reference_logits(lit, tokens: list[int], windows: list[tuple[int, int]], u: np.ndarray,
-                     gate_all: bool = False) -> np.ndarray:
+def reference_logits(
+    lit, tokens: list[int], windows: list[tuple[int, int]], u: np.ndarray, gate_all: bool = False
+) -> np.ndarray:
     """Gated PTP forward in plain PyTorch from the checkpoint's own tensors.
 
     The LoRA delta is added on auxiliary rows only (``gate_all`` adds it everywhere, for checking against PEFT).

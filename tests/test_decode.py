@@ -71,12 +71,14 @@ def pm_sticky(varied):
 
 @pytest.fixture(scope="module")
 def pm_random(varied):
-    """A plainly random adapter with the linear_interpolation u-embedding (drafts almost always wrong)."""
+    """A plainly random adapter with the linear_interpolation u-embedding and a reserved greedy u (drafts almost
+    always wrong)."""
     model, _ = varied
     mx.random.seed(2)
     ad = PTPAdapter(model, 4, 1.0, "linear_interpolation")
     randomize_adapter(ad, seed=2)
-    return PTPModel(model, ad, {"window": WINDOW})
+    # greedy_u: under greedy decoding every auxiliary row gets this reserved u (drafts the argmax).
+    return PTPModel(model, ad, {"window": WINDOW, "greedy_u": 1.0})
 
 
 def run(pm, tok, ids, s, max_tokens, mode, step="fused", budget=None, oracle=None, eos=None):
@@ -92,7 +94,7 @@ def ar(pm, tok, ids, s, max_tokens, eos=None):
 
 def divergence_report(pm, ids, s, want, got) -> str:
     """First divergent position, its top-2 logit gap and u's distance to the nearest bin edge."""
-    g = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    g = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
     if g >= min(len(want), len(got)):
         return f"lengths differ: ar {len(want)} vs ptp {len(got)} (common prefix {g})"
     logits = pm.base(mx.array(list(ids) + want[:g])[None])[0, -1].astype(mx.float32)
@@ -100,8 +102,10 @@ def divergence_report(pm, ids, s, want, got) -> str:
     u = UniformStream(s.seed)[g]
     lo, hi = bins(mx.broadcast_to(logits, (2, logits.size)), mx.array([want[g], got[g]]), s)
     edge = min(abs(u - float(x)) for x in (*np.array(lo), *np.array(hi)))
-    return (f"first divergence at generated position {g}: ar {want[g]} vs ptp {got[g]}; top-2 logit gap "
-            f"{top2[1] - top2[0]:.3g}; u={u:.9f}, nearest bin edge {edge:.3g} away")
+    return (
+        f"first divergence at generated position {g}: ar {want[g]} vs ptp {got[g]}; top-2 logit gap "
+        f"{top2[1] - top2[0]:.3g}; u={u:.9f}, nearest bin edge {edge:.3g} away"
+    )
 
 
 def assert_same(pm, tok, ids, s, max_tokens, mode_kw, eos=None, want=None):
@@ -213,8 +217,9 @@ def test_eos_inside_a_block(varied, pm_sticky, name):
         assert want[0] == full[:k] and want[1][-1].finish_reason == "stop"
         budget = Budget(CostCurve(), max_width=WINDOW)
         for step in ("fused", "simple"):
-            steps = assert_same(PTPModel(model), tok, ids, s, 40,
-                                {"step": step, "budget": budget, "oracle": full}, eos=eos, want=want)
+            steps = assert_same(
+                PTPModel(model), tok, ids, s, 40, {"step": step, "budget": budget, "oracle": full}, eos=eos, want=want
+            )
             assert steps[-1].accepted > len(steps[-1].tokens) - 1  # the accepted block was cut at the EOS
             assert_same(pm_sticky, tok, ids, s, 40, {"step": step}, eos=eos, want=want)
     # EOS as the very first token: nothing is emitted.
@@ -250,8 +255,11 @@ def test_prompt_near_context_limit(varied, pm_sticky, n):
         s = with_seed(SETTINGS[name], 9)
         want = ar(pm_sticky, tok, ids, s, 50)
         assert len(want[0]) == ctx - n and want[1][-1].finish_reason == "length"
-        for mode_kw in ({"step": "fused", "budget": BUDGETS["flat-w8"]}, {"step": "simple"},
-                        {"oracle": want[0], "budget": BUDGETS["flat-w8"]}):
+        for mode_kw in (
+            {"step": "fused", "budget": BUDGETS["flat-w8"]},
+            {"step": "simple"},
+            {"oracle": want[0], "budget": BUDGETS["flat-w8"]},
+        ):
             assert_same(pm_sticky, tok, ids, s, 50, mode_kw, want=want)
 
 

@@ -60,20 +60,20 @@ CONFIGS = [
 def test_token_rows_equal_plain_forward(base, kind, n_tok, wins):
     windows = [Window(P + d, w) for d, w in wins]
     n_aux = sum(w.n for w in windows)
-    tokens = IDS[P:P + n_tok]
+    tokens = IDS[P : P + n_tok]
     pm = PTPModel(base, adapter(base, kind))
     c_mixed, c_plain = prefilled(base), prefilled(base)
     mixed = pm(mx.array(tokens), uniforms(n_aux), windows, c_mixed)
     assert mixed.shape == (n_tok + n_aux, base.args.vocab_size)
     assert mixed.dtype == mx.float32
-    filler = IDS[P + n_tok:P + n_tok + n_aux]
+    filler = IDS[P + n_tok : P + n_tok + n_aux]
     plain = base(mx.array(tokens + filler)[None], cache=c_plain)[0]
     assert mx.array_equal(mixed[:n_tok], plain[:n_tok]), f"max diff {mx.abs(mixed[:n_tok] - plain[:n_tok]).max()}"
     # The KV rows written for the tokens (and the prefilled ones) are the plain forward's, bit for bit.
-    for a, b in zip(c_mixed, c_plain):
+    for a, b in zip(c_mixed, c_plain, strict=True):
         (ka, va), (kb, vb) = a.keys_and_values(), b.keys_and_values()
-        assert mx.array_equal(ka[..., :P + n_tok, :], kb[..., :P + n_tok, :])
-        assert mx.array_equal(va[..., :P + n_tok, :], vb[..., :P + n_tok, :])
+        assert mx.array_equal(ka[..., : P + n_tok, :], kb[..., : P + n_tok, :])
+        assert mx.array_equal(va[..., : P + n_tok, :], vb[..., : P + n_tok, :])
     # A forward of the token rows alone differs only by gemm blocking (rounding level).
     alone = base(mx.array(tokens)[None], cache=prefilled(base))[0]
     assert mx.abs(mixed[:n_tok] - alone).max().item() < ROUNDING
@@ -83,8 +83,8 @@ def test_token_rows_equal_plain_forward(base, kind, n_tok, wins):
 def test_token_only_pass_equals_plain_forward(base):
     pm = PTPModel(base, adapter(base))
     for n in (1, 2, 7):
-        got = pm(mx.array(IDS[P:P + n]), cache=prefilled(base))
-        want = base(mx.array(IDS[P:P + n])[None], cache=prefilled(base))[0]
+        got = pm(mx.array(IDS[P : P + n]), cache=prefilled(base))
+        want = base(mx.array(IDS[P : P + n])[None], cache=prefilled(base))[0]
         assert mx.array_equal(got, want), n
     # Without a cache (a whole prompt in one pass).
     assert mx.array_equal(pm(mx.array(IDS[:12])), base(mx.array(IDS[:12])[None])[0])
@@ -92,15 +92,17 @@ def test_token_only_pass_equals_plain_forward(base):
 
 def test_gate_token_rows_ignore_adapter_and_u_aux_rows_do_not(base):
     windows = [Window(P + 1, 4), Window(P + 3, 3)]
-    tokens = mx.array(IDS[P:P + 4])
+    tokens = mx.array(IDS[P : P + 4])
 
     def run(ad, u):
         return PTPModel(base, ad)(tokens, u, windows, prefilled(base))
 
     ref = run(adapter(base, seed=0), uniforms(7, 0))
-    for other in (run(adapter(base, seed=1), uniforms(7, 0)),      # another LoRA
-                  run(adapter(base, random=False), uniforms(7, 0)),  # LoRA B = 0 (no delta)
-                  run(adapter(base, seed=0), uniforms(7, 1))):      # other uniforms
+    for other in (
+        run(adapter(base, seed=1), uniforms(7, 0)),  # another LoRA
+        run(adapter(base, random=False), uniforms(7, 0)),  # LoRA B = 0 (no delta)
+        run(adapter(base, seed=0), uniforms(7, 1)),  # other uniforms
+    ):
         assert mx.array_equal(other[:4], ref[:4])
         diff = mx.abs(other[4:] - ref[4:]).max(axis=-1)
         assert mx.all(diff > 1e-3).item(), diff  # every auxiliary row moved
@@ -117,21 +119,59 @@ def test_windows_see_only_their_context(base):
     """Section 3: windows never see each other, nor real tokens after their context (tolerance: shapes differ)."""
     pm = PTPModel(base, adapter(base))
     u2 = uniforms(3, 5)
-    both = pm(mx.array(IDS[P:P + 5]), mx.concatenate([uniforms(4, 4), u2]),
-              [Window(P + 2, 4), Window(P + 1, 3)], prefilled(base))
-    alone = pm(mx.array(IDS[P:P + 1]), u2, [Window(P + 1, 3)], prefilled(base))
+    both = pm(
+        mx.array(IDS[P : P + 5]),
+        mx.concatenate([uniforms(4, 4), u2]),
+        [Window(P + 2, 4), Window(P + 1, 3)],
+        prefilled(base),
+    )
+    alone = pm(mx.array(IDS[P : P + 1]), u2, [Window(P + 1, 3)], prefilled(base))
     assert mx.abs(both[9:] - alone[1:]).max().item() < ROUNDING
     # A window whose context ends before the cache does: the later cached tokens are invisible to it.
-    early = pm(mx.array(IDS[P:P + 1]), u2, [Window(P - 5, 3)], prefilled(base))
-    short = pm(mx.array(IDS[P - 6:P - 5]), u2, [Window(P - 5, 3)], prefilled(base, P - 6))
+    early = pm(mx.array(IDS[P : P + 1]), u2, [Window(P - 5, 3)], prefilled(base))
+    short = pm(mx.array(IDS[P - 6 : P - 5]), u2, [Window(P - 5, 3)], prefilled(base, P - 6))
     assert mx.abs(early[1:] - short[1:]).max().item() < ROUNDING
     # ... while a window with a different context does give different drafts.
     assert mx.abs(early[1:] - alone[1:]).max().item() > 1e-2
 
 
+class ShiftedCache:
+    """Makes mlx-lm's own Llama layers compute auxiliary rows: new rows get RoPE positions from ``pos`` on and
+    see the first ``ctx_len`` cached rows plus themselves causally (method doc section 3)."""
+
+    def __init__(self, inner, ctx_len: int):
+        self.inner, self.ctx_len, self.offset = inner, ctx_len, ctx_len - 1
+
+    def update_and_fetch(self, k, v):
+        K, V = self.inner.keys_and_values()
+        return (
+            mx.concatenate([K[..., : self.ctx_len, :], k], axis=2),
+            mx.concatenate([V[..., : self.ctx_len, :], v], axis=2),
+        )
+
+    def make_mask(self, n, **_):
+        return mx.array(np.concatenate([np.ones((n, self.ctx_len), bool), np.tril(np.ones((n, n), bool))], axis=1))
+
+
+@pytest.mark.parametrize("kind", ["binary", "linear_interpolation"])
+@pytest.mark.parametrize("ctx_len", [P, P - 4])
+def test_aux_rows_match_reference_positions(base, kind, ctx_len):
+    """With a zero LoRA, auxiliary rows are the base model fed the u-embedding at RoPE positions p - 1."""
+    ad = adapter(base, kind, random=False)
+    u = uniforms(5, 9)
+    got = PTPModel(base, ad)(mx.array([], dtype=mx.int32), u, [Window(ctx_len, 5)], prefilled(base))
+    cache = prefilled(base)
+    want = base(
+        mx.zeros((1, 5), dtype=mx.int32),
+        cache=[ShiftedCache(c, ctx_len) for c in cache],
+        input_embeddings=ad.u_embed(u)[None],
+    )[0]
+    assert mx.abs(got - want).max().item() < ROUNDING, mx.abs(got - want).max()
+
+
 def test_trim_restores_cache_exactly(base):
     pm = PTPModel(base, adapter(base))
-    tokens = IDS[P:P + 5]  # last accepted token + 4 drafts
+    tokens = IDS[P : P + 5]  # last accepted token + 4 drafts
     windows = [Window(P + 1, 3), Window(P + 3, 4)]
     accepted = 2
     keep = P + 1 + accepted
@@ -147,7 +187,7 @@ def test_trim_restores_cache_exactly(base):
     plain = prefilled(base)
     base(mx.array(tokens + IDS[40:47])[None], cache=plain)
     fresh = make_prompt_cache(base)
-    for f, r in zip(fresh, plain):
+    for f, r in zip(fresh, plain, strict=True):
         k, v = r.keys_and_values()
         f.update_and_fetch(k[..., :keep, :], v[..., :keep, :])
     want = base(follow[None], cache=fresh)[0]
@@ -162,18 +202,17 @@ def test_trim_restores_cache_exactly(base):
 def test_build_mask_visibility():
     # Cache of 3, token rows at positions 3-4, Window(4, 2) and Window(5, 3).
     m = np.array(build_mask(3, 2, [Window(4, 2), Window(5, 3)]))
-    want = [
-        # cache | tok | W1 | W2
-        "111" "10" "00" "000",  # token 3
-        "111" "11" "00" "000",  # token 4
-        "111" "10" "10" "000",  # W1 slot 0: sees 4 real tokens and itself
-        "111" "10" "11" "000",  # W1 slot 1
-        "111" "11" "00" "100",  # W2 slot 0: sees 5 real tokens, not W1
-        "111" "11" "00" "110",
-        "111" "11" "00" "111",
+    want = [  # cache | token rows | W1 | W2
+        "111|10|00|000",  # token 3
+        "111|11|00|000",  # token 4
+        "111|10|10|000",  # W1 slot 0: sees 4 real tokens and itself
+        "111|10|11|000",  # W1 slot 1
+        "111|11|00|100",  # W2 slot 0: sees 5 real tokens, not W1
+        "111|11|00|110",
+        "111|11|00|111",
     ]
     assert m.shape == (7, 10) and m.dtype == bool
-    assert ["".join("1" if x else "0" for x in row) for row in m] == want
+    assert ["".join("1" if x else "0" for x in row) for row in m] == [w.replace("|", "") for w in want]
     # Without a cache and without windows: plain causal.
     assert np.array_equal(np.array(build_mask(0, 4, [])), np.tril(np.ones((4, 4), dtype=bool)))
 
@@ -228,6 +267,6 @@ def test_partial_adapter_targets_and_layers(base):
     randomize_adapter(ad, seed=3)
     assert ad.layers[0] == {} and set(ad.layers[1]) == {"q_proj", "down_proj"}
     windows = [Window(P + 1, 3)]
-    got = PTPModel(base, ad)(mx.array(IDS[P:P + 2]), uniforms(3), windows, prefilled(base))
-    plain = base(mx.array(IDS[P:P + 2] + IDS[50:53])[None], cache=prefilled(base))[0]
+    got = PTPModel(base, ad)(mx.array(IDS[P : P + 2]), uniforms(3), windows, prefilled(base))
+    plain = base(mx.array(IDS[P : P + 2] + IDS[50:53])[None], cache=prefilled(base))[0]
     assert mx.array_equal(got[:2], plain[:2])

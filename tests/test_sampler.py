@@ -72,8 +72,9 @@ def test_matches_reference_pick_row_by_row():
     u = rng.random(64, dtype=np.float32)
     for s in CHI2_SETTINGS:
         got = np.array(pick(mx.array(u), mx.array(logits), s.temperature, s.top_k, s.top_p))
-        want = [reference_pick(float(u[i]), reference_probs(logits[i], s.temperature, s.top_k, s.top_p))
-                for i in range(64)]
+        want = [
+            reference_pick(float(u[i]), reference_probs(logits[i], s.temperature, s.top_k, s.top_p)) for i in range(64)
+        ]
         assert got.tolist() == want, s
 
 
@@ -179,8 +180,11 @@ def test_zero_probability_tokens_never_emitted():
         assert out[0] == allowed[0]  # u = 0 picks the first kept token, never a masked one before it
 
 
-@pytest.mark.parametrize("s", [SamplingSettings(1.0), SamplingSettings(0.7, 6, 0.9), SamplingSettings(1.5, 0, 0.6)],
-                         ids=["plain", "k6-p0.9", "p0.6"])
+@pytest.mark.parametrize(
+    "s",
+    [SamplingSettings(1.0), SamplingSettings(0.7, 6, 0.9), SamplingSettings(1.5, 0, 0.6)],
+    ids=["plain", "k6-p0.9", "p0.6"],
+)
 def test_bins_consistent_with_pick(s):
     rng = np.random.default_rng(8)
     logits = mx.array(rng.normal(0, 1.5, (5, 20)).astype(np.float32))
@@ -217,14 +221,19 @@ def test_uniform_stream_reproducible_and_chunk_independent():
         start += k
     assert np.array_equal(np.concatenate(got), whole)
     late_first = UniformStream(11)
-    assert np.array_equal(late_first.take(UniformStream.CHUNK - 5, 10), whole[UniformStream.CHUNK - 5:][:10])
+    assert np.array_equal(late_first.take(UniformStream.CHUNK - 5, 10), whole[UniformStream.CHUNK - 5 :][:10])
     assert np.array_equal(late_first.take(0, 10), whole[:10])
     assert not np.array_equal(UniformStream(12).take(0, 100), whole[:100])
 
 
 def test_settings_validation():
-    for bad in (SamplingSettings(-0.1), SamplingSettings(float("nan")), SamplingSettings(1.0, -1),
-                SamplingSettings(1.0, 0, 0.0), SamplingSettings(1.0, 0, 1.5)):
+    for bad in (
+        SamplingSettings(-0.1),
+        SamplingSettings(float("nan")),
+        SamplingSettings(1.0, -1),
+        SamplingSettings(1.0, 0, 0.0),
+        SamplingSettings(1.0, 0, 1.5),
+    ):
         with pytest.raises(ValueError):
             bad.validate()
     assert SamplingSettings(0.0).greedy and SamplingSettings(1.0, 1).greedy and not SamplingSettings(1.0).greedy

@@ -5,7 +5,9 @@
 - mean accepted tokens per call: pooled over every call, each call counting the tokens it settled
   (accepted drafts + 1), so autoregressive decoding is exactly 1.0;
 - speedup: a method's tokens/s over the baseline's (``mlx-lm``) in the same category;
-- decode tokens/s: the same as tokens/s but without the first call (prefill), for reference.
+- decode tokens/s: the same as tokens/s but without the first call (prefill), for reference;
+- CPU ms per token: process CPU time over generated tokens, pooled. On a CPU-only machine shared with other
+  work it compares methods more steadily than wall time (on Metal the GPU's time is not in it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def method_figures(recs: list[Record]) -> dict:
         "mean_accepted": sum(r.m.accepted_sum for r in recs) / calls if calls else 0.0,
         "tokens_per_s": _mean(list(tps.values())),
         "decode_tokens_per_s": _mean(dec),
+        "cpu_ms_per_token": 1e3 * sum(r.m.cpu_time for r in recs) / max(1, sum(len(r.m.token_ids) for r in recs)),
         "peak_memory_gb": max((r.m.peak_memory for r in recs), default=0.0),
         "per_prompt_tokens_per_s": tps,
         "speedup": None,

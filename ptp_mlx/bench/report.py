@@ -153,7 +153,7 @@ def table(doc: dict) -> str:
         f"{len(doc['prompts_complete'])} prompts x {s['repeats']} repeat(s)"
         + (" | INTERRUPTED" if doc["interrupted"] else ""),
         f"{'method':<13}{'category':<16}{'prompts':>8}{'tokens':>8}{'tok/call':>10}{'tok/s':>9}{'speedup':>9}"
-        f"{'decode tok/s':>14}{'peak GB':>9}",
+        f"{'decode tok/s':>14}{'CPU ms/tok':>12}{'peak GB':>9}",
     ]
     for m, figs in summ.items():
         for c in [c for c in figs if c != ALL] + [ALL]:
@@ -162,7 +162,7 @@ def table(doc: dict) -> str:
             lines.append(
                 f"{m:<13}{c:<16}{f['prompts']:>8}{f['tokens']:>8}{_f(f['mean_accepted'], '.2f', 10)}"
                 f"{_f(f['tokens_per_s'], '.2f', 9)}{sp:>9}{_f(f['decode_tokens_per_s'], '.2f', 14)}"
-                f"{_f(f['peak_memory_gb'], '.2f', 9)}"
+                f"{_f(f['cpu_ms_per_token'], '.1f', 12)}{_f(f['peak_memory_gb'], '.2f', 9)}"
             )
     cost = doc.get("cost_curve")
     if cost:
@@ -197,11 +197,13 @@ def write_plot(path: str | Path, doc: dict) -> None:
     ):
         for i, m in enumerate(methods):
             vals = [(summ[m].get(c) or {}).get(key) or 0.0 for c in cats]
-            ax.bar([j + (i - (len(methods) - 1) / 2) * width for j in range(len(cats))], vals, width, label=m)
+            bars = ax.bar([j + (i - (len(methods) - 1) / 2) * width for j in range(len(cats))], vals, width, label=m)
+            ax.bar_label(bars, fmt="%.2f", fontsize=7)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_xticks(range(len(cats)), cats, rotation=20)
         ax.set_title(title)
-        ax.legend(fontsize=8)
+        ax.margins(y=0.12)
+        ax.legend(fontsize=8, loc="lower right")
     cost = doc.get("cost_curve")
     ax = axes[2]
     if cost:
@@ -211,7 +213,7 @@ def write_plot(path: str | Path, doc: dict) -> None:
         ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="flat")
         ax.set_ylim(0, max(rel) * 1.3 + 0.5)
         ax.set_xlabel("rows in the forward pass")
-        ax.set_ylabel("time relative to 1 row")
+        ax.set_ylabel(f"time relative to 1 row ({cost['seconds'][0] * 1e3:.1f} ms)")
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "cost curve not measured", ha="center", va="center")

@@ -1,0 +1,158 @@
+"""Adapter folders (issue 3, item 2): round trip, and one clear ``UserError`` for every way a folder can fail
+to fit the base model."""
+
+import json
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from mlx.utils import tree_flatten
+
+from ptp_mlx.adapter import CONFIG, WEIGHTS, load_adapter, make_config, read_config, save_adapter, shipped_adapter
+from ptp_mlx.cli_common import UserError
+from ptp_mlx.ptp_model import PTPAdapter
+from ptp_mlx.testing import make_tiny_model, randomize_adapter
+
+
+@pytest.fixture(scope="module")
+def base(tiny):
+    return tiny[0]
+
+
+def make(base, kind="binary", rank=4, **kw) -> PTPAdapter:
+    mx.random.seed(0)
+    ad = PTPAdapter(base, rank, 1.0 / rank, kind, **kw)
+    randomize_adapter(ad)
+    return ad
+
+
+def saved(base, path, kind="binary", rank=4, **kw):
+    ad = make(base, kind, rank, **kw)
+    cfg = make_config(base, ad, rank, 1.0 / rank, window=4, name="tiny", acceptance_histogram=[3, 2, 1])
+    save_adapter(ad, cfg, path)
+    return ad, cfg
+
+
+def weights(ad) -> dict:
+    return {k: v for k, v in tree_flatten(ad.parameters()) if not k.endswith(".scale")}
+
+
+@pytest.mark.parametrize("kind", ["binary", "linear_interpolation"])
+def test_round_trip(base, tmp_path, kind):
+    ad, cfg = saved(base, tmp_path / "ad", kind)
+    assert sorted(p.name for p in (tmp_path / "ad").iterdir()) == sorted([CONFIG, WEIGHTS])
+    got, got_cfg = load_adapter(tmp_path / "ad", base)
+    assert got_cfg == cfg
+    assert got_cfg["u_embedding"] == kind and got_cfg["base_model"]["fingerprint"]
+    a, b = weights(ad), weights(got)
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]) for k in a)
+    assert got.layers[0]["q_proj"].scale == pytest.approx(0.25)
+    # Saving onto an existing folder replaces it atomically.
+    save_adapter(got, cfg, tmp_path / "ad")
+    assert load_adapter(tmp_path / "ad", base)[1] == cfg
+
+
+def test_round_trip_partial_targets(base, tmp_path):
+    ad, _ = saved(base, tmp_path / "ad", targets=("q_proj", "v_proj"), layers=[1])
+    got, cfg = load_adapter(tmp_path / "ad", base)
+    assert cfg["target_modules"] == ["q_proj", "v_proj"] and cfg["layers"] == [1]
+    assert got.layers[0] == {} and set(got.layers[1]) == {"q_proj", "v_proj"}
+    assert weights(got).keys() == weights(ad).keys()
+
+
+def test_other_base_model(base, tmp_path):
+    saved(base, tmp_path / "ad")
+    # Same dimensions, other weights: caught by the fingerprint.
+    other, _ = mlx_lm.load(str(make_tiny_model(tmp_path / "other", seed=1)))
+    with pytest.raises(UserError, match="made for another base model.*fingerprint"):
+        load_adapter(tmp_path / "ad", other)
+    # Other dimensions.
+    small, _ = mlx_lm.load(str(make_tiny_model(tmp_path / "small", hidden=32)))
+    with pytest.raises(UserError, match="made for another base model \\(tiny\\): hidden_size is 64 there but 32 here"):
+        load_adapter(tmp_path / "ad", small)
+    deeper, _ = mlx_lm.load(str(make_tiny_model(tmp_path / "deep", layers=3)))
+    with pytest.raises(UserError, match="num_hidden_layers is 2 there but 3 here"):
+        load_adapter(tmp_path / "ad", deeper)
+    # Without the fingerprint check, same dimensions load fine, other dimensions still do not.
+    load_adapter(tmp_path / "ad", other, check_fingerprint=False)
+    with pytest.raises(UserError, match="hidden_size"):
+        load_adapter(tmp_path / "ad", small, check_fingerprint=False)
+
+
+def rewrite_weights(path, fn):
+    w = dict(mx.load(str(path / WEIGHTS)))
+    fn(w)
+    mx.save_safetensors(str(path / WEIGHTS), w)
+
+
+def rewrite_config(path, fn):
+    cfg = json.loads((path / CONFIG).read_text())
+    fn(cfg)
+    (path / CONFIG).write_text(json.dumps(cfg))
+
+
+def test_wrong_shapes(base, tmp_path):
+    saved(base, tmp_path / "ad")
+    key = "layers.0.q_proj.A"
+    rewrite_weights(tmp_path / "ad", lambda w: w.update({key: mx.zeros((3, 64))}))
+    with pytest.raises(UserError, match=r"layers.0.q_proj.A has shape \(3, 64\), expected \(4, 64\)"):
+        load_adapter(tmp_path / "ad", base)
+    # A config whose rank disagrees with the weights.
+    saved(base, tmp_path / "ad2")
+    rewrite_config(tmp_path / "ad2", lambda c: c.update(rank=8))
+    with pytest.raises(UserError, match="has shape"):
+        load_adapter(tmp_path / "ad2", base)
+
+
+def test_unknown_and_missing_keys(base, tmp_path):
+    saved(base, tmp_path / "a")
+    rewrite_weights(tmp_path / "a", lambda w: w.update({"layers.0.lm_head.A": mx.zeros((4, 64))}))
+    with pytest.raises(UserError, match=r"does not match its config: unknown keys \['layers.0.lm_head.A'\]"):
+        load_adapter(tmp_path / "a", base)
+    saved(base, tmp_path / "b")
+    rewrite_weights(tmp_path / "b", lambda w: w.pop("u_embed.u_adapter.bias"))
+    with pytest.raises(UserError, match=r"missing keys \['u_embed.u_adapter.bias'\]"):
+        load_adapter(tmp_path / "b", base)
+    # Weights of the other u-embedding kind than the config says.
+    saved(base, tmp_path / "c", kind="linear_interpolation")
+    rewrite_config(tmp_path / "c", lambda c: c.update(u_embedding="binary"))
+    with pytest.raises(UserError, match="does not match its config"):
+        load_adapter(tmp_path / "c", base)
+
+
+def test_bad_config(base, tmp_path):
+    saved(base, tmp_path / "ad")
+    rewrite_config(tmp_path / "ad", lambda c: c.update(u_embedding="sawtooth"))
+    with pytest.raises(UserError, match="unknown u-embedding kind 'sawtooth'.*known: binary, linear_interpolation"):
+        load_adapter(tmp_path / "ad", base)
+    rewrite_config(tmp_path / "ad", lambda c: c.update(u_embedding="binary", target_modules=["q_proj", "embed"]))
+    with pytest.raises(UserError, match="bad adapter config.*unknown LoRA target modules"):
+        load_adapter(tmp_path / "ad", base)
+    rewrite_config(tmp_path / "ad", lambda c: (c.update(target_modules=["q_proj"]), c.pop("rank")))
+    with pytest.raises(UserError, match="bad adapter config.*rank"):
+        load_adapter(tmp_path / "ad", base)
+    rewrite_config(tmp_path / "ad", lambda c: c.update(format="something-else"))
+    with pytest.raises(UserError, match="is not a ptp-mlx-adapter config"):
+        read_config(tmp_path / "ad")
+    (tmp_path / "ad" / CONFIG).write_text("{not json")
+    with pytest.raises(UserError, match="corrupt"):
+        load_adapter(tmp_path / "ad", base)
+    with pytest.raises(UserError, match="not an adapter folder"):
+        load_adapter(tmp_path / "nowhere", base)
+
+
+def test_corrupt_or_truncated_weights(base, tmp_path):
+    saved(base, tmp_path / "ad")
+    f = tmp_path / "ad" / WEIGHTS
+    data = f.read_bytes()
+    for broken in (data[: len(data) // 2], data[:5], b"", b"\x00" * 64 + data[64:]):
+        f.write_bytes(broken)
+        with pytest.raises(UserError, match="cannot read .*adapter.safetensors"):
+            load_adapter(tmp_path / "ad", base)
+    f.unlink()
+    with pytest.raises(UserError, match="cannot read"):
+        load_adapter(tmp_path / "ad", base)
+
+
+def test_shipped_adapter_absent_for_unknown_model():
+    assert shipped_adapter("no-such-model") is None

@@ -1,0 +1,100 @@
+"""The real default model (SmolLM2-135M-Instruct, fp32 on CPU): a sensible answer, our autoregressive path
+equals mlx-lm's own greedy generation token for token, and PTP with a random adapter equals autoregressive
+decoding (method doc section 11: fp32 on CPU, divergences reported with their logit gap)."""
+
+import importlib
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+
+from ptp_mlx.budget import Budget, CostCurve
+from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.ptp_model import PTPAdapter, PTPModel
+from ptp_mlx.sampler import SamplingSettings
+from ptp_mlx.testing import randomize_adapter
+
+pytestmark = pytest.mark.slow
+
+mlx_generate = importlib.import_module("mlx_lm.generate")  # the module (mlx_lm.generate is also a function)
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain in one paragraph what a hash table is.",
+]
+
+
+@pytest.fixture(scope="module")
+def real(default_model_dir):
+    return mlx_lm.load(str(default_model_dir))
+
+
+@pytest.fixture(scope="module")
+def pm_adapter(real):
+    model, _ = real
+    mx.random.seed(0)
+    ad = PTPAdapter(model, 4, 1.0, "binary")
+    randomize_adapter(ad, scale=0.02)
+    return PTPModel(model, ad, {"window": 4})
+
+
+def generate(pm, tok, prompt, s, max_tokens, mode="ar", **kw):
+    opts = DecodeOptions(mode=mode, max_tokens=max_tokens, sampling=s, **kw)
+    steps = list(stream_generate(pm, tok, encode_prompt(tok, prompt), opts))
+    return [t for st in steps for t in st.tokens], "".join(st.text for st in steps), steps
+
+
+def first_divergence(pm, tok, prompt, want, got) -> str:
+    g = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), None)
+    if g is None:
+        return f"lengths differ: {len(want)} vs {len(got)}"
+    ids = encode_prompt(tok, prompt) + want[:g]
+    top2 = np.sort(np.array(pm.base(mx.array(ids)[None])[0, -1].astype(mx.float32)))[-2:]
+    return f"first divergence at position {g}: {want[g]} vs {got[g]}, top-2 logit gap {top2[1] - top2[0]:.3g}"
+
+
+def test_capital_of_france(real):
+    model, tok = real
+    _, text, steps = generate(PTPModel(model), tok, PROMPTS[0], SamplingSettings(0.0), 48)
+    assert "Paris" in text, text
+    assert steps[-1].finish_reason in ("stop", "length")
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_ar_greedy_equals_mlx_lm(real, prompt):
+    model, tok = real
+    ours, text, _ = generate(PTPModel(model), tok, prompt, SamplingSettings(0.0), 64)
+    ids = encode_prompt(tok, prompt)
+    responses = list(mlx_generate.stream_generate(model, tok, ids, max_tokens=64))
+    # mlx-lm's last response repeats the final token ("length") or carries the EOS token ("stop").
+    theirs = [r.token for r in responses if r.finish_reason != "stop"]
+    assert ours == theirs
+    assert text == "".join(r.text for r in responses)
+    assert text == mlx_generate.generate(model, tok, ids, max_tokens=64)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:2])
+@pytest.mark.parametrize(
+    "s", [SamplingSettings(0.0), SamplingSettings(0.7, 0, 0.9, seed=1)], ids=["greedy", "T0.7-p0.9"]
+)
+def test_ptp_random_adapter_equals_ar(real, pm_adapter, prompt, s):
+    _, tok = real
+    want, want_text, _ = generate(pm_adapter, tok, prompt, s, 32)
+    for step in ("fused", "simple"):
+        got, text, steps = generate(pm_adapter, tok, prompt, s, 32, mode="ptp", step=step)
+        assert got == want, first_divergence(pm_adapter, tok, prompt, want, got)
+        assert text == want_text
+        assert max(st.rows for st in steps) > 1  # real multi-row PTP passes, not autoregressive fallbacks
+
+
+def test_oracle_full_width_on_real_model(real):
+    model, tok = real
+    pm = PTPModel(model)
+    s = SamplingSettings(0.7, 0, 0.9, seed=2)
+    want, _, _ = generate(pm, tok, PROMPTS[2], s, 40)
+    got, _, steps = generate(pm, tok, PROMPTS[2], s, 40, mode="ptp", oracle=want, budget=Budget(CostCurve(), 8))
+    assert got == want, first_divergence(pm, tok, PROMPTS[2], want, got)
+    assert all(st.accepted == st.proposed == 7 for st in steps[:-1])
+    assert len(steps) == -(-len(want) // 8)
