@@ -68,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument("--window", type=int, default=None, help="auxiliary window the adapter was trained with")
     t.add_argument("--name", default=None, help="base model name recorded in the adapter config")
+    t.add_argument(
+        "--histogram",
+        default=None,
+        help="validation histogram of accepted lengths (default: correct_count_hist.pt beside the checkpoint)",
+    )
     t.add_argument("--dtype", choices=float_dtypes, default="auto", help="base model dtype (auto: the config's)")
     return p
 
@@ -106,6 +111,7 @@ def main_args(args: argparse.Namespace) -> int:
             u_embedding=args.u_embedding,
             window=args.window,
             name=args.name,
+            histogram=args.histogram,
             dtype=args.dtype,
             overwrite=args.overwrite,
             dry_run=args.dry_run,

@@ -26,11 +26,23 @@ from ptp_mlx.paths import atomic_dir
 from ptp_mlx.ptp_model import U_EMBEDDING_KINDS, PTPAdapter, linear_dims
 
 from . import hf
-from .common import Mapping, Summary, check_output, dir_size, dtype_name, is_tensor, read_weight_file, shape_of, to_mx
+from .common import (
+    Mapping,
+    Summary,
+    check_output,
+    dir_size,
+    dtype_name,
+    is_tensor,
+    load_pickle,
+    read_weight_file,
+    shape_of,
+    to_mx,
+)
 from .ptp_layout import Layout, TrainFacts, classify, find_train_yaml, read_train_yaml, u_embedding_kind
 
 PEFT_DEFAULT_ALPHA = 8.0
 DEFAULT_WINDOW = 16  # the reference's train_completion_len
+HIST_NAME = "correct_count_hist.pt"  # the reference's validation histogram of accepted lengths
 
 
 def read_state_dict(path: Path, trust_pickle: bool) -> tuple[dict[str, Any], str]:
@@ -45,6 +57,32 @@ def read_state_dict(path: Path, trust_pickle: bool) -> tuple[dict[str, Any], str
     if bad:
         raise UserError(f"{path} is not a state dict of tensors (non-tensor entries: {', '.join(map(str, bad[:5]))})")
     return obj, fmt
+
+
+def read_histogram(path: Path | None, src: Path, notes: list[str]) -> list[float] | None:
+    """The acceptance histogram (index k = k leading drafts right), given or found beside the checkpoint."""
+    explicit = path is not None
+    path = Path(path).expanduser() if explicit else src.parent / HIST_NAME
+    if not path.is_file():
+        if explicit:
+            raise UserError(f"histogram file not found: {path}")
+        return None
+    try:
+        hist = load_pickle(path)
+    except UserError as e:
+        if explicit:
+            raise
+        notes.append(f"ignored {path}: {e}")
+        return None
+    values = to_mx(hist).astype(mx.float32).tolist() if is_tensor(hist) else hist
+    ok = isinstance(values, list) and values and all(isinstance(v, (int, float)) and v >= 0 for v in values)
+    if not ok or sum(values) <= 0:
+        if explicit:
+            raise UserError(f"{path} is not a histogram (a 1-D tensor of non-negative counts)")
+        notes.append(f"ignored {path}: not a histogram")
+        return None
+    notes.append(f"acceptance histogram from {path}")
+    return [float(v) / float(sum(values)) for v in values]
 
 
 def lora_rank(lay: Layout, sd: dict[str, Any]) -> int:
@@ -229,6 +267,7 @@ def convert_ptp(
     u_embedding: str | None = None,
     window: int | None = None,
     name: str | None = None,
+    histogram: Path | None = None,
     dtype: str = "auto",
     overwrite: bool = False,
     dry_run: bool = False,
@@ -293,6 +332,7 @@ def convert_ptp(
         f"u-embedding {hp['u_embedding']}, window {hp['window']}"
     )
     summary.info["base model"] = str(base) if base is not None else "written from the checkpoint to model/"
+    hist = read_histogram(histogram, src, summary.notes)
     if dry_run:
         return summary
 
@@ -311,6 +351,7 @@ def convert_ptp(
             hp["window"],
             name=name or facts.model_id or (base.name if base else src.stem),
             lora_alpha=hp["alpha"],
+            acceptance_histogram=hist,
             converted_from={"file": src.name, "format": fmt},
         )
         save_adapter(adapter, acfg, tmp / "adapter")

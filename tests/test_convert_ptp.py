@@ -153,9 +153,12 @@ def test_train_yaml_sets_alpha_and_window(tmp_path):
         "model:\n  model:\n    model_id: some/model\n    lora_config:\n      r: 4\n      lora_alpha: 16\n"
         "      target_modules: all-linear\ndata:\n  train_completion_len: 8\n"
     )
+    hist = torch.tensor([0.5, 0.25, 0.125, 0.125] + [0.0] * 17, dtype=torch.float64)
+    torch.save(hist, str(run / "checkpoints" / "correct_count_hist.pt"))  # where the reference caches it
     convert_ptp(ckpt, tmp_path / "a", config=cfg_dir)
     cfg = json.loads((tmp_path / "a" / "adapter" / "adapter_config.json").read_text())
     assert (cfg["scale"], cfg["window"], cfg["base_model"]["name"]) == (4.0, 8, "some/model")
+    assert cfg["acceptance_histogram"] == hist.tolist()
     pm, _ = load_pm(tmp_path / "a" / "model", tmp_path / "a" / "adapter")
     u = uniforms()
     ref = reference_logits(lit, TOKENS, WINDOWS, u)

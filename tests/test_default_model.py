@@ -72,7 +72,6 @@ def test_ar_greedy_equals_mlx_lm(real, prompt):
     theirs = [r.token for r in responses if r.finish_reason != "stop"]
     assert ours == theirs
     assert text == "".join(r.text for r in responses)
-    assert text == mlx_generate.generate(model, tok, ids, max_tokens=64)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS[:2])
