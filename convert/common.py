@@ -221,7 +221,7 @@ class Summary:
         if len(groups) > max_groups:
             out.append(f"    ... {len(groups) - max_groups} more groups")
         out.extend(f"  note: {n}" for n in self.notes)
-        if self.out is not None:
+        if self.out is not None and self.written:
             out.append(f"  size on disk: {human_bytes(self.bytes)} in {self.out}")
         return out
 

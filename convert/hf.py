@@ -178,6 +178,18 @@ def load_into(model, kept: dict[str, Any], dtype: mx.Dtype | None) -> None:
     model.eval()
 
 
+def speed_notes(cast: mx.Dtype | None, weights: dict[str, Any], quantized: bool) -> list[str]:
+    """On CPU only float32 matmuls use BLAS (method doc section 10): say so when the result is not float32."""
+    if mx.default_device() != mx.cpu:
+        return []
+    half = cast in (mx.float16, mx.bfloat16) or (
+        cast is None and any(dtype_name(v) in ("float16", "bfloat16") for v in weights.values())
+    )
+    if quantized or half:
+        return ["on CPU, float32 weights run several times faster (--dtype float32, no --quantize)"]
+    return []
+
+
 def quantize(model, config: dict, bits: int, group_size: int) -> dict:
     from mlx_lm.utils import quantize_model
 
@@ -251,6 +263,7 @@ def convert_hf(
     summary.info["dtype"] = str(cast).replace("mlx.core.", "") if cast is not None else "as in the source"
     if quantize_bits:
         summary.info["quantization"] = f"{quantize_bits}-bit, group {q_group_size}"
+    summary.notes += speed_notes(cast, weights, bool(quantize_bits))
     if dry_run:
         return summary
     if cast is not None:

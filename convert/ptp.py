@@ -339,6 +339,7 @@ def convert_ptp(
     with atomic_dir(out, overwrite=overwrite) as tmp:
         if base is None:
             cast = hf.target_dtype(dtype, cfg)
+            summary.notes += hf.speed_notes(cast, kept, False)
             hf.load_into(base_model, kept, cast)
             hf.write_model_folder(base_model, cfg, tok_src, tmp / "model")
             base_model, _ = mlx_lm.load(str(tmp / "model"))  # the adapter fits what is on disk

@@ -154,6 +154,27 @@ def test_sampled_ptp_equals_ar(engine, prompt_file):
     assert n == 3 and same == 3 and not divs
 
 
+def test_prompt_longer_than_the_context_is_skipped_for_every_method(engine):
+    from ptp_mlx.bench.methods import make_runners
+    from ptp_mlx.bench.prompts import Prompt
+
+    prompts = [Prompt("long", "x", ("y" * 600,)), Prompt("short", "x", ("Hi.",))]
+    ticks, notes = [], []
+    out = run_bench(
+        prompts,
+        make_runners(engine, ["mlx-lm", "ar"]),
+        engine.tokenizer,
+        8,
+        SamplingSettings(),
+        warmup=False,
+        progress=ticks.append,
+        context=512,
+        log=notes.append,
+    )
+    assert out.complete == ["short"] and out.skipped[0]["question_id"] == "long" and "do not fit" in notes[0]
+    assert {r.question_id for r in out.records} == {"short"} and sum(ticks) == 4
+
+
 class FlipOne:
     """A deliberately broken decoder: the real one with the token at ``pos`` changed."""
 

@@ -182,3 +182,21 @@ def test_dry_run_lists_the_mapping(converted, tmp_path, capsys):
     ) in stdout
     assert "LoRA rank 4" in stderr and "scale 2" in stderr
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_trained_from_scratch_without_peft(tmp_path):
+    """The reference's scaling runs train the whole model: keys ``model.model.model.*``, no LoRA."""
+    from test_convert_support import Lit, Mixed, tiny_hf_model
+
+    hf = tiny_hf_model(seed=4)
+    lit = Lit(Mixed(hf, "linear_interpolation", hf.config.hidden_size)).eval()
+    assert "model.model.model.layers.0.mlp.up_proj.weight" in lit.state_dict()
+    ckpt = save_lightning(lit, tmp_path / "scratch.ckpt")
+    summary = convert_ptp(ckpt, tmp_path / "out", config=save_hf_folder(hf, tmp_path / "hf"))
+    assert "LoRA rank 0 on no modules" in summary.info["adapter"]
+    pm, _ = load_pm(tmp_path / "out" / "model", tmp_path / "out" / "adapter")
+    got = mlx_logits(pm, uniforms())
+    with torch.no_grad():
+        want = hf(torch.tensor([TOKENS])).logits[0].numpy()
+    assert np.abs(got[: len(TOKENS)] - want).max() < 1e-4 * np.abs(want).max()
+    assert np.isfinite(got).all()

@@ -142,6 +142,9 @@ def test_dry_run_and_dtypes(tmp_path, capsys):
     assert q.model.layers[0].self_attn.q_proj.bits == 4 and q.model.embed_tokens.bits == 8
     lq, lf = np.array(q(mx.array([TOKENS]))[0]), np.array(f(mx.array([TOKENS]))[0])
     assert np.abs(lq - lf).max() < 1e-2 * np.abs(lf).max()  # same weights; only the matmul kernels differ
+    convert_gguf(src, tmp_path / "b", dtype="bfloat16")
+    b, _ = mlx_lm.load(str(tmp_path / "b"))
+    assert b.model.layers[1].mlp.down_proj.weight.dtype == mx.bfloat16
 
 
 def test_tiny_gguf_logits_match_transformers(tmp_path):

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from . import report
     from .methods import make_runners
     from .metrics import summarize
-    from .run import BenchRun, compare, diagnose, run_bench
+    from .run import BenchRun, compare, diagnose, probe_cost_curve, run_bench
 
     eng = Engine.load(args.model, args.adapter)
     if methods is None:
@@ -127,12 +127,8 @@ def run(args: argparse.Namespace) -> int:
     cost, bench = None, BenchRun()
     try:
         if widths:
-            from ..budget import measure_cost_curve
-
             print(f"measuring the cost curve (widths {widths[0]}..{widths[-1]})...", file=sys.stderr)
-            probe_ctx = max(1, min(256, (ctx or 1 << 30) - widths[-1] - 1))
-            curve, secs = measure_cost_curve(eng.pm, widths, context=probe_ctx)
-            cost = {**curve.to_dict(), "seconds": secs, "context": probe_ctx}
+            cost = probe_cost_curve(eng.pm, widths, max(1, min(256, (ctx or 1 << 30) - widths[-1] - 1)))
     except KeyboardInterrupt:
         bench.interrupted = True
     if not bench.interrupted:
@@ -153,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
                 warmup=not args.no_warmup,
                 progress=bar.update,
                 context=ctx,
+                log=lambda msg: tqdm.write(msg, file=sys.stderr),
             )
 
     checks = []

@@ -127,6 +127,7 @@ def build_json(
         "environment": env,
         "prompts": [{"question_id": p.question_id, "category": p.category, "turns": len(p.turns)} for p in prompts],
         "prompts_complete": list(run.complete),
+        "prompts_skipped": list(run.skipped),
         "warmup_time": run.warmup_time,
         "records": [r.to_json() for r in run.records],
         "summary": summary,
@@ -135,8 +136,16 @@ def build_json(
     }
 
 
+def _write(path: str | Path, data: bytes) -> None:
+    """Atomic write with the permissions of an ordinary new file (the temporary file is private, 0600)."""
+    atomic_write_bytes(Path(path), data)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def write_json(path: str | Path, doc: dict) -> None:
-    atomic_write_bytes(Path(path), (json.dumps(doc, indent=1) + "\n").encode())
+    _write(path, (json.dumps(doc, indent=1) + "\n").encode())
 
 
 def _f(x: float | None, spec: str, width: int) -> str:
@@ -168,6 +177,8 @@ def table(doc: dict) -> str:
     if cost:
         pts = " ".join(f"{w}:{r:.2f}" for w, r in zip(cost["widths"], cost["relative"], strict=True))
         lines.append(f"cost curve (forward time vs 1 row, {cost['seconds'][0] * 1e3:.1f} ms): {pts}")
+    for sk in doc.get("prompts_skipped", []):
+        lines.append(f"skipped: {sk['reason']}")
     for c in doc["checks"]:
         status = "ok" if c["ok"] else "DIFFERS"
         lines.append(
@@ -203,7 +214,6 @@ def write_plot(path: str | Path, doc: dict) -> None:
         ax.set_xticks(range(len(cats)), cats, rotation=20)
         ax.set_title(title)
         ax.margins(y=0.12)
-        ax.legend(fontsize=8, loc="lower right")
     cost = doc.get("cost_curve")
     ax = axes[2]
     if cost:
@@ -224,8 +234,10 @@ def write_plot(path: str | Path, doc: dict) -> None:
         f"blas {env['blas'].split(':')[0]}" + (" | interrupted" if doc["interrupted"] else ""),
         fontsize=10,
     )
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncols=max(1, len(methods)), fontsize=9, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    atomic_write_bytes(Path(path), buf.getvalue())
+    _write(path, buf.getvalue())

@@ -44,6 +44,7 @@ class Record:
 class BenchRun:
     records: list[Record] = field(default_factory=list)
     complete: list[str] = field(default_factory=list)  # question_ids every method finished (all repeats)
+    skipped: list[dict] = field(default_factory=list)  # prompts that did not fit the context
     interrupted: bool = False
     warmup_time: float = 0.0
 
@@ -93,10 +94,12 @@ def run_bench(
     warmup: bool = True,
     progress: Callable[[int], None] | None = None,
     context: int | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> BenchRun:
     """Answer every prompt with every method, interleaved per prompt; rotate the order between prompts.
 
     A ``KeyboardInterrupt`` ends the loop; the result keeps every finished record and says it was cut short.
+    A prompt whose chat does not fit the model's context is skipped (and listed) for every method.
     """
     out = BenchRun()
     order = list(runners)
@@ -105,26 +108,81 @@ def run_bench(
             out.warmup_time = warm_up(runners, tokenizer, prompts[0], sampling)
         for pi, p in enumerate(prompts):
             k = pi % len(order)
-            for rep in range(repeats):
-                for name in order[k:] + order[:k]:  # rotation: no method always runs first (caches, heat)
-                    answers: list[str] = []
-                    for t in range(len(p.turns)):
-                        ids = encode_prompt(tokenizer, messages_for(p, t, answers))
-                        if context and len(ids) >= context:
-                            raise ValueError(
-                                f"{p.question_id} turn {t}: prompt of {len(ids)} tokens does not fit "
-                                f"the model's context of {context}"
-                            )
-                        m = runners[name](ids, max_tokens, sampling)
-                        text = tokenizer.decode(m.token_ids)
-                        answers.append(text)
-                        out.records.append(Record(name, p.question_id, p.category, t, rep, len(ids), m, text, ids))
-                    if progress:
-                        progress(1)
+            mine: list[Record] = []
+            units = 0
+            try:
+                for rep in range(repeats):
+                    for name in order[k:] + order[:k]:  # rotation: no method always runs first (caches, heat)
+                        mine += _conversation(runners[name], name, p, rep, tokenizer, max_tokens, sampling, context)
+                        units += 1
+                        if progress:
+                            progress(1)
+            except _TooLong as e:
+                out.skipped.append({"question_id": p.question_id, "reason": str(e)})
+                if log:
+                    log(f"notice: skipping {e}")
+                if progress:
+                    progress(repeats * len(order) - units)
+                continue
+            out.records += mine
             out.complete.append(p.question_id)
     except KeyboardInterrupt:
         out.interrupted = True
     return out
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _conversation(
+    run: Runner,
+    name: str,
+    p: Prompt,
+    rep: int,
+    tokenizer,
+    max_tokens: int,
+    sampling: SamplingSettings,
+    context: int | None,
+) -> list[Record]:
+    """All turns of ``p`` answered by one method, each turn in the chat of its own earlier answers."""
+    recs: list[Record] = []
+    answers: list[str] = []
+    for t in range(len(p.turns)):
+        ids = encode_prompt(tokenizer, messages_for(p, t, answers))
+        limit = max_tokens
+        if context:
+            if len(ids) >= context:
+                raise _TooLong(
+                    f"{p.question_id} turn {t}: {len(ids)} prompt tokens do not fit the context of {context}"
+                )
+            limit = min(max_tokens, context - len(ids))  # every method stops at the context, as ours does
+        m = run(ids, limit, sampling)
+        text = tokenizer.decode(m.token_ids)
+        answers.append(text)
+        recs.append(Record(name, p.question_id, p.category, t, rep, len(ids), m, text, ids))
+    return recs
+
+
+def probe_cost_curve(pm, widths: list[int], context: int, rounds: int = 3) -> dict:
+    """Forward time of each width relative to width 1, the fastest of ``rounds`` sweeps per width.
+
+    Sweeping all widths several times (rather than timing each width in one go) spreads every width over the
+    run, so a burst of other load on the machine cannot inflate one width, width 1 above all.
+    """
+    from ..budget import measure_cost_curve
+
+    secs = [float("inf")] * len(widths)
+    for _ in range(rounds):
+        _, s = measure_cost_curve(pm, widths, context=context, repeats=2)
+        secs = [min(a, b) for a, b in zip(secs, s, strict=True)]
+    return {
+        "widths": list(widths),
+        "relative": [x / secs[0] for x in secs],
+        "seconds": secs,
+        "context": context,
+        "rounds": rounds,
+    }
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
