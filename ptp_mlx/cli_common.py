@@ -21,6 +21,7 @@ def run_cli(main: Callable[[argparse.Namespace], int | None], parser: argparse.A
     """
     if not any(a.dest == "debug" for a in parser._actions):
         parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    _one_line_usage_errors(parser)
     args = parser.parse_args(argv)
     try:
         rc = main(args)
@@ -36,6 +37,20 @@ def run_cli(main: Callable[[argparse.Namespace], int | None], parser: argparse.A
     except Exception as e:  # noqa: BLE001 - the CLI boundary turns any failure into one line
         _report(args, e)
         return 1
+
+
+def _one_line_usage_errors(parser: argparse.ArgumentParser) -> None:
+    """Usage errors as one ``error:`` line and exit code 2, for the parser and its subparsers."""
+
+    def error(message: str):
+        print(f"error: {message} (see {parser.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+    parser.error = error
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _one_line_usage_errors(sub)
 
 
 def _report(args: argparse.Namespace, e: BaseException) -> None:

