@@ -219,6 +219,24 @@ def test_interrupt_keeps_what_was_measured(engine, prompt_file):
     assert out.interrupted and out.complete == ["a-1"] and len(out.records) == 1
 
 
+def test_interrupt_keeps_the_turns_of_the_prompt_in_progress(engine, prompt_file):
+    from ptp_mlx.bench.methods import make_runners
+
+    inner, calls = make_runners(engine, ["ar"])["ar"], []
+
+    def interrupting(ids, max_tokens, sampling):
+        calls.append(1)
+        if len(calls) == 3:  # a-1, then turn 0 of b-1, then Ctrl-C in turn 1
+            raise KeyboardInterrupt
+        return inner(ids, max_tokens, sampling)
+
+    out = run_bench(
+        load_prompts(prompt_file), {"ar": interrupting}, engine.tokenizer, 8, SamplingSettings(), warmup=False
+    )
+    assert out.complete == ["a-1"] and [r.question_id for r in out.records] == ["a-1", "b-1"]
+    assert summarize(out.records, out.complete, ["ar"])["ar"][ALL]["prompts"] == 1
+
+
 # --- the command -------------------------------------------------------------------------------------------
 
 

@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             ["mlx-lm", "ar"] + (["ptp"] if eng.has_adapter else []) + (["mlx-lm-draft"] if args.draft_model else [])
         )
     if "ptp" in methods and not eng.has_adapter:
-        raise UserError("method ptp needs an adapter (--adapter DIR); none is shipped for this model yet")
+        raise UserError("method ptp needs an adapter (--adapter DIR); none is loaded for this model")
     if "ptp" in methods and "ar" not in methods:
         print("notice: without method ar there is no lossless check for ptp", file=sys.stderr)
     draft = load(args.draft_model)[0] if args.draft_model else None

@@ -103,17 +103,18 @@ def run_bench(
     """
     out = BenchRun()
     order = list(runners)
+    mine: list[Record] = []
     try:
         if warmup and prompts:
             out.warmup_time = warm_up(runners, tokenizer, prompts[0], sampling)
         for pi, p in enumerate(prompts):
             k = pi % len(order)
-            mine: list[Record] = []
+            mine = []
             units = 0
             try:
                 for rep in range(repeats):
                     for name in order[k:] + order[:k]:  # rotation: no method always runs first (caches, heat)
-                        mine += _conversation(runners[name], name, p, rep, tokenizer, max_tokens, sampling, context)
+                        _conversation(runners[name], name, p, rep, tokenizer, max_tokens, sampling, context, mine)
                         units += 1
                         if progress:
                             progress(1)
@@ -125,9 +126,11 @@ def run_bench(
                     progress(repeats * len(order) - units)
                 continue
             out.records += mine
+            mine = []
             out.complete.append(p.question_id)
     except KeyboardInterrupt:
         out.interrupted = True
+        out.records += mine  # raw records of the prompt in progress; the summary leaves that prompt out
     return out
 
 
@@ -144,9 +147,12 @@ def _conversation(
     max_tokens: int,
     sampling: SamplingSettings,
     context: int | None,
-) -> list[Record]:
-    """All turns of ``p`` answered by one method, each turn in the chat of its own earlier answers."""
-    recs: list[Record] = []
+    into: list[Record],
+) -> None:
+    """All turns of ``p`` answered by one method, each turn in the chat of its own earlier answers.
+
+    Records are appended to ``into`` turn by turn, so an interrupted conversation keeps its finished turns.
+    """
     answers: list[str] = []
     for t in range(len(p.turns)):
         ids = encode_prompt(tokenizer, messages_for(p, t, answers))
@@ -160,8 +166,7 @@ def _conversation(
         m = run(ids, limit, sampling)
         text = tokenizer.decode(m.token_ids)
         answers.append(text)
-        recs.append(Record(name, p.question_id, p.category, t, rep, len(ids), m, text, ids))
-    return recs
+        into.append(Record(name, p.question_id, p.category, t, rep, len(ids), m, text, ids))
 
 
 def probe_cost_curve(pm, widths: list[int], context: int, rounds: int = 3) -> dict:
