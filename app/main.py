@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ptp_mlx.cli_common import UserError, add_model_flags, add_sampling_flags, run_cli
+from ptp_mlx.cli_common import add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,19 +21,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ptp_mlx.sampler import SamplingSettings
 
     from .chat import ChatApp
     from .engine_thread import GenSettings, engine_loader
 
-    try:
-        SamplingSettings(args.temp, args.top_k, args.top_p, args.seed).validate()
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if args.max_tokens < 1:
-        raise UserError("--max-tokens must be at least 1")
-    if args.mode == "ptp" and args.adapter and args.adapter.lower() == "none":
-        raise UserError("--mode ptp needs an adapter")
+    sampling_from_args(args)
     settings = GenSettings(args.temp, args.top_k, args.top_p, args.seed, args.max_tokens)
     # Missing model or bad adapter folders are reported inside the app (the model loads there).
     app = ChatApp(engine_loader(args.model, args.adapter, measure_cost=not args.no_measure), settings, args.mode)

@@ -75,3 +75,20 @@ def add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> Non
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold (1 = off)")
     p.add_argument("--seed", type=int, default=0, help="seed of the uniform stream")
     p.add_argument("--max-tokens", type=int, default=max_tokens, help="maximum new tokens")
+
+
+def sampling_from_args(args: argparse.Namespace):
+    """Validated ``SamplingSettings`` from the shared sampling flags (``UserError`` on bad values)."""
+    from .sampler import SamplingSettings
+
+    s = SamplingSettings(args.temp, args.top_k, args.top_p, args.seed)
+    try:
+        s.validate()
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if getattr(args, "max_tokens", 1) < 1:
+        raise UserError("--max-tokens must be at least 1")
+    adapter = getattr(args, "adapter", None)
+    if getattr(args, "mode", None) == "ptp" and adapter and str(adapter).lower() == "none":
+        raise UserError("--mode ptp needs an adapter")
+    return s

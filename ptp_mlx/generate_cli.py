@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_common import UserError, add_model_flags, add_sampling_flags, run_cli
+from .cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,19 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from .engine import Engine
     from .generate import ContextFull
-    from .sampler import SamplingSettings
     from .stats import RunStats
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    sampling = SamplingSettings(args.temp, args.top_k, args.top_p, args.seed)
-    try:
-        sampling.validate()
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    if args.max_tokens < 1:
-        raise UserError("--max-tokens must be at least 1")
-    if args.mode == "ptp" and args.adapter and args.adapter.lower() == "none":
-        raise UserError("--mode ptp needs an adapter")
+    sampling = sampling_from_args(args)
     eng = Engine.load(args.model, args.adapter)
     mode = args.mode or eng.default_mode()
     if args.no_chat:
