@@ -34,8 +34,9 @@ def base_identity(base) -> dict:
     }
 
 
-def make_config(base, adapter: PTPAdapter, rank: int, scale: float, window: int, name: str | None = None,
-                **extra) -> dict:
+def make_config(
+    base, adapter: PTPAdapter, rank: int, scale: float, window: int, name: str | None = None, **extra
+) -> dict:
     cfg = {
         "format": FORMAT,
         "version": 1,
@@ -73,20 +74,27 @@ def read_config(path: Path) -> dict:
     if cfg.get("format") != FORMAT:
         raise UserError(f"{path / CONFIG} is not a {FORMAT} config")
     if cfg.get("u_embedding") not in U_EMBEDDING_KINDS:
-        raise UserError(f"unknown u-embedding kind {cfg.get('u_embedding')!r} in {path / CONFIG} "
-                        f"(known: {', '.join(U_EMBEDDING_KINDS)})")
+        raise UserError(
+            f"unknown u-embedding kind {cfg.get('u_embedding')!r} in {path / CONFIG} "
+            f"(known: {', '.join(U_EMBEDDING_KINDS)})"
+        )
     return cfg
 
 
 def check_fits(cfg: dict, base, path: Path, check_fingerprint: bool = True) -> None:
     """Raise ``UserError`` naming the first way the adapter does not fit ``base``."""
     want = cfg.get("base_model", {})
-    have = base_identity(base) if check_fingerprint else {
-        k: getattr(base.args, k) for k in want if k not in ("name", "fingerprint") and hasattr(base.args, k)}
+    have = (
+        base_identity(base)
+        if check_fingerprint
+        else {k: getattr(base.args, k) for k in want if k not in ("name", "fingerprint") and hasattr(base.args, k)}
+    )
     for k, v in have.items():
         if k in want and want[k] is not None and want[k] != v:
-            raise UserError(f"adapter {path} was made for another base model ({want.get('name') or 'unknown'}): "
-                            f"{k} is {want[k]} there but {v} here")
+            raise UserError(
+                f"adapter {path} was made for another base model ({want.get('name') or 'unknown'}): "
+                f"{k} is {want[k]} there but {v} here"
+            )
 
 
 def load_adapter(path: Path, base, check_fingerprint: bool = True) -> tuple[PTPAdapter, dict]:
@@ -95,8 +103,14 @@ def load_adapter(path: Path, base, check_fingerprint: bool = True) -> tuple[PTPA
     cfg = read_config(path)
     check_fits(cfg, base, path, check_fingerprint)
     try:
-        adapter = PTPAdapter(base, int(cfg["rank"]), float(cfg["scale"]), cfg["u_embedding"],
-                             targets=cfg.get("target_modules", ALL_TARGETS), layers=cfg.get("layers"))
+        adapter = PTPAdapter(
+            base,
+            int(cfg["rank"]),
+            float(cfg["scale"]),
+            cfg["u_embedding"],
+            targets=cfg.get("target_modules", ALL_TARGETS),
+            layers=cfg.get("layers"),
+        )
     except (KeyError, ValueError) as e:
         raise UserError(f"bad adapter config {path / CONFIG}: {e}") from None
     try:
@@ -107,8 +121,10 @@ def load_adapter(path: Path, base, check_fingerprint: bool = True) -> tuple[PTPA
     unknown = sorted(set(weights) - set(expected))
     missing = sorted(set(expected) - set(weights))
     if unknown or missing:
-        raise UserError(f"adapter {path} does not match its config: "
-                        + (f"unknown keys {unknown[:5]}" if unknown else f"missing keys {missing[:5]}"))
+        raise UserError(
+            f"adapter {path} does not match its config: "
+            + (f"unknown keys {unknown[:5]}" if unknown else f"missing keys {missing[:5]}")
+        )
     for k, v in weights.items():
         if tuple(v.shape) != tuple(expected[k]):
             raise UserError(f"adapter {path}: {k} has shape {tuple(v.shape)}, expected {tuple(expected[k])}")

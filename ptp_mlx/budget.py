@@ -111,7 +111,7 @@ class Budget:
         if rows > room:
             n = max(0, room - 1)
             rows = 1 + n
-        value = 1.0 + float(reach[1:n + 1].sum())
+        value = 1.0 + float(reach[1 : n + 1].sum())
         p_end = [reach[d] - (reach[d + 1] if d < n else 0.0) for d in range(n + 1)]  # P(c == d)
         widths = [0] * (n + 1)
         # Greedy allocation: add the row with the best marginal value while it improves value per cost.

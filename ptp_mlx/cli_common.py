@@ -12,8 +12,9 @@ class UserError(Exception):
     """Bad usage or bad input: reported as one ``error:`` line with exit code 2."""
 
 
-def run_cli(main: Callable[[argparse.Namespace], int | None], parser: argparse.ArgumentParser,
-            argv: Sequence[str] | None = None) -> int:
+def run_cli(
+    main: Callable[[argparse.Namespace], int | None], parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> int:
     """Parse ``argv``, run ``main`` and map failures to the exit-code contract.
 
     0 success, 1 failure while running (Ctrl-C included), 2 bad usage or bad input. Errors are one line on
@@ -61,12 +62,21 @@ def _report(args: argparse.Namespace, e: BaseException) -> None:
 
 
 def add_model_flags(p: argparse.ArgumentParser, adapter: bool = True) -> None:
-    p.add_argument("--model", default=None, help="model folder or Hugging Face repo id (default: SmolLM2-135M-Instruct)")
+    p.add_argument(
+        "--model", default=None, help="model folder or Hugging Face repo id (default: SmolLM2-135M-Instruct)"
+    )
     if adapter:
-        p.add_argument("--adapter", default=None,
-                       help="adapter folder (default: the one shipped for the model; 'none' for no adapter)")
-        p.add_argument("--mode", choices=["ptp", "ar"], default=None,
-                       help="decoding mode (default: ptp when an adapter is available, else ar)")
+        p.add_argument(
+            "--adapter",
+            default=None,
+            help="adapter folder (default: the one shipped for the model; 'none' for no adapter)",
+        )
+        p.add_argument(
+            "--mode",
+            choices=["ptp", "ar"],
+            default=None,
+            help="decoding mode (default: ptp when an adapter is available, else ar)",
+        )
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:

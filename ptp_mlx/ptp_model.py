@@ -85,7 +85,8 @@ class PTPAdapter(nn.Module):
         self.u_embed = UEmbedding(u_embedding, base.args.hidden_size)
         self.layers = [
             {t: LoRA(*linear_dims(base.model.layers[i], t), rank, scale) for t in self.targets}
-            if i in self.layer_ids else {}
+            if i in self.layer_ids
+            else {}
             for i in range(n_layers)
         ]
 
@@ -112,8 +113,8 @@ def build_mask(offset: int, n_tok: int, windows: list[Window]) -> mx.array:
     vis[:n_tok] = offset + 1 + np.arange(n_tok)
     r = n_tok
     for w in windows:
-        vis[r:r + w.n] = w.ctx_len
-        local[r:r + w.n, r:r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
+        vis[r : r + w.n] = w.ctx_len
+        local[r : r + w.n, r : r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
         r += w.n
     cols = np.arange(offset + n_tok)
     real = cols[None, :] < vis[:, None]
@@ -139,8 +140,14 @@ class PTPModel:
             return self.base.model.embed_tokens.as_linear(h)
         return self.base.lm_head(h)
 
-    def __call__(self, tokens: mx.array, u: mx.array | None = None, windows: list[Window] | None = None,
-                 cache=None, adapter: PTPAdapter | None = None) -> mx.array:
+    def __call__(
+        self,
+        tokens: mx.array,
+        u: mx.array | None = None,
+        windows: list[Window] | None = None,
+        cache=None,
+        adapter: PTPAdapter | None = None,
+    ) -> mx.array:
         """Logits [rows, vocab] for ``tokens`` (1-D) followed by the auxiliaries of ``windows``.
 
         ``u`` holds one uniform per auxiliary row, in window order. The cache (a list of mlx-lm ``KVCache``)
@@ -156,7 +163,7 @@ class PTPModel:
                 raise ValueError("auxiliary rows need a PTP adapter")
             parts.append(adapter.u_embed(u)[None].astype(parts[0].dtype if parts else mx.float32))
         h = mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-        segments = ([(0, n_tok, offset)] if n_tok else [])
+        segments = [(0, n_tok, offset)] if n_tok else []
         r = n_tok
         for w in windows:
             segments.append((r, r + w.n, w.ctx_len - 1))

@@ -73,8 +73,14 @@ def id_sorted_edges(q: mx.array) -> mx.array:
     return mx.where(ids >= last_kept, 1.0, cdf)
 
 
-def pick(u: mx.array | float, logits: mx.array, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-         check: bool = True) -> mx.array:
+def pick(
+    u: mx.array | float,
+    logits: mx.array,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    check: bool = True,
+) -> mx.array:
     """Exact sampler, batched over leading axes of ``logits`` (``u`` has the leading shape).
 
     Returns int32 token ids. Rows whose filtered distribution is empty or not finite (e.g. all logits
@@ -124,7 +130,7 @@ class UniformStream:
         while self._buf.size < start + n:
             # Fixed chunk size keeps the stream identical however it is read.
             self._buf = np.concatenate([self._buf, self._rng.random(self.CHUNK, dtype=np.float32)])
-        return self._buf[start:start + n]
+        return self._buf[start : start + n]
 
     def __getitem__(self, i: int) -> float:
         return float(self.take(i, 1)[0])

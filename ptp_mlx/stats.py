@@ -55,8 +55,10 @@ class RunStats:
         return self.prompt_tokens / self.prompt_time if self.prompt_time > 0 else 0.0
 
     def summary(self) -> str:
-        return (f"prompt {self.prompt_tps:.1f} tok/s | generation {self.generation_tps:.1f} tok/s | "
-                f"mean accepted {self.mean_accepted:.2f} tokens/call | peak memory {self.peak_memory:.2f} GB")
+        return (
+            f"prompt {self.prompt_tps:.1f} tok/s | generation {self.generation_tps:.1f} tok/s | "
+            f"mean accepted {self.mean_accepted:.2f} tokens/call | peak memory {self.peak_memory:.2f} GB"
+        )
 
     def histogram_line(self) -> str:
         parts = " ".join(f"{k}:{self.histogram[k]}" for k in sorted(self.histogram))

@@ -17,14 +17,25 @@ CHAT_TEMPLATE = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def tiny_config(vocab_size: int = 259, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                context: int = 512) -> dict:
+def tiny_config(
+    vocab_size: int = 259, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, context: int = 512
+) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
-        "num_hidden_layers": layers, "intermediate_size": hidden * 2, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": hidden // heads, "rms_norm_eps": 1e-5,
-        "vocab_size": vocab_size, "rope_theta": 10000.0, "max_position_embeddings": context,
-        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": hidden * 2,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": hidden // heads,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": vocab_size,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": context,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
     }
 
 
@@ -40,8 +51,14 @@ def save_byte_tokenizer(out: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIALS[1], eos_token=SPECIALS[2],
-                                   unk_token=SPECIALS[0], pad_token=SPECIALS[0], clean_up_tokenization_spaces=False)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=SPECIALS[1],
+        eos_token=SPECIALS[2],
+        unk_token=SPECIALS[0],
+        pad_token=SPECIALS[0],
+        clean_up_tokenization_spaces=False,
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
 

@@ -20,8 +20,22 @@ def test_editable_install_maps_subpackages():
 
 @pytest.mark.slow
 def test_wheel_layout(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                        "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0 and "No module named" in r.stderr:
         pytest.skip("setuptools/wheel not available for an offline build")
     assert r.returncode == 0, r.stderr

@@ -15,16 +15,28 @@ def _args(run, **kw):
     p = argparse.ArgumentParser()
     add_train_args(p)
     a = p.parse_args(["--data", "x", "--run", str(run)])
-    for k, v in {"steps": 6, "rank": 4, "alpha": 8.0, "window": 4, "windows_per_seq": 4, "seqs_per_step": 2,
-                 "lr": 3e-3, "warmup": 2, "save_every": 3, "eval_every": 3, **kw}.items():
+    for k, v in {
+        "steps": 6,
+        "rank": 4,
+        "alpha": 8.0,
+        "window": 4,
+        "windows_per_seq": 4,
+        "seqs_per_step": 2,
+        "lr": 3e-3,
+        "warmup": 2,
+        "save_every": 3,
+        "eval_every": 3,
+        **kw,
+    }.items():
         setattr(a, k, v)
     return a
 
 
 def _prompts(tmp_path, n=6):
     f = tmp_path / "prompts.jsonl"
-    f.write_text("\n".join(json.dumps({"id": f"p-{i}", "category": "c", "turns": [f"say {i} {i}"]})
-                           for i in range(1, n + 1)))
+    f.write_text(
+        "\n".join(json.dumps({"id": f"p-{i}", "category": "c", "turns": [f"say {i} {i}"]}) for i in range(1, n + 1))
+    )
     return f
 
 
@@ -50,10 +62,10 @@ def test_pregenerate_writes_bins_that_reproduce_tokens(tiny, tmp_path):
     # Every stored bin reproduces its token through the exact sampler (u at the bin's middle).
     rec = recs[1]
     toks = rec["tokens"]
-    logits = model(mx.array(toks[:-1])[None])[0, rec["start"] - 1:].astype(mx.float32)
+    logits = model(mx.array(toks[:-1])[None])[0, rec["start"] - 1 :].astype(mx.float32)
     mid = (np.array(rec["left"]) + np.array(rec["right"])) / 2
     got = pick(mx.array(mid.astype(np.float32)), logits, 0.7, 50, 0.95).tolist()
-    assert got == toks[rec["start"]:]
+    assert got == toks[rec["start"] :]
 
 
 def _predictable_records(n=12, length=40):
@@ -62,8 +74,7 @@ def _predictable_records(n=12, length=40):
     recs = []
     for i in range(n):
         toks = [1, 5 + i % 3] + [cyc[(i + j) % len(cyc)] for j in range(length)]
-        recs.append({"tokens": toks, "start": 2, "left": [0.0] * length, "right": [1.0] * length,
-                     "category": "c"})
+        recs.append({"tokens": toks, "start": 2, "left": [0.0] * length, "right": [1.0] * length, "category": "c"})
     return recs
 
 
@@ -76,8 +87,7 @@ def test_training_lowers_loss_and_raises_acceptance(tiny, tmp_path):
     mx.random.seed(0)
     before = evaluate(PTPModel(model), PTPAdapter(model, 4, 2.0, "binary"), recs[:4], 4, 4, 0)["mean_accepted"]
     train(model, recs, recs[:4], a, log=lambda m: None)
-    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "train.log").read_text().splitlines()
-              if '"loss"' in x]
+    losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "train.log").read_text().splitlines() if '"loss"' in x]
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     state = json.loads((tmp_path / "run" / "last" / "state.json").read_text())
     assert state["best"]["mean_accepted"] > before + 1.0

@@ -46,9 +46,20 @@ def run(args: argparse.Namespace) -> int:
         model, tok = load(args.model)
         from .pregenerate import pregenerate
 
-        pregenerate(model, tok, args.prompts, args.out, n=args.per_prompt, greedy_first=not args.no_greedy_row,
-                    sampling=s, max_new=args.max_tokens, split=args.split, limit=args.limit, seed=args.seed,
-                    greedy_only=args.greedy_only)
+        pregenerate(
+            model,
+            tok,
+            args.prompts,
+            args.out,
+            n=args.per_prompt,
+            greedy_first=not args.no_greedy_row,
+            sampling=s,
+            max_new=args.max_tokens,
+            split=args.split,
+            limit=args.limit,
+            seed=args.seed,
+            greedy_only=args.greedy_only,
+        )
         return 0
     from .train import train_from_args
 

@@ -24,8 +24,16 @@ from ..sampler import SamplingSettings, pick_with_bins
 from .data import read_prompts, read_records
 
 
-def _complete(model, prompt_ids: list[int], n: int, greedy_first: bool, s: SamplingSettings, max_new: int,
-              eos: set[int], rng: np.random.Generator) -> list[dict]:
+def _complete(
+    model,
+    prompt_ids: list[int],
+    n: int,
+    greedy_first: bool,
+    s: SamplingSettings,
+    max_new: int,
+    eos: set[int],
+    rng: np.random.Generator,
+) -> list[dict]:
     cache = make_prompt_cache(model)
     model(mx.array(prompt_ids[:-1])[None], cache=cache)
     for c in cache:  # repeat the prefilled prompt over the batch
@@ -57,18 +65,33 @@ def _complete(model, prompt_ids: list[int], n: int, greedy_first: bool, s: Sampl
     for r in range(n):
         row = T[r].tolist()
         end = next((i + 1 for i, x in enumerate(row) if x in eos), len(row))  # keep EOS: drafts learn to stop
-        out.append({
-            "tokens": prompt_ids + row[:end], "start": len(prompt_ids),
-            "left": [round(float(x), 7) for x in L[r, :end]], "right": [round(float(x), 7) for x in R[r, :end]],
-            "greedy": bool(greedy_first and r == 0),
-        })
+        out.append(
+            {
+                "tokens": prompt_ids + row[:end],
+                "start": len(prompt_ids),
+                "left": [round(float(x), 7) for x in L[r, :end]],
+                "right": [round(float(x), 7) for x in R[r, :end]],
+                "greedy": bool(greedy_first and r == 0),
+            }
+        )
     return out
 
 
-def pregenerate(model, tokenizer, prompts_file: Path, out_file: Path, n: int = 16, greedy_first: bool = True,
-                sampling: SamplingSettings = SamplingSettings(0.7, 50, 0.95), max_new: int = 96,
-                split: str = "train", limit: int | None = None, seed: int = 0, max_prompt: int = 768,
-                greedy_only: bool = False) -> int:
+def pregenerate(
+    model,
+    tokenizer,
+    prompts_file: Path,
+    out_file: Path,
+    n: int = 16,
+    greedy_first: bool = True,
+    sampling: SamplingSettings = SamplingSettings(0.7, 50, 0.95),
+    max_new: int = 96,
+    split: str = "train",
+    limit: int | None = None,
+    seed: int = 0,
+    max_prompt: int = 768,
+    greedy_only: bool = False,
+) -> int:
     """Append completions for every prompt not yet in ``out_file``. Returns the number of new records."""
     prompts = read_prompts(prompts_file, split=split)[: limit or None]
     done = {r["prompt_id"] for r in read_records(out_file)}
@@ -82,14 +105,18 @@ def pregenerate(model, tokenizer, prompts_file: Path, out_file: Path, n: int = 1
         for p in tqdm(todo, desc="pregenerate", unit="prompt", file=sys.stderr):
             ids = encode_prompt(tokenizer, p["turns"][0])[-max_prompt:]
             rng = np.random.default_rng([seed, zlib.crc32(p["id"].encode())])
-            rows = _complete(model, ids, 1 if greedy_only else n, greedy_first or greedy_only, sampling,
-                             max_new, eos, rng)
+            rows = _complete(
+                model, ids, 1 if greedy_only else n, greedy_first or greedy_only, sampling, max_new, eos, rng
+            )
             for r in rows:
-                r.update(prompt_id=p["id"], category=p["category"],
-                         settings={**sampling.as_dict(), "greedy": r["greedy"]})
+                r.update(
+                    prompt_id=p["id"], category=p["category"], settings={**sampling.as_dict(), "greedy": r["greedy"]}
+                )
                 f.write(json.dumps(r) + "\n")
             f.flush()  # one prompt at a time: an interrupted run loses at most one prompt
             written += len(rows)
-    print(f"pregenerate: {written} completions for {len(todo)} prompts in {time.perf_counter() - t0:.0f} s",
-          file=sys.stderr)
+    print(
+        f"pregenerate: {written} completions for {len(todo)} prompts in {time.perf_counter() - t0:.0f} s",
+        file=sys.stderr,
+    )
     return written

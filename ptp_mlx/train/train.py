@@ -46,8 +46,10 @@ class StaticKV:
 def teacher_kv(pm: PTPModel, tokens: list[int]) -> list[StaticKV]:
     cache = make_prompt_cache(pm.base)
     pm.base(mx.array(tokens)[None], cache=cache)
-    kv = [StaticKV(mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
-          for c in cache]
+    kv = [
+        StaticKV(mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
+        for c in cache
+    ]
     mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student
     return kv
 
@@ -109,15 +111,18 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
         pred = mx.argmax(student_logits(pm, adapter, kv, windows, u), axis=-1)
         ok = (np.array(pred) == labels) & valid
         for w in range(len(windows)):
-            row = ok[w * width + 1:(w + 1) * width]
+            row = ok[w * width + 1 : (w + 1) * width]
             k = int(np.argmin(row)) if not row.all() else len(row)
             hist[k] += 1
             per_cat.setdefault(rec.get("category", "other"), []).append(k)
             per_cat.setdefault("greedy" if rec.get("greedy") else "sampled", []).append(k)
     n = max(1, hist.sum())
     mean_acc = float((hist * np.arange(width)).sum() / n) + 1.0
-    return {"mean_accepted": mean_acc, "histogram": hist.tolist(),
-            "per_category": {c: float(np.mean(v)) + 1.0 for c, v in per_cat.items()}}
+    return {
+        "mean_accepted": mean_acc,
+        "histogram": hist.tolist(),
+        "per_category": {c: float(np.mean(v)) + 1.0 for c, v in per_cat.items()},
+    }
 
 
 def add_train_args(t: argparse.ArgumentParser) -> None:
@@ -178,8 +183,10 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         adapter.u_embed.u_adapter.bias = emb.mean(axis=0)
         adapter.u_embed.u_adapter.weight = adapter.u_embed.u_adapter.weight * 0.1
     pm = PTPModel(base, adapter)
-    sched = optim.join_schedules([optim.linear_schedule(0.0, a.lr, a.warmup),
-                                  optim.cosine_decay(a.lr, max(1, a.steps - a.warmup), a.lr * 0.1)], [a.warmup])
+    sched = optim.join_schedules(
+        [optim.linear_schedule(0.0, a.lr, a.warmup), optim.cosine_decay(a.lr, max(1, a.steps - a.warmup), a.lr * 0.1)],
+        [a.warmup],
+    )
     opt = optim.AdamW(learning_rate=sched, weight_decay=a.weight_decay)
     opt.init(adapter.trainable_parameters())
     state = {"step": 0, "best": None, "evals": [], "seconds": 0.0}
@@ -188,12 +195,22 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         adapter.load_weights(str(run / "last" / "adapter.safetensors"), strict=False)
         opt.state = tree_unflatten(list(mx.load(str(run / "last" / "optimizer.safetensors")).items()))
         log(f"resumed at step {state['step']}")
-    config_extra = {"sampling": {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "greedy_rows": True},
-                    "greedy_u": GREEDY_U,
-                    "training": {"records": len(records), "steps": a.steps, "rank": a.rank, "alpha": a.alpha,
-                                 "window": a.window, "windows_per_seq": a.windows_per_seq,
-                                 "seqs_per_step": a.seqs_per_step, "lr": a.lr, "layers": a.layers,
-                                 "seed": a.seed}}
+    config_extra = {
+        "sampling": {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "greedy_rows": True},
+        "greedy_u": GREEDY_U,
+        "training": {
+            "records": len(records),
+            "steps": a.steps,
+            "rank": a.rank,
+            "alpha": a.alpha,
+            "window": a.window,
+            "windows_per_seq": a.windows_per_seq,
+            "seqs_per_step": a.seqs_per_step,
+            "lr": a.lr,
+            "layers": a.layers,
+            "seed": a.seed,
+        },
+    }
     grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch))
     bar = tqdm(total=a.steps, initial=state["step"], desc="train", unit="step", file=sys.stderr)
     logf = open(run / "train.log", "a")
@@ -226,11 +243,24 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
             log(f"step {state['step']}: val mean accepted {ev['mean_accepted']:.3f} hist {ev['histogram']}")
             if state["best"] is None or ev["mean_accepted"] > state["best"]["mean_accepted"]:
                 state["best"] = ev
-                cfg = make_config(base, adapter, a.rank, a.alpha / a.rank, a.window, name=getattr(a, "name", None),
-                                  acceptance_histogram=ev["histogram"], validation=ev,
-                                  **{**config_extra, "training": {**config_extra["training"],
-                                                                  "best_step": state["step"],
-                                                                  "cpu_seconds": round(state["seconds"])}})
+                cfg = make_config(
+                    base,
+                    adapter,
+                    a.rank,
+                    a.alpha / a.rank,
+                    a.window,
+                    name=getattr(a, "name", None),
+                    acceptance_histogram=ev["histogram"],
+                    validation=ev,
+                    **{
+                        **config_extra,
+                        "training": {
+                            **config_extra["training"],
+                            "best_step": state["step"],
+                            "cpu_seconds": round(state["seconds"]),
+                        },
+                    },
+                )
                 save_adapter(adapter, cfg, run / "best")
         if state["step"] % a.save_every == 0 or done:
             _checkpoint(run, adapter, opt, state)
