@@ -35,30 +35,42 @@ class CostCurve:
         return cls([1, 64], [1.0, 1.0 + 63 * per_row])
 
 
-def measure_cost_curve(pm, widths=PROBE_WIDTHS, context: int = 256, repeats: int = 3) -> tuple[CostCurve, list[float]]:
-    """Time token passes of each width on top of a ``context``-token cache. Returns the curve and seconds."""
+def measure_cost_curve(
+    pm, widths=PROBE_WIDTHS, context: int = 256, repeats: int = 3, aux: bool = False
+) -> tuple[CostCurve, list[float]]:
+    """Time passes of each width on top of a ``context``-token cache. Returns the curve and seconds.
+
+    ``aux=False`` times plain token passes (the machine's forward cost). ``aux=True`` times what a PTP call
+    of that width really costs: one token row plus ``w - 1`` auxiliary rows through the adapter, relative
+    to a plain one-token step, so the budget also pays for the LoRA and auxiliary overhead.
+    """
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
+
+    from .ptp_model import Window
 
     cache = make_prompt_cache(pm.base)
     mx.eval(pm(mx.zeros((context,), dtype=mx.int32), cache=cache))
     secs = []
     for w in widths:
-        toks = mx.zeros((w,), dtype=mx.int32)
+        if aux and w > 1 and pm.adapter is not None:
+            args = (mx.zeros((1,), dtype=mx.int32), mx.full((w - 1,), 0.5), [Window(context + 1, w - 1)])
+        else:
+            args = (mx.zeros((w,), dtype=mx.int32),)
         best = float("inf")
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
-            mx.eval(pm(toks, cache=cache))  # sync: we are timing the pass
+            mx.eval(pm(*args, cache=cache))  # sync: we are timing the pass
             best = min(best, time.perf_counter() - t0)
             for c in cache:
-                c.trim(w)
+                c.trim(c.offset - context)
         secs.append(best)
     rel = [s / secs[0] for s in secs]
     return CostCurve(list(widths), rel), secs
 
 
 def cached_cost_curve(pm, key: str, cache_dir: Path, log=None) -> CostCurve:
-    """The measured curve for this machine and model, measured once and cached as JSON."""
+    """The measured PTP-call curve for this machine, model and adapter shape, measured once, cached as JSON."""
     path = Path(cache_dir) / f"cost-curve-{key}.json"
     if path.exists():
         try:
@@ -67,8 +79,8 @@ def cached_cost_curve(pm, key: str, cache_dir: Path, log=None) -> CostCurve:
         except (json.JSONDecodeError, KeyError):
             pass
     if log:
-        log("measuring this machine's forward cost curve once (widths 1..64)...")
-    curve, secs = measure_cost_curve(pm)
+        log("measuring this machine's PTP cost curve once (widths 1..64)...")
+    curve, secs = measure_cost_curve(pm, aux=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({**curve.to_dict(), "seconds": secs}))

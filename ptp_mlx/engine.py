@@ -5,6 +5,8 @@ The CLI, the chat, the bench and the tests all build one ``Engine`` and iterate 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -71,13 +73,19 @@ class Engine:
     def make_budget(self, measure: bool = True) -> Budget:
         width = int(self.pm.adapter_config.get("window", 8))
         if measure:
-            key = f"{model_fingerprint(self.pm.base)}-{mx.default_device()}-{blas.state['blas'].split(':')[0]}"
-            curve = cached_cost_curve(
-                self.pm,
-                key.replace(" ", "").replace("(", "").replace(")", "").replace(",", ""),
-                cache_root() / "cost-curves",
-                log=self.log,
-            )
+            # The curve depends on the machine, the model and the adapter's shape (rank, LoRA layers).
+            c = self.pm.adapter_config
+            ident = [
+                model_fingerprint(self.pm.base),
+                str(mx.default_device()),
+                blas.state["blas"],
+                c.get("rank"),
+                c.get("layers"),
+                c.get("target_modules"),
+                "ptp-call-v1",
+            ]
+            key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
+            curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", log=self.log)
         else:
             curve = CostCurve()
         return Budget.from_histogram(curve, self.pm.adapter_config.get("acceptance_histogram"), width)
