@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..cli_common import UserError, add_model_flags, add_sampling_flags, run_cli
+from ..cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 from .methods import METHODS
 
 DEFAULT_WIDTHS = "1,2,4,8,12,16,24,32,48,64"
@@ -53,13 +53,7 @@ def _parse_list(s: str | None) -> list[str]:
 
 def validate(args: argparse.Namespace):
     """Check every flag before anything slow happens. Returns (sampling, methods or None, widths)."""
-    from ..sampler import SamplingSettings
-
-    sampling = SamplingSettings(args.temp, args.top_k, args.top_p, args.seed)
-    try:
-        sampling.validate()
-    except ValueError as e:
-        raise UserError(str(e)) from None
+    sampling = sampling_from_args(args)
     for flag, v in (
         ("--max-tokens", args.max_tokens),
         ("--repeats", args.repeats),
