@@ -21,6 +21,17 @@ from .ptp_model import PTPModel, Window
 from .sampler import SamplingSettings, UniformStream, pick
 
 PREFILL_CHUNK = 512
+AR_BURST = 16  # tokens decoded autoregressively before the budget is asked again
+
+
+class _Shifted:
+    """The uniform stream seen from index ``start`` (an autoregressive burst inside a PTP run)."""
+
+    def __init__(self, u: UniformStream, start: int):
+        self.u, self.start = u, start
+
+    def __getitem__(self, i: int) -> float:
+        return self.u[self.start + i]
 
 
 @dataclass
@@ -206,6 +217,15 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
                 fitted.append((d, w))
                 used += w
         branches = fitted
+        if n == 0 and not branches and opts.oracle is None:
+            # Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive
+            # burst instead. Same uniforms, same tokens; the cache again ends just before the last token.
+            burst = min(AR_BURST, remaining)
+            for block, info in _ar_calls(pm, cache, last, _Shifted(u, i), s, opts, burst, ctx):
+                last = block[-1]
+                yield block, info
+            i += burst
+            continue
         # 2. One forward pass: verify rows then auxiliary windows.
         tokens = mx.array([last] + drafts[:n])
         windows = [Window(offset + 1 + d, w) for d, w in branches]
