@@ -104,16 +104,24 @@ def pick(
     return out
 
 
-def bins(logits: mx.array, tokens: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
-    """The bin ``[F(t) - p(t), F(t))`` of each token in the id-sorted CDF (for distillation targets)."""
-    if s.greedy:  # greedy: every u picks the argmax, so its bin is [0, 1)
-        z = mx.zeros(tokens.shape, dtype=mx.float32)
-        return z, z + 1.0
-    q = filtered_probs(logits, s)
-    edges = id_sorted_edges(q)
+def _bin_of(q: mx.array, edges: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:
     right = mx.take_along_axis(edges, tokens[..., None], axis=-1)[..., 0]
     p_t = mx.take_along_axis(q, tokens[..., None], axis=-1)[..., 0]
     return mx.maximum(right - p_t, 0.0), right
+
+
+def _greedy_bins(tokens: mx.array) -> tuple[mx.array, mx.array]:
+    # Greedy: every u picks the argmax, so its bin is [0, 1).
+    z = mx.zeros(tokens.shape, dtype=mx.float32)
+    return z, z + 1.0
+
+
+def bins(logits: mx.array, tokens: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
+    """The bin ``[F(t) - p(t), F(t))`` of each token in the id-sorted CDF (for distillation targets)."""
+    if s.greedy:
+        return _greedy_bins(tokens)
+    q = filtered_probs(logits, s)
+    return _bin_of(q, id_sorted_edges(q), tokens)
 
 
 class UniformStream:
@@ -140,11 +148,8 @@ def pick_with_bins(u: mx.array, logits: mx.array, s: SamplingSettings) -> tuple[
     """``pick`` and ``bins`` in one pass over the filtered distribution (teacher-data generation)."""
     if s.greedy:
         t = mx.argmax(logits, axis=-1).astype(mx.int32)
-        z = mx.zeros(t.shape, dtype=mx.float32)
-        return t, z, z + 1.0
+        return (t, *_greedy_bins(t))
     q = filtered_probs(logits, s)
     edges = id_sorted_edges(q)
     t = mx.sum(edges <= mx.expand_dims(u.astype(mx.float32), -1), axis=-1).astype(mx.int32)
-    right = mx.take_along_axis(edges, t[..., None], axis=-1)[..., 0]
-    p_t = mx.take_along_axis(q, t[..., None], axis=-1)[..., 0]
-    return t, mx.maximum(right - p_t, 0.0), right
+    return (t, *_bin_of(q, edges, t))
