@@ -122,3 +122,58 @@ def test_resume_equals_uninterrupted(tiny, tmp_path, monkeypatch):
     assert set(w1) == set(w2)
     for k in w1:
         assert mx.array_equal(w1[k], w2[k]), k
+
+
+def test_batched_pregenerate_matches_one_prompt_at_a_time(tiny, tmp_path):
+    """Left-padded batches of prompts give each prompt the tokens and bins it gets on its own."""
+    from ptp_mlx.sampler import SamplingSettings
+
+    model, tok = tiny
+    s = SamplingSettings(0.7, 50, 0.95)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"id": f"q-{i}", "category": "c", "turns": ["x" * (i * 3 + 1)]}) for i in range(1, 6))
+    )
+    one, many = tmp_path / "one.jsonl", tmp_path / "many.jsonl"
+    pregenerate(model, tok, prompts, one, n=3, sampling=s, max_new=10, split="all")
+    pregenerate(model, tok, prompts, many, n=3, sampling=s, max_new=10, split="all", batch_prompts=4)
+    key = lambda r: (r["prompt_id"], r["greedy"], r["tokens"])  # noqa: E731
+    a, b = sorted(read_records(one), key=key), sorted(read_records(many), key=key)
+    assert len(a) == len(b) == 15
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["prompt_id"] == rb["prompt_id"] and ra["tokens"] == rb["tokens"]
+        np.testing.assert_allclose(ra["left"], rb["left"], atol=1e-5)
+        np.testing.assert_allclose(ra["right"], rb["right"], atol=1e-5)
+
+
+def test_prompt_builder_reads_wheels_and_splits_every_source(tmp_path):
+    import zipfile
+
+    import pytest
+
+    from ptp_mlx.cli_common import UserError
+    from ptp_mlx.train.corpora import build_prompts
+
+    cb = tmp_path / "chatterbot_corpus-1.3.3-py2.py3-none-any.whl"
+    with zipfile.ZipFile(cb, "w") as z:
+        convs = "\n".join(f"- - What is thing number {i}?\n  - It is {i}." for i in range(30))
+        z.writestr("chatterbot_corpus/data/english/things.yml", "categories:\n- things\nconversations:\n" + convs)
+        z.writestr("chatterbot_corpus/data/spanish/x.yml", "conversations:\n- - Hola que tal amigo\n  - bien\n")
+    gs = tmp_path / "gensim.whl"
+    with zipfile.ZipFile(gs, "w") as z:
+        z.writestr("gensim/test/test_data/lee_background.cor", "\n".join(" ".join(["word"] * 50) for _ in range(20)))
+    out = tmp_path / "prompts.jsonl"
+    n = build_prompts(out, cb, gs, n_math=40)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert n == len(rows) == 30 + 20 + 40 + 250
+    assert {r["category"] for r in rows} == {"instruction", "math_reasoning", "coding"}
+    assert not any("Hola" in r["turns"][0] for r in rows)
+    for src in ("chat", "news", "math", "code"):
+        ids = [r["id"] for r in rows if r["source"] == src]
+        assert 0 < sum(is_validation(i) for i in ids) < len(ids)
+    assert build_prompts(tmp_path / "again.jsonl", cb, gs, n_math=40) == n
+    assert (tmp_path / "again.jsonl").read_text() == out.read_text()  # seeded: reproducible
+    (tmp_path / "bad.whl").write_bytes(b"not a zip")
+    with pytest.raises(UserError):
+        build_prompts(tmp_path / "x.jsonl", tmp_path / "bad.whl", None)
+    assert not (tmp_path / "x.jsonl").exists()

@@ -26,6 +26,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-tokens", type=int, default=96)
     g.add_argument("--limit", type=int, default=None)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--batch-prompts", type=int, default=1, help="prompts decoded together (left-padded)")
+    c = sub.add_parser("prompts", help="build a larger prompt file from registry corpora and templates")
+    c.add_argument("--out", required=True, type=Path, help="prompt JSONL to write")
+    c.add_argument("--chatterbot", type=Path, default=None, help="chatterbot_corpus-1.3.3 wheel")
+    c.add_argument("--gensim", type=Path, default=None, help="gensim-4.4.0 wheel (its test data)")
+    c.add_argument("--math", type=int, default=600, help="templated maths problems")
+    c.add_argument("--seed", type=int, default=0)
     t = sub.add_parser("train", help="O-PTP distillation of the gated LoRA and u-embedding")
     from .train import add_train_args
 
@@ -37,8 +44,16 @@ def run(args: argparse.Namespace) -> int:
     from ..models import load
     from ..sampler import SamplingSettings
 
+    if args.cmd == "prompts":
+        from .corpora import build_prompts
+
+        n = build_prompts(args.out, args.chatterbot, args.gensim, n_math=args.math, seed=args.seed)
+        print(f"prompts: {n} written to {args.out}", file=sys.stderr)
+        return 0
     if args.cmd == "pregenerate":
         s = SamplingSettings(args.temp, args.top_k, args.top_p)
+        if args.batch_prompts < 1 or args.per_prompt < 1 or args.max_tokens < 1:
+            raise UserError("--batch-prompts, --per-prompt and --max-tokens must be at least 1")
         try:
             s.validate()
         except ValueError as e:
@@ -59,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
             limit=args.limit,
             seed=args.seed,
             greedy_only=args.greedy_only,
+            batch_prompts=args.batch_prompts,
         )
         return 0
     from .train import train_from_args

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
 from tqdm import tqdm
 
 from ..generate import encode_prompt
@@ -59,10 +59,65 @@ def _complete(
         if done.all():
             break
         last = t[:, None]
-    T = np.stack(toks, 1)
-    L, R = np.stack(lefts, 1), np.stack(rights, 1)
+    return _records(prompt_ids, np.stack(toks, 1), np.stack(lefts, 1), np.stack(rights, 1), greedy_first, eos)
+
+
+def _complete_many(
+    model,
+    prompts: list[list[int]],
+    n: int,
+    greedy_first: bool,
+    s: SamplingSettings,
+    max_new: int,
+    eos: set[int],
+    rngs: list[np.random.Generator],
+) -> list[list[dict]]:
+    """``_complete`` for several prompts in one left-padded batch (``n`` rows each); one list per prompt.
+
+    Each prompt keeps its own random stream, so its samples do not depend on which prompts share the batch.
+    """
+    ids = [p for p in prompts for _ in range(n)]
+    width = max(len(p) for p in ids)
+    pad = [width - len(p) for p in ids]
+    cache = [BatchKVCache(pad) for _ in model.layers]
+    x = mx.array([[0] * k + p for k, p in zip(pad, ids, strict=True)])
+    model(x[:, :-1], cache=cache)
+    last = x[:, -1:]
+    greedy_rows = mx.array([greedy_first and r % n == 0 for r in range(len(ids))])
+    toks, lefts, rights = [], [], []
+    done = np.zeros(len(ids), dtype=bool)
+    for _ in range(max_new):
+        logits = model(last, cache=cache)[:, -1].astype(mx.float32)
+        u = mx.array(np.concatenate([g.random(n, dtype=np.float32) for g in rngs]))
+        t, left, right = pick_with_bins(u, logits, s)
+        g = mx.argmax(logits, axis=-1).astype(mx.int32)
+        t = mx.where(greedy_rows, g, t)
+        left, right = mx.where(greedy_rows, 0.0, left), mx.where(greedy_rows, 1.0, right)
+        mx.eval(t, left, right)  # sync: stopping needs the tokens on the host
+        tl = np.array(t)
+        toks.append(tl)
+        lefts.append(np.array(left))
+        rights.append(np.array(right))
+        done |= np.isin(tl, list(eos))
+        if done.all():
+            break
+        last = t[:, None]
+    return [
+        _records(
+            p,
+            np.stack(toks, 1)[i * n : (i + 1) * n],
+            np.stack(lefts, 1)[i * n : (i + 1) * n],
+            np.stack(rights, 1)[i * n : (i + 1) * n],
+            greedy_first,
+            eos,
+        )
+        for i, p in enumerate(prompts)
+    ]
+
+
+def _records(prompt_ids, T, L, R, greedy_first: bool, eos: set[int]) -> list[dict]:
     out = []
-    for r in range(n):
+    for r in range(T.shape[0]):
         row = T[r].tolist()
         end = next((i + 1 for i, x in enumerate(row) if x in eos), len(row))  # keep EOS: drafts learn to stop
         out.append(
@@ -91,6 +146,7 @@ def pregenerate(
     seed: int = 0,
     max_prompt: int = 768,
     greedy_only: bool = False,
+    batch_prompts: int = 1,
 ) -> int:
     """Append completions for every prompt not yet in ``out_file``. Returns the number of new records."""
     prompts = read_prompts(prompts_file, split=split)[: limit or None]
@@ -101,20 +157,36 @@ def pregenerate(
     out_file.parent.mkdir(parents=True, exist_ok=True)
     written = 0
     t0 = time.perf_counter()
+    n_rows = 1 if greedy_only else n
+    greedy_first = greedy_first or greedy_only
+    encoded = [(p, encode_prompt(tokenizer, p["turns"][0])[-max_prompt:]) for p in todo]
+    if batch_prompts > 1:  # similar lengths share a batch (less left padding), sorted within blocks
+        block = batch_prompts * 8  # so that a partial run still covers the file's mix of prompts
+        encoded = [
+            e for i in range(0, len(encoded), block) for e in sorted(encoded[i : i + block], key=lambda pe: len(pe[1]))
+        ]
+    groups = [encoded[i : i + batch_prompts] for i in range(0, len(encoded), batch_prompts)]
+    bar = tqdm(total=len(encoded), desc="pregenerate", unit="prompt", file=sys.stderr)
     with open(out_file, "a") as f:
-        for p in tqdm(todo, desc="pregenerate", unit="prompt", file=sys.stderr):
-            ids = encode_prompt(tokenizer, p["turns"][0])[-max_prompt:]
-            rng = np.random.default_rng([seed, zlib.crc32(p["id"].encode())])
-            rows = _complete(
-                model, ids, 1 if greedy_only else n, greedy_first or greedy_only, sampling, max_new, eos, rng
-            )
-            for r in rows:
-                r.update(
-                    prompt_id=p["id"], category=p["category"], settings={**sampling.as_dict(), "greedy": r["greedy"]}
-                )
-                f.write(json.dumps(r) + "\n")
-            f.flush()  # one prompt at a time: an interrupted run loses at most one prompt
-            written += len(rows)
+        for group in groups:
+            rngs = [np.random.default_rng([seed, zlib.crc32(p["id"].encode())]) for p, _ in group]
+            if len(group) == 1:
+                rows_per = [_complete(model, group[0][1], n_rows, greedy_first, sampling, max_new, eos, rngs[0])]
+            else:
+                ids = [e for _, e in group]
+                rows_per = _complete_many(model, ids, n_rows, greedy_first, sampling, max_new, eos, rngs)
+            for (p, _), rows in zip(group, rows_per, strict=True):
+                for r in rows:
+                    r.update(
+                        prompt_id=p["id"],
+                        category=p["category"],
+                        settings={**sampling.as_dict(), "greedy": r["greedy"]},
+                    )
+                    f.write(json.dumps(r) + "\n")
+                written += len(rows)
+            f.flush()  # one batch at a time: an interrupted run loses at most one batch
+            bar.update(len(group))
+    bar.close()
     print(
         f"pregenerate: {written} completions for {len(todo)} prompts in {time.perf_counter() - t0:.0f} s",
         file=sys.stderr,

@@ -132,6 +132,10 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--run", required=True, type=Path, help="run folder (checkpoints, log, best adapter)")
     t.add_argument("--out", type=Path, default=None, help="export the best adapter here at the end")
     t.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+    t.add_argument("--init", type=Path, default=None, help="start from this adapter's weights (fresh optimizer)")
+    t.add_argument(
+        "--reload-every", type=int, default=0, help="re-read --data every N steps (files still being written)"
+    )
     t.add_argument("--steps", type=int, default=1000)
     t.add_argument("--rank", type=int, default=16)
     t.add_argument("--alpha", type=float, default=32.0, help="LoRA scale = alpha / rank")
@@ -166,11 +170,16 @@ def train_from_args(a: argparse.Namespace) -> int:
     if not records:
         raise UserError(f"no teacher records in {', '.join(map(str, a.data))}")
     val = read_records(a.val)[: a.eval_seqs] if a.val else []
-    return train(base, records, val, a)
+    reload = (lambda: [r for f in a.data for r in read_records(f)]) if getattr(a, "reload_every", 0) else None
+    return train(base, records, val, a, reload=reload)
 
 
-def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log=None) -> int:
-    """Train (or resume) in ``a.run``; returns 0. ``a`` carries the ``add_train_args`` fields."""
+def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log=None, reload=None) -> int:
+    """Train (or resume) in ``a.run``; returns 0. ``a`` carries the ``add_train_args`` fields.
+
+    ``reload`` (with ``a.reload_every``) re-reads the teacher records while pregenerate still appends to them;
+    such a run is only reproducible from the same final files, not bit-identical on resume.
+    """
     log = log or (lambda m: print(m, file=sys.stderr))
     run = Path(a.run)
     run.mkdir(parents=True, exist_ok=True)
@@ -190,6 +199,15 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
     opt = optim.AdamW(learning_rate=sched, weight_decay=a.weight_decay)
     opt.init(adapter.trainable_parameters())
     state = {"step": 0, "best": None, "evals": [], "seconds": 0.0}
+    if getattr(a, "init", None) and not (a.resume and (run / "last" / "state.json").exists()):
+        src = Path(a.init) / "adapter.safetensors"
+        if not src.is_file():
+            raise UserError(f"--init: no adapter.safetensors in {a.init}")
+        try:
+            adapter.load_weights(list(mx.load(str(src)).items()), strict=True)
+        except ValueError as e:
+            raise UserError(f"--init: {a.init} does not match this adapter shape ({e})") from None
+        log(f"initialised from {a.init}")
     if a.resume and (run / "last" / "state.json").exists():
         state = json.loads((run / "last" / "state.json").read_text())
         adapter.load_weights(str(run / "last" / "adapter.safetensors"), strict=False)
@@ -209,6 +227,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
             "lr": a.lr,
             "layers": a.layers,
             "seed": a.seed,
+            "init": str(a.init) if getattr(a, "init", None) else None,
         },
     }
     grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch))
@@ -217,6 +236,10 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
     t_last = time.perf_counter()
     while state["step"] < a.steps:
         step = state["step"]
+        if reload and a.reload_every and step % a.reload_every == 0 and step:
+            records = reload() or records
+            config_extra["training"]["records"] = len(records)
+            log(f"step {step}: {len(records)} teacher records")
         rng = np.random.default_rng([a.seed, step])
         batch = []
         for idx in rng.choice(len(records), size=min(a.seqs_per_step, len(records)), replace=False):
