@@ -58,7 +58,7 @@ class Engine:
             if not adapter_dir.exists():
                 raise UserError(f"adapter folder not found: {adapter}")
         ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, {})
-        pm = PTPModel(base, ad, cfg)
+        pm = PTPModel(base, ad, cfg, fuse=True)
         eng = cls(
             pm=pm,
             tokenizer=tokenizer,
@@ -82,7 +82,7 @@ class Engine:
                 c.get("rank"),
                 c.get("layers"),
                 c.get("target_modules"),
-                "ptp-call-v1",
+                "ptp-call-v2-fused",  # bump when the cost of a PTP call changes (v2: fused LoRA)
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", log=self.log)

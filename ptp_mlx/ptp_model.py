@@ -91,6 +91,45 @@ class PTPAdapter(nn.Module):
         ]
 
 
+# Projections that read the same input: their LoRA ``A`` matrices stack into one matmul when fused.
+INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+
+
+class FusedLoRA:
+    """Inference form of one layer's LoRAs: per input group one stacked ``A`` and one block-diagonal ``B``
+    with the scale folded in, so a group costs two matmuls instead of two per projection (decoding on CPU is
+    bound by per-op overhead; method doc section 10). Training keeps the plain per-projection modules."""
+
+    def __init__(self, loras: dict[str, LoRA], dtype):
+        self.groups: dict[tuple[str, ...], tuple[mx.array, mx.array, list[int]]] = {}
+        for group in INPUT_GROUPS:
+            names = tuple(n for n in group if n in loras)
+            if not names:
+                continue
+            A = mx.concatenate([loras[n].A for n in names], axis=0)
+            outs = [loras[n].B.shape[0] for n in names]
+            ranks = [loras[n].A.shape[0] for n in names]
+            B = np.zeros((sum(outs), sum(ranks)), dtype=np.float32)
+            o = r = 0
+            for n, do, dr in zip(names, outs, ranks, strict=True):
+                B[o : o + do, r : r + dr] = np.array(loras[n].B.astype(mx.float32)) * loras[n].scale
+                o, r = o + do, r + dr
+            splits = list(np.cumsum(outs)[:-1])
+            self.groups[names] = (A.astype(dtype), mx.array(B).astype(dtype), splits)
+
+    def deltas(self, names: tuple[str, ...], x: mx.array, gate: mx.array | None) -> dict[str, mx.array]:
+        names = tuple(n for n in names if any(n in g for g in self.groups))
+        if not names:
+            return {}
+        A, B, splits = self.groups[names]
+        a = x @ A.T
+        if gate is not None:  # zero rows in rank space: token rows then get an exact zero delta
+            a = a * gate
+        full = a @ B.T
+        parts = mx.split(full, splits, axis=-1) if splits else [full]
+        return dict(zip(names, parts, strict=True))
+
+
 @dataclass(frozen=True)
 class Window:
     """A run of ``n`` auxiliary rows that sees the first ``ctx_len`` real tokens (absolute count).
@@ -126,11 +165,16 @@ def build_mask(offset: int, n_tok: int, windows: list[Window]) -> mx.array:
 class PTPModel:
     """Base model + optional adapter with a mixed token/auxiliary forward pass."""
 
-    def __init__(self, base, adapter: PTPAdapter | None = None, adapter_config: dict | None = None):
+    def __init__(self, base, adapter: PTPAdapter | None = None, adapter_config: dict | None = None, fuse: bool = False):
         self.base = base
         self.adapter = adapter
         self.adapter_config = adapter_config or {}
         self.args = base.args
+        self._fused = None
+        if fuse and adapter is not None:  # inference only: fused copies do not follow later weight updates
+            dtype = base.model.embed_tokens.weight.dtype
+            dtype = mx.float32 if dtype not in (mx.float32, mx.float16, mx.bfloat16) else dtype
+            self._fused = [FusedLoRA(d, dtype) if d else {} for d in adapter.layers]
 
     def embed_tokens(self, tokens: mx.array) -> mx.array:
         return self.base.model.embed_tokens(tokens)
@@ -176,27 +220,39 @@ class PTPModel:
         if windows and n_tok:
             gate = (mx.arange(rows) >= n_tok).astype(h.dtype)[None, :, None]
         for i, layer in enumerate(self.base.model.layers):
-            lora = adapter.layers[i] if (adapter is not None and windows) else {}
+            if adapter is None or not windows:
+                lora = {}
+            else:
+                lora = self._fused[i] if (self._fused is not None and adapter is self.adapter) else adapter.layers[i]
             h = self._block(layer, h, mask, cache[i] if cache is not None else None, segments, gate, lora)
         return self.head(self.base.model.norm(h))[0]
 
     @staticmethod
-    def _lin(mod, x: mx.array, lora: LoRA | None, gate: mx.array | None) -> mx.array:
-        y = mod(x)
-        if lora is None:
-            return y
+    def _deltas(lora, names: tuple[str, ...], x: mx.array, gate: mx.array | None) -> dict[str, mx.array]:
         # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows. Adding an exact zero
         # leaves token rows bit-identical to the base model, with fewer ops than slicing and concatenating.
-        delta = lora(x).astype(y.dtype)
-        return y + (delta if gate is None else delta * gate)
+        if isinstance(lora, FusedLoRA):
+            return lora.deltas(names, x, gate)
+        out = {}
+        for n in names:
+            if n in lora:
+                d = lora[n](x).astype(x.dtype)
+                out[n] = d if gate is None else d * gate
+        return out
+
+    @staticmethod
+    def _lin(mod, x: mx.array, delta: mx.array | None) -> mx.array:
+        y = mod(x)
+        return y if delta is None else y + delta
 
     def _block(self, layer, x, mask, cache, segments, gate, lora):
         attn = layer.self_attn
         B, L, _ = x.shape
         xn = layer.input_layernorm(x)
-        q = self._lin(attn.q_proj, xn, lora.get("q_proj"), gate)
-        k = self._lin(attn.k_proj, xn, lora.get("k_proj"), gate)
-        v = self._lin(attn.v_proj, xn, lora.get("v_proj"), gate)
+        d = self._deltas(lora, INPUT_GROUPS[0], xn, gate) if lora else {}
+        q = self._lin(attn.q_proj, xn, d.get("q_proj"))
+        k = self._lin(attn.k_proj, xn, d.get("k_proj"))
+        v = self._lin(attn.v_proj, xn, d.get("v_proj"))
         q = q.reshape(B, L, attn.n_heads, -1).transpose(0, 2, 1, 3)
         k = k.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
         v = v.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
@@ -206,12 +262,16 @@ class PTPModel:
             k, v = cache.update_and_fetch(k, v)
         o = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
         o = o.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        h = x + self._lin(attn.o_proj, o, lora.get("o_proj"), gate)
+        d = self._deltas(lora, INPUT_GROUPS[1], o, gate) if lora else {}
+        h = x + self._lin(attn.o_proj, o, d.get("o_proj"))
         hn = layer.post_attention_layernorm(h)
         mlp = layer.mlp
-        g = self._lin(mlp.gate_proj, hn, lora.get("gate_proj"), gate)
-        up = self._lin(mlp.up_proj, hn, lora.get("up_proj"), gate)
-        return h + self._lin(mlp.down_proj, swiglu(g, up), lora.get("down_proj"), gate)
+        d = self._deltas(lora, INPUT_GROUPS[2], hn, gate) if lora else {}
+        g = self._lin(mlp.gate_proj, hn, d.get("gate_proj"))
+        up = self._lin(mlp.up_proj, hn, d.get("up_proj"))
+        m = swiglu(g, up)
+        d = self._deltas(lora, INPUT_GROUPS[3], m, gate) if lora else {}
+        return h + self._lin(mlp.down_proj, m, d.get("down_proj"))
 
     @staticmethod
     def _rope(rope, x: mx.array, segments) -> mx.array:

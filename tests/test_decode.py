@@ -66,7 +66,7 @@ def pm_sticky(varied):
     ad.u_embed.u_adapter.weight = mx.zeros_like(ad.u_embed.u_adapter.weight)
     ad.u_embed.u_adapter.bias = 30.0 * model.model.embed_tokens.weight[frequent]
     mx.eval(ad.parameters())
-    return PTPModel(model, ad, {"window": WINDOW})
+    return PTPModel(model, ad, {"window": WINDOW}, fuse=True)  # the inference form the engine uses
 
 
 @pytest.fixture(scope="module")

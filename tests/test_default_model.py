@@ -37,7 +37,7 @@ def pm_adapter(real):
     mx.random.seed(0)
     ad = PTPAdapter(model, 4, 1.0, "binary")
     randomize_adapter(ad, scale=0.02)
-    return PTPModel(model, ad, {"window": 4})
+    return PTPModel(model, ad, {"window": 4}, fuse=True)
 
 
 def generate(pm, tok, prompt, s, max_tokens, mode="ar", **kw):

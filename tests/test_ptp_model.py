@@ -55,13 +55,14 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["plain", "fused"])
 @pytest.mark.parametrize("kind", ["binary", "linear_interpolation"])
 @pytest.mark.parametrize("n_tok,wins", CONFIGS, ids=lambda c: str(c))
-def test_token_rows_equal_plain_forward(base, kind, n_tok, wins):
+def test_token_rows_equal_plain_forward(base, kind, n_tok, wins, fuse):
     windows = [Window(P + d, w) for d, w in wins]
     n_aux = sum(w.n for w in windows)
     tokens = IDS[P : P + n_tok]
-    pm = PTPModel(base, adapter(base, kind))
+    pm = PTPModel(base, adapter(base, kind), fuse=fuse)
     c_mixed, c_plain = prefilled(base), prefilled(base)
     mixed = pm(mx.array(tokens), uniforms(n_aux), windows, c_mixed)
     assert mixed.shape == (n_tok + n_aux, base.args.vocab_size)
@@ -270,3 +271,20 @@ def test_partial_adapter_targets_and_layers(base):
     got = PTPModel(base, ad)(mx.array(IDS[P : P + 2]), uniforms(3), windows, prefilled(base))
     plain = base(mx.array(IDS[P : P + 2] + IDS[50:53])[None], cache=prefilled(base))[0]
     assert mx.array_equal(got[:2], plain[:2])
+
+
+@pytest.mark.parametrize("targets,layers", [(None, None), (("q_proj", "v_proj", "up_proj", "down_proj"), [1])])
+def test_fused_lora_matches_per_projection_lora(base, targets, layers):
+    """The inference form (stacked A, block-diagonal pre-scaled B) gives the same auxiliary logits."""
+    mx.random.seed(5)
+    kw = {"targets": targets} if targets else {}
+    ad = PTPAdapter(base, 3, 1.5, "binary", layers=layers, **kw)
+    randomize_adapter(ad, scale=0.2, seed=5)
+    windows = [Window(P + 1, 4), Window(P + 2, 3)]
+    u = uniforms(7, seed=2)
+    plain = PTPModel(base, ad)(mx.array(IDS[P : P + 2]), u, windows, prefilled(base))
+    fused = PTPModel(base, ad, fuse=True)(mx.array(IDS[P : P + 2]), u, windows, prefilled(base))
+    assert mx.array_equal(plain[:2], fused[:2])  # token rows: exact either way
+    assert mx.abs(plain[2:] - fused[2:]).max().item() < ROUNDING
+    no_lora = PTPModel(base, PTPAdapter(base, 3, 1.5, "binary"))(mx.array(IDS[P : P + 2]), u, windows, prefilled(base))
+    assert mx.abs(no_lora[2:] - fused[2:]).max().item() > 100 * ROUNDING  # the adapter does move them
