@@ -177,3 +177,37 @@ def test_prompt_builder_reads_wheels_and_splits_every_source(tmp_path):
     with pytest.raises(UserError):
         build_prompts(tmp_path / "x.jsonl", tmp_path / "bad.whl", None)
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def test_init_starts_from_an_adapter_and_reload_picks_up_new_records(tiny, tmp_path):
+    import pytest
+
+    from ptp_mlx.cli_common import UserError
+
+    model, _ = tiny
+    recs = _predictable_records()
+    first = tmp_path / "first"
+    train(model, recs, [], _args(first, steps=3), log=lambda m: None)
+    # With a zero learning rate, a run started from --init keeps exactly the weights it loaded.
+    second = tmp_path / "second"
+    train(model, recs, [], _args(second, steps=1, lr=0.0, init=first / "last"), log=lambda m: None)
+    w1 = mx.load(str(first / "last" / "adapter.safetensors"))
+    w2 = mx.load(str(second / "last" / "adapter.safetensors"))
+    assert set(w1) == set(w2) and all(mx.array_equal(w1[k], w2[k]) for k in w1)
+    lines = []
+    train(
+        model,
+        recs[:4],
+        [],
+        _args(tmp_path / "third", steps=4, init=first / "last", reload_every=2),
+        log=lines.append,
+        reload=lambda: recs,
+    )
+    assert any("initialised from" in x for x in lines)
+    assert any("12 teacher records" in x for x in lines)  # re-read at step 2: all 12 records now
+    w3 = mx.load(str(tmp_path / "third" / "last" / "adapter.safetensors"))
+    assert set(w3) == set(w1) and any(not mx.array_equal(w1[k], w3[k]) for k in w1)
+    with pytest.raises(UserError, match="does not match"):
+        train(model, recs, [], _args(tmp_path / "bad", steps=1, rank=2, init=first / "last"), log=lambda m: None)
+    with pytest.raises(UserError, match="no adapter.safetensors"):
+        train(model, recs, [], _args(tmp_path / "bad2", steps=1, init=tmp_path / "nowhere"), log=lambda m: None)
