@@ -1,0 +1,38 @@
+"""Atomic outputs: all or nothing, and ordinary permissions (not the 0600/0700 of mkstemp/mkdtemp)."""
+
+import os
+import stat
+
+import pytest
+
+from ptp_mlx.paths import atomic_dir, atomic_write_bytes
+
+
+def _mode(p):
+    return stat.S_IMODE(os.stat(p).st_mode)
+
+
+def test_atomic_outputs_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        atomic_write_bytes(tmp_path / "f.txt", b"x")
+        with atomic_dir(tmp_path / "d") as d:
+            (d / "inside").write_text("y")
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "f.txt") == 0o644
+    assert _mode(tmp_path / "d") == 0o755
+    assert (tmp_path / "f.txt").read_bytes() == b"x" and (tmp_path / "d" / "inside").read_text() == "y"
+
+
+def test_failed_atomic_dir_leaves_nothing(tmp_path):
+    with pytest.raises(RuntimeError), atomic_dir(tmp_path / "d") as d:
+        (d / "half").write_text("z")
+        raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_dir(tmp_path / "d") as d:
+        (d / "a").write_text("1")
+    with pytest.raises(FileExistsError):
+        with atomic_dir(tmp_path / "d"):
+            pass
+    assert (tmp_path / "d" / "a").read_text() == "1"
