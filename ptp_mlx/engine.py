@@ -36,6 +36,8 @@ class Engine:
     model_path: str
     adapter_path: str | None = None
     budget: Budget | None = None
+    # Per decoding mode (greedy / sampled) when the adapter records separate acceptance histograms.
+    mode_budgets: dict[str, Budget] = field(default_factory=dict)
     log: object = field(default=_stderr, repr=False)
 
     @classmethod
@@ -88,7 +90,13 @@ class Engine:
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", log=self.log)
         else:
             curve = CostCurve()
+        per_mode = self.pm.adapter_config.get("acceptance_histograms") or {}
+        self.mode_budgets = {m: Budget.from_histogram(curve, h, width) for m, h in per_mode.items() if h}
         return Budget.from_histogram(curve, self.pm.adapter_config.get("acceptance_histogram"), width)
+
+    def budget_for(self, sampling: SamplingSettings) -> Budget | None:
+        """The budget primed with the acceptance seen in this decoding mode (greedy drafts land more often)."""
+        return self.mode_budgets.get("greedy" if sampling.greedy else "sampled", self.budget)
 
     @property
     def has_adapter(self) -> bool:
@@ -116,7 +124,8 @@ class Engine:
             ids = list(prompt)
         else:
             ids = self.encode(prompt)
+        sampling = sampling or SamplingSettings()
         opts = DecodeOptions(
-            mode=mode, step=step, max_tokens=max_tokens, sampling=sampling or SamplingSettings(), budget=self.budget
+            mode=mode, step=step, max_tokens=max_tokens, sampling=sampling, budget=self.budget_for(sampling)
         )
         return stream_generate(self.pm, self.tokenizer, ids, opts)

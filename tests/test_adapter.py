@@ -156,3 +156,22 @@ def test_corrupt_or_truncated_weights(base, tmp_path):
 
 def test_shipped_adapter_absent_for_unknown_model():
     assert shipped_adapter("no-such-model") is None
+
+
+def test_engine_primes_its_budget_per_decoding_mode(base):
+    """Greedy and sampled decoding use the acceptance the adapter measured for each mode."""
+    from ptp_mlx.engine import Engine
+    from ptp_mlx.ptp_model import PTPModel
+    from ptp_mlx.sampler import SamplingSettings
+
+    ad = PTPAdapter(base, 2, 1.0, "binary")
+    hists = {"greedy": [1, 1, 2, 4], "sampled": [6, 1, 1, 0]}
+    cfg = make_config(base, ad, 2, 1.0, 4, acceptance_histogram=[7, 2, 3, 4], acceptance_histograms=hists)
+    eng = Engine(pm=PTPModel(base, ad, cfg, fuse=True), tokenizer=None, model_path="tiny")
+    eng.budget = eng.make_budget(measure=False)
+    greedy, sampled = eng.budget_for(SamplingSettings(0.0)), eng.budget_for(SamplingSettings(0.7, 50, 0.95))
+    assert greedy.survival[:4] == pytest.approx([1.0, 7 / 8, 6 / 8, 4 / 8])
+    assert sampled.survival[:4] == pytest.approx([1.0, 2 / 8, 1 / 8, 0.0])
+    eng.pm.adapter_config.pop("acceptance_histograms")  # older adapters: one histogram for both modes
+    eng.budget = eng.make_budget(measure=False)
+    assert eng.budget_for(SamplingSettings(0.0)) is eng.budget

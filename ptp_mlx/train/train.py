@@ -101,6 +101,7 @@ def loss_fn(adapter, pm, batch):
 def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int, n_windows: int, seed: int):
     """Mean leading-correct drafts per window (auxiliaries 1.., slot 0 is the exact token in decoding)."""
     hist = np.zeros(width, dtype=np.int64)
+    by_mode = {"greedy": np.zeros(width, dtype=np.int64), "sampled": np.zeros(width, dtype=np.int64)}
     per_cat: dict[str, list[int]] = {}
     for i, rec in enumerate(records):
         rng = np.random.default_rng([seed, 10_000_000 + i])
@@ -114,6 +115,7 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
             row = ok[w * width + 1 : (w + 1) * width]
             k = int(np.argmin(row)) if not row.all() else len(row)
             hist[k] += 1
+            by_mode["greedy" if rec.get("greedy") else "sampled"][k] += 1
             per_cat.setdefault(rec.get("category", "other"), []).append(k)
             per_cat.setdefault("greedy" if rec.get("greedy") else "sampled", []).append(k)
     n = max(1, hist.sum())
@@ -121,6 +123,7 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
     return {
         "mean_accepted": mean_acc,
         "histogram": hist.tolist(),
+        "histograms": {m: h.tolist() for m, h in by_mode.items() if h.sum()},
         "per_category": {c: float(np.mean(v)) + 1.0 for c, v in per_cat.items()},
     }
 
@@ -274,6 +277,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
                     a.window,
                     name=getattr(a, "name", None),
                     acceptance_histogram=ev["histogram"],
+                    acceptance_histograms=ev["histograms"],
                     validation=ev,
                     **{
                         **config_extra,
