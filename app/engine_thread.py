@@ -16,22 +16,20 @@ from typing import Any, Protocol
 
 from textual.message import Message
 
+from ptp_mlx.sampler import SamplingSettings
+
 LogFn = Callable[[str], None]
 
 
 @dataclass(frozen=True)
-class GenSettings:
-    """Sampling settings and answer length, as given on the command line."""
+class GenSettings(SamplingSettings):
+    """Sampling settings plus the answer length, as given on the command line."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
     max_tokens: int = 256
 
     def describe(self) -> str:
         """Short text for the status bar, e.g. ``greedy · max 256``."""
-        if self.temperature <= 0 or self.top_k == 1:
+        if self.greedy:
             parts = ["greedy"]
         else:
             parts = [f"T {self.temperature:g}"]
@@ -199,10 +197,8 @@ class EngineThread(threading.Thread):
                 self._current = None
 
     def _answer(self, engine: EngineLike, req: ChatRequest) -> None:
-        from ptp_mlx.sampler import SamplingSettings
-
         s = req.settings
-        sampling = SamplingSettings(s.temperature, s.top_k, s.top_p, s.seed)
+        sampling = SamplingSettings(s.temperature, s.top_k, s.top_p, s.seed)  # without max_tokens
         reason: str | None = None
         steps = None
         try:
