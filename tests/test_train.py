@@ -90,8 +90,14 @@ def test_training_lowers_loss_and_raises_acceptance(tiny, tmp_path):
     losses = [json.loads(x)["loss"] for x in (tmp_path / "run" / "train.log").read_text().splitlines() if '"loss"' in x]
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     state = json.loads((tmp_path / "run" / "last" / "state.json").read_text())
-    assert state["best"]["mean_accepted"] > before + 1.0
+    best = state["best"]
+    assert best["mean_accepted"] > before + 1.0
     assert (tmp_path / "run" / "best" / "adapter_config.json").exists()
+    # The per-mode histograms (all records here are sampled) and slot accuracies agree with the histogram.
+    assert best["histograms"] == {"sampled": best["histogram"]}
+    assert len(best["slot_accuracy"]) == 4
+    hist = np.array(best["histogram"])
+    assert best["slot_accuracy"][1] >= hist[1:].sum() / hist.sum() - 1e-9  # first draft right whenever >= 1 accepted
 
 
 def test_resume_equals_uninterrupted(tiny, tmp_path, monkeypatch):

@@ -103,6 +103,7 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
     hist = np.zeros(width, dtype=np.int64)
     by_mode = {"greedy": np.zeros(width, dtype=np.int64), "sampled": np.zeros(width, dtype=np.int64)}
     per_cat: dict[str, list[int]] = {}
+    slot_hits, slot_n = np.zeros(width), np.zeros(width)
     for i, rec in enumerate(records):
         rng = np.random.default_rng([seed, 10_000_000 + i])
         windows, u, labels, valid = make_windows(rec, n_windows, width, rng, uniform=True)
@@ -111,6 +112,8 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
         kv = teacher_kv(pm, rec["tokens"])
         pred = mx.argmax(student_logits(pm, adapter, kv, windows, u), axis=-1)
         ok = (np.array(pred) == labels) & valid
+        slot_hits += ok.reshape(-1, width).sum(0)
+        slot_n += valid.reshape(-1, width).sum(0)
         for w in range(len(windows)):
             row = ok[w * width + 1 : (w + 1) * width]
             k = int(np.argmin(row)) if not row.all() else len(row)
@@ -124,6 +127,8 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
         "mean_accepted": mean_acc,
         "histogram": hist.tolist(),
         "histograms": {m: h.tolist() for m, h in by_mode.items() if h.sum()},
+        # Accuracy of each auxiliary slot on its own (slot 0 is the exact token in decoding, never a draft).
+        "slot_accuracy": [round(float(x), 4) for x in slot_hits / np.maximum(slot_n, 1)],
         "per_category": {c: float(np.mean(v)) + 1.0 for c, v in per_cat.items()},
     }
 
