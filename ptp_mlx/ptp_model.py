@@ -101,7 +101,8 @@ class FusedLoRA:
     bound by per-op overhead; method doc section 10). Training keeps the plain per-projection modules."""
 
     def __init__(self, loras: dict[str, LoRA], dtype):
-        self.groups: dict[tuple[str, ...], tuple[mx.array, mx.array, list[int]]] = {}
+        # Keyed by the full INPUT_GROUPS entry; holds the projections of that group that carry a LoRA.
+        self.groups: dict[tuple[str, ...], tuple[tuple[str, ...], mx.array, mx.array, list[int]]] = {}
         for group in INPUT_GROUPS:
             names = tuple(n for n in group if n in loras)
             if not names:
@@ -115,13 +116,13 @@ class FusedLoRA:
                 B[o : o + do, r : r + dr] = np.array(loras[n].B.astype(mx.float32)) * loras[n].scale
                 o, r = o + do, r + dr
             splits = list(np.cumsum(outs)[:-1])
-            self.groups[names] = (A.astype(dtype), mx.array(B).astype(dtype), splits)
+            self.groups[group] = (names, A.astype(dtype), mx.array(B).astype(dtype), splits)
 
-    def deltas(self, names: tuple[str, ...], x: mx.array, gate: mx.array | None) -> dict[str, mx.array]:
-        names = tuple(n for n in names if any(n in g for g in self.groups))
-        if not names:
+    def deltas(self, group: tuple[str, ...], x: mx.array, gate: mx.array | None) -> dict[str, mx.array]:
+        entry = self.groups.get(group)
+        if entry is None:
             return {}
-        A, B, splits = self.groups[names]
+        names, A, B, splits = entry
         a = x @ A.T
         if gate is not None:  # zero rows in rank space: token rows then get an exact zero delta
             a = a * gate

@@ -24,74 +24,21 @@ from ..sampler import SamplingSettings, pick_with_bins
 from .data import read_prompts, read_records
 
 
-def _complete(
-    model,
-    prompt_ids: list[int],
-    n: int,
-    greedy_first: bool,
-    s: SamplingSettings,
-    max_new: int,
-    eos: set[int],
-    rng: np.random.Generator,
-) -> list[dict]:
-    cache = make_prompt_cache(model)
-    model(mx.array(prompt_ids[:-1])[None], cache=cache)
-    for c in cache:  # repeat the prefilled prompt over the batch
-        c.keys, c.values = (mx.repeat(t[..., : c.offset, :], n, axis=0) for t in (c.keys, c.values))
-    last = mx.array([prompt_ids[-1]] * n)[:, None]
-    toks, lefts, rights = [], [], []
-    done = np.zeros(n, dtype=bool)
-    for _ in range(max_new):
-        logits = model(last, cache=cache)[:, -1].astype(mx.float32)
-        u = mx.array(rng.random(n, dtype=np.float32))
-        t, left, right = pick_with_bins(u, logits, s)
-        if greedy_first:
-            g = mx.argmax(logits[:1], axis=-1).astype(mx.int32)
-            t = mx.concatenate([g, t[1:]])
-            left = mx.concatenate([mx.zeros((1,)), left[1:]])
-            right = mx.concatenate([mx.ones((1,)), right[1:]])
-        mx.eval(t, left, right)  # sync: stopping needs the tokens on the host
-        tl = np.array(t)
-        toks.append(tl)
-        lefts.append(np.array(left))
-        rights.append(np.array(right))
-        done |= np.isin(tl, list(eos))
-        if done.all():
-            break
-        last = t[:, None]
-    return _records(prompt_ids, np.stack(toks, 1), np.stack(lefts, 1), np.stack(rights, 1), greedy_first, eos)
+def _decode(model, cache, last: mx.array, n: int, greedy_first: bool, s, max_new: int, eos: set[int], rngs):
+    """Decode ``n`` rows per prompt from a filled cache; row 0 of each prompt greedy if ``greedy_first``.
 
-
-def _complete_many(
-    model,
-    prompts: list[list[int]],
-    n: int,
-    greedy_first: bool,
-    s: SamplingSettings,
-    max_new: int,
-    eos: set[int],
-    rngs: list[np.random.Generator],
-) -> list[list[dict]]:
-    """``_complete`` for several prompts in one left-padded batch (``n`` rows each); one list per prompt.
-
-    Each prompt keeps its own random stream, so its samples do not depend on which prompts share the batch.
+    Returns tokens, left and right bin edges as [rows, steps] arrays.
     """
-    ids = [p for p in prompts for _ in range(n)]
-    width = max(len(p) for p in ids)
-    pad = [width - len(p) for p in ids]
-    cache = [BatchKVCache(pad) for _ in model.layers]
-    x = mx.array([[0] * k + p for k, p in zip(pad, ids, strict=True)])
-    model(x[:, :-1], cache=cache)
-    last = x[:, -1:]
-    greedy_rows = mx.array([greedy_first and r % n == 0 for r in range(len(ids))])
+    rows = last.shape[0]
+    greedy_rows = mx.array([greedy_first and r % n == 0 for r in range(rows)])
     toks, lefts, rights = [], [], []
-    done = np.zeros(len(ids), dtype=bool)
+    done = np.zeros(rows, dtype=bool)
     for _ in range(max_new):
         logits = model(last, cache=cache)[:, -1].astype(mx.float32)
+        # Each prompt draws from its own stream, so its samples do not depend on which prompts share the batch.
         u = mx.array(np.concatenate([g.random(n, dtype=np.float32) for g in rngs]))
         t, left, right = pick_with_bins(u, logits, s)
-        g = mx.argmax(logits, axis=-1).astype(mx.int32)
-        t = mx.where(greedy_rows, g, t)
+        t = mx.where(greedy_rows, mx.argmax(logits, axis=-1).astype(mx.int32), t)
         left, right = mx.where(greedy_rows, 0.0, left), mx.where(greedy_rows, 1.0, right)
         mx.eval(t, left, right)  # sync: stopping needs the tokens on the host
         tl = np.array(t)
@@ -102,15 +49,31 @@ def _complete_many(
         if done.all():
             break
         last = t[:, None]
+    return np.stack(toks, 1), np.stack(lefts, 1), np.stack(rights, 1)
+
+
+def _complete(model, prompt_ids: list[int], n: int, greedy_first: bool, s, max_new: int, eos: set[int], rng):
+    """``n`` completions of one prompt: the prompt is prefilled once and its cache repeated over the batch."""
+    cache = make_prompt_cache(model)
+    model(mx.array(prompt_ids[:-1])[None], cache=cache)
+    for c in cache:
+        c.keys, c.values = (mx.repeat(t[..., : c.offset, :], n, axis=0) for t in (c.keys, c.values))
+    last = mx.array([prompt_ids[-1]] * n)[:, None]
+    T, L, R = _decode(model, cache, last, n, greedy_first, s, max_new, eos, [rng])
+    return _records(prompt_ids, T, L, R, greedy_first, eos)
+
+
+def _complete_many(model, prompts: list[list[int]], n: int, greedy_first: bool, s, max_new: int, eos, rngs):
+    """``_complete`` for several prompts in one left-padded batch (``n`` rows each); one list per prompt."""
+    ids = [p for p in prompts for _ in range(n)]
+    width = max(len(p) for p in ids)
+    pad = [width - len(p) for p in ids]
+    cache = [BatchKVCache(pad) for _ in model.layers]
+    x = mx.array([[0] * k + p for k, p in zip(pad, ids, strict=True)])
+    model(x[:, :-1], cache=cache)
+    T, L, R = _decode(model, cache, x[:, -1:], n, greedy_first, s, max_new, eos, rngs)
     return [
-        _records(
-            p,
-            np.stack(toks, 1)[i * n : (i + 1) * n],
-            np.stack(lefts, 1)[i * n : (i + 1) * n],
-            np.stack(rights, 1)[i * n : (i + 1) * n],
-            greedy_first,
-            eos,
-        )
+        _records(p, T[i * n : (i + 1) * n], L[i * n : (i + 1) * n], R[i * n : (i + 1) * n], greedy_first, eos)
         for i, p in enumerate(prompts)
     ]
 
