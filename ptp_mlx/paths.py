@@ -30,10 +30,13 @@ def shipped_adapters_dir() -> Path:
     return Path(__file__).parent / "adapters"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it is to set it: done once, at import, not per write
     os.umask(mask)
     return mask
+
+
+_UMASK = _read_umask()
 
 
 @contextmanager
@@ -45,7 +48,7 @@ def atomic_dir(target: Path, overwrite: bool = False) -> Iterator[Path]:
     if target.exists() and not overwrite:
         raise FileExistsError(f"output folder already exists: {target} (pass --overwrite to replace it)")
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; the result should read like a normal folder
+    os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp makes 0700; the result should read like a normal folder
     try:
         yield tmp
         if target.exists():
@@ -68,7 +71,7 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the result should read like a normal file
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; the result should read like a normal file
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):

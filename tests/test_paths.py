@@ -13,15 +13,13 @@ def _mode(p):
 
 
 def test_atomic_outputs_follow_the_umask(tmp_path):
-    old = os.umask(0o022)
-    try:
-        atomic_write_bytes(tmp_path / "f.txt", b"x")
-        with atomic_dir(tmp_path / "d") as d:
-            (d / "inside").write_text("y")
-    finally:
-        os.umask(old)
-    assert _mode(tmp_path / "f.txt") == 0o644
-    assert _mode(tmp_path / "d") == 0o755
+    mask = os.umask(0o022)  # the process umask, read as the module does
+    os.umask(mask)
+    atomic_write_bytes(tmp_path / "f.txt", b"x")
+    with atomic_dir(tmp_path / "d") as d:
+        (d / "inside").write_text("y")
+    assert _mode(tmp_path / "f.txt") == 0o666 & ~mask  # not mkstemp's 0600
+    assert _mode(tmp_path / "d") == 0o777 & ~mask  # not mkdtemp's 0700
     assert (tmp_path / "f.txt").read_bytes() == b"x" and (tmp_path / "d" / "inside").read_text() == "y"
 
 

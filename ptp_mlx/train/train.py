@@ -101,7 +101,6 @@ def loss_fn(adapter, pm, batch):
 def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int, n_windows: int, seed: int):
     """Mean leading-correct drafts per window (auxiliaries 1.., slot 0 is the exact token in decoding)."""
     hist = np.zeros(width, dtype=np.int64)
-    by_mode = {"greedy": np.zeros(width, dtype=np.int64), "sampled": np.zeros(width, dtype=np.int64)}
     per_cat: dict[str, list[int]] = {}
     slot_hits, slot_n = np.zeros(width), np.zeros(width)
     for i, rec in enumerate(records):
@@ -118,7 +117,6 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
             row = ok[w * width + 1 : (w + 1) * width]
             k = int(np.argmin(row)) if not row.all() else len(row)
             hist[k] += 1
-            by_mode["greedy" if rec.get("greedy") else "sampled"][k] += 1
             per_cat.setdefault(rec.get("category", "other"), []).append(k)
             per_cat.setdefault("greedy" if rec.get("greedy") else "sampled", []).append(k)
     n = max(1, hist.sum())
@@ -126,7 +124,9 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
     return {
         "mean_accepted": mean_acc,
         "histogram": hist.tolist(),
-        "histograms": {m: h.tolist() for m, h in by_mode.items() if h.sum()},
+        "histograms": {
+            m: np.bincount(per_cat[m], minlength=width).tolist() for m in ("greedy", "sampled") if m in per_cat
+        },
         # Accuracy of each auxiliary slot on its own (slot 0 is the exact token in decoding, never a draft).
         "slot_accuracy": [round(float(x), 4) for x in slot_hits / np.maximum(slot_n, 1)],
         "per_category": {c: float(np.mean(v)) + 1.0 for c, v in per_cat.items()},
@@ -174,12 +174,15 @@ def train_from_args(a: argparse.Namespace) -> int:
     from ..models import load
 
     base, _ = load(a.model)
-    records = [r for f in a.data for r in read_records(f)]
+
+    def read_all() -> list[dict]:
+        return [r for f in a.data for r in read_records(f)]
+
+    records = read_all()
     if not records:
         raise UserError(f"no teacher records in {', '.join(map(str, a.data))}")
     val = read_records(a.val)[: a.eval_seqs] if a.val else []
-    reload = (lambda: [r for f in a.data for r in read_records(f)]) if getattr(a, "reload_every", 0) else None
-    return train(base, records, val, a, reload=reload)
+    return train(base, records, val, a, reload=read_all if getattr(a, "reload_every", 0) else None)
 
 
 def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log=None, reload=None) -> int:
