@@ -171,10 +171,12 @@ class ChatApp(App[None]):
         if self.current is None or msg.request_id != self.current.request_id or self.answer is None:
             return  # a block of an answer already stopped: dropped
         step = msg.step
-        await self.answer.add_block(step.text, len(step.tokens))
-        self.histogram[step.accepted + 1] += 1
-        # Tokens per call of this answer: accepted drafts + the exact token (1 in AR mode).
-        self._calls.append(step.accepted + 1)
+        # Tokens per call: accepted drafts + the exact token (1 in AR mode). The header and the stats bar both
+        # count these, so an end-of-answer token counts in both although it is not shown.
+        decided = step.accepted + 1
+        await self.answer.add_block(step.text, decided)
+        self.histogram[decided] += 1
+        self._calls.append(decided)
         tps = step.generated / step.elapsed if step.elapsed > 0 else None
         self._live = (tps, sum(self._calls) / len(self._calls))
         self._refresh_stats()

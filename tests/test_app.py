@@ -18,7 +18,7 @@ from ptp_mlx.app.chat import ChatApp  # noqa: E402
 from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
 from ptp_mlx.app.history import ChatHistory, default_history_path  # noqa: E402
 from ptp_mlx.app.main import main  # noqa: E402
-from ptp_mlx.app.widgets import AnswerView, BlocksView, HelpScreen, UserMessage, sparkline, split_blocks  # noqa: E402
+from ptp_mlx.app.widgets import AnswerView, BlocksView, HelpScreen, StatsBar, UserMessage, sparkline, split_blocks  # noqa: E402
 from textual.widgets import Input, Markdown  # noqa: E402
 from textual.widgets._markdown import MarkdownFence  # noqa: E402
 
@@ -46,6 +46,7 @@ class FakeEngine:
         gate: threading.Semaphore | None = None,
         error: Exception | None = None,
         sizes: list[int] | None = None,
+        eos: bool = False,
     ):
         self.blocks = list(blocks)
         self.sizes = sizes or [len(b) for b in blocks]  # tokens per PTP block
@@ -56,6 +57,7 @@ class FakeEngine:
         self.model_path = "fake-model"
         self.adapter_path = "fake-adapter" if has_adapter else None
         self.closed = threading.Event()
+        self.eos = eos  # the last PTP call also decided an end-of-answer token (counted, not shown)
 
     @property
     def has_adapter(self) -> bool:
@@ -86,7 +88,7 @@ class FakeEngine:
                 yield GenerationStep(
                     tokens=list(range(n)),
                     text=text,
-                    accepted=n - 1,
+                    accepted=n - 1 + (last and self.eos and mode == "ptp"),
                     proposed=n,
                     generated=generated,
                     elapsed=0.1 * (i + 1),
@@ -110,6 +112,12 @@ async def wait_until(pilot, cond, timeout: float = 20.0) -> None:
         await pilot.pause(0.02)
 
 
+async def wait_answered(pilot, app) -> None:
+    """Until the answer is finished and shown: ``current`` is cleared before the last awaits of finishing
+    (Markdown flush, header), and the status line leaves "answering" only after them."""
+    await wait_until(pilot, lambda: app.current is None and not app._status_text.startswith("answering"))
+
+
 async def send(pilot, text: str) -> None:
     app = pilot.app
     await wait_until(pilot, lambda: app.ready or app.load_error)
@@ -127,7 +135,7 @@ def notes(app) -> list[str]:
 
 async def test_streams_blocks_in_order(tmp_path):
     gate = threading.Semaphore(0)
-    app = make_app(FakeEngine(gate=gate), tmp_path)
+    app = make_app(FakeEngine(gate=gate, eos=True), tmp_path)
     async with app.run_test(size=(100, 30)) as pilot:
         await send(pilot, "hi")
         answer = answers(app)[0]
@@ -136,11 +144,13 @@ async def test_streams_blocks_in_order(tmp_path):
             gate.release()
             await wait_until(pilot, lambda i=i: len(answer.blocks) == i + 1)
             assert answer.blocks == BLOCKS[: i + 1]
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
         assert answer.query_one(Markdown).source == "".join(BLOCKS)
         assert answer.finished and not answer.stopped
-        assert app.histogram == {5: 2, 6: 3}  # tokens per call -> calls
-        assert str(answer.query_one(".answer-header").render()) == "PTP · 28 tokens in 5 calls"
+        assert app.histogram == {5: 2, 6: 2, 7: 1}  # tokens per call -> calls (the last one decided the end)
+        # The header counts what the stats bar counts: 28 shown tokens + the end token, 29 / 5 = 5.80 tok/call.
+        assert str(answer.query_one(".answer-header").render()) == "PTP · 29 tokens in 5 calls"
+        assert "5.80 tok/call" in str(app.query_one(StatsBar).render())
         assert app.query_one("#prompt", Input).value == ""
 
 
@@ -194,10 +204,10 @@ async def test_mode_switch_applies_to_next_answer(tmp_path):
         assert app.mode == "ar"
         assert "AR" in str(app.query_one("#stats").render())
         await send(pilot, "one")
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
         await pilot.press("ctrl+t")
         await send(pilot, "two")
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
         assert [c["mode"] for c in engine.calls] == ["ar", "ptp"]
         first, second = answers(app)
         assert first.mode == "ar" and first.calls == len("".join(BLOCKS))
@@ -221,7 +231,7 @@ async def test_history_saved_reloaded_and_cleared(tmp_path):
     app = make_app(FakeEngine(), tmp_path)
     async with app.run_test() as pilot:
         await send(pilot, "first question")
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
     path = tmp_path / "history.json"
     turns = json.loads(path.read_text())["turns"]
     assert [t["role"] for t in turns] == ["user", "assistant"]
@@ -235,7 +245,7 @@ async def test_history_saved_reloaded_and_cleared(tmp_path):
         old = answers(app)[0]
         assert old.blocks == BLOCKS and old.query_one(Markdown).source == "".join(BLOCKS)
         await send(pilot, "second")
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
         assert engine.calls[0]["messages"] == [
             {"role": "user", "content": "first question"},
             {"role": "assistant", "content": "".join(BLOCKS)},
@@ -261,7 +271,7 @@ async def test_clear_while_answering(tmp_path):
         await pilot.pause(0.1)
         assert app.current is None and not answers(app) and app.history.turns == []
         await send(pilot, "again")  # the chat goes on
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
         assert answers(app)[0].text == "".join(BLOCKS)
         assert [m["content"] for m in engine.calls[-1]["messages"]] == ["again"]
 
@@ -317,7 +327,7 @@ async def test_context_full_is_a_notification_and_returns_the_question(tmp_path)
     app = make_app(FakeEngine(error=ContextFull("prompt is 600 tokens but the model's context is 512")), tmp_path)
     async with app.run_test() as pilot:
         await send(pilot, "a long question")
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
         assert any(n.startswith("context full: prompt is 600 tokens") for n in notes(app))
         assert not answers(app) and not list(app.query(UserMessage))
         assert app.query_one("#prompt", Input).value == "a long question"
@@ -329,7 +339,7 @@ async def test_code_block_survives_streaming(tmp_path):
     app = make_app(FakeEngine(blocks=blocks), tmp_path)
     async with app.run_test() as pilot:
         await send(pilot, "code please")
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
         md = answers(app)[0].query_one(Markdown)
         assert md.source == "".join(blocks)
         fences = list(md.query(MarkdownFence))
@@ -342,7 +352,7 @@ async def test_blocks_toggle_copy_and_help(tmp_path):
         await pilot.press("ctrl+y")
         assert "no answer" in notes(app)[-1]
         await send(pilot, "hi")
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
         view = answers(app)[0].query_one(BlocksView)
         assert not view.display or not view.region.height
         await pilot.press("ctrl+b")
@@ -368,7 +378,7 @@ async def test_typing_stays_possible_while_answering(tmp_path):
         await pilot.press("enter")  # refused while answering; the text stays
         assert app.query_one("#prompt", Input).value == "next" and "esc" in notes(app)[-1]
         gate.release(10)
-        await wait_until(pilot, lambda: app.current is None)
+        await wait_answered(pilot, app)
 
 
 def test_helpers():
