@@ -94,6 +94,10 @@ class Budget:
 
     ``survival[k]`` is the prior probability that at least ``k`` drafts of a fresh branch are accepted
     (from the adapter's acceptance histogram); draft confidences sharpen it for the drafts in hand.
+
+    With ``calibrate``, ``observe`` learns how often verified drafts really land compared with their
+    confidences, and scales both the confidences and the prior by that ratio: drafts that do worse in
+    decoding than on the validation windows make the budget draft less (down to plain autoregressive bursts).
     """
 
     curve: CostCurve
@@ -101,6 +105,26 @@ class Budget:
     survival: list[float] = field(default_factory=lambda: [1.0] + [0.5**k for k in range(1, 16)])
     max_rows: int = 64
     min_prob: float = 0.02
+    calibrate: bool = False
+    prior_weight: float = 8.0  # pseudo-drafts at ratio 1 before any observation
+    hits: float = 0.0  # verified drafts accepted (each given that the drafts before it were)
+    expected: float = 0.0  # sum of those drafts' confidences
+
+    @property
+    def ratio(self) -> float:
+        """Observed / predicted acceptance of verified drafts (1.0 until observed), bounded to [0.25, 2]."""
+        if not self.calibrate:
+            return 1.0
+        r = (self.prior_weight + self.hits) / (self.prior_weight + self.expected)
+        return min(2.0, max(0.25, r))
+
+    def observe(self, confidences: list[float], accepted: int) -> None:
+        """Record one call: the confidences of the drafts it verified and how many leading ones stood."""
+        if not self.calibrate:
+            return
+        for j, c in enumerate(confidences[: accepted + 1]):  # drafts after the first miss tell nothing
+            self.expected += float(c)
+            self.hits += 1.0 if j < accepted else 0.0
 
     @classmethod
     def from_histogram(cls, curve: CostCurve, hist: list[float] | None, max_width: int, **kw) -> Budget:
@@ -111,13 +135,21 @@ class Budget:
             surv = [1.0] + [0.5**k for k in range(1, max_width + 1)]
         return cls(curve=curve, max_width=max_width, survival=surv, **kw)
 
+    def relax(self, keep: float = 0.5) -> None:
+        """Fade the observations (called once per autoregressive burst), so a budget that stopped drafting
+        drifts back towards its prior and probes again instead of never drafting for the rest of a session."""
+        self.hits *= keep
+        self.expected *= keep
+
     def _s(self, k: int) -> float:
-        return self.survival[k] if k < len(self.survival) else 0.0
+        s = self.survival[k] if k < len(self.survival) else 0.0
+        return min(1.0, s * self.ratio**k)  # k drafts in a row: the per-draft ratio k times
 
     def choose(self, confidences: list[float], room: int) -> tuple[int, list[tuple[int, int]]]:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total."""
         # P(at least m drafts accepted), m = 0..n, from the drafts' own confidences.
-        reach = np.cumprod([1.0] + [float(c) for c in confidences])
+        r = self.ratio
+        reach = np.cumprod([1.0] + [min(0.99, float(c) * r) for c in confidences])
         n = int(np.sum(reach[1:] >= self.min_prob))
         rows = 1 + n
         if rows > room:

@@ -91,8 +91,11 @@ class Engine:
         else:
             curve = CostCurve()
         per_mode = self.pm.adapter_config.get("acceptance_histograms") or {}
-        self.mode_budgets = {m: Budget.from_histogram(curve, h, width) for m, h in per_mode.items() if h}
-        return Budget.from_histogram(curve, self.pm.adapter_config.get("acceptance_histogram"), width)
+        # Calibrated: each budget learns, over this engine's answers, how its drafts really fare.
+        self.mode_budgets = {
+            m: Budget.from_histogram(curve, h, width, calibrate=True) for m, h in per_mode.items() if h
+        }
+        return Budget.from_histogram(curve, self.pm.adapter_config.get("acceptance_histogram"), width, calibrate=True)
 
     def budget_for(self, sampling: SamplingSettings) -> Budget | None:
         """The budget primed with the acceptance seen in this decoding mode (greedy drafts land more often)."""

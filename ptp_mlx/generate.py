@@ -221,6 +221,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             # Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive
             # burst instead. Same uniforms, same tokens; the cache again ends just before the last token.
             burst = min(AR_BURST, remaining)
+            budget.relax()
             for block, info in _ar_calls(pm, cache, last, _Shifted(u, i), s, opts, burst, ctx):
                 last = block[-1]
                 yield block, info
@@ -252,6 +253,8 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         c = 0
         while c < n and drafts[c] == targets_l[c]:
             c += 1
+        if opts.oracle is None:
+            budget.observe(conf[:n], c)
         block = targets_l[: c + 1]
         # 4. Trim the cache back to the accepted prefix: [last, q_1..q_c] stay, the rest goes.
         keep = offset + 1 + c

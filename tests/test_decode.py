@@ -158,6 +158,35 @@ BUDGETS = {f"flat-w{w}": Budget(CostCurve.linear(0.0), max_width=w) for w in ran
 BUDGETS["steep"] = Budget(CostCurve.linear(1.0), max_width=8)  # never worth a second row: AR-like calls
 BUDGETS["mild"] = Budget(CostCurve.linear(0.05), max_width=6)
 BUDGETS["histogram"] = Budget.from_histogram(CostCurve.linear(0.02), [5, 3, 2, 1, 1], max_width=5)
+# Learns from the calls it sees (as the engine's budgets do): its choices change between answers, never the tokens.
+BUDGETS["calibrated"] = Budget.from_histogram(CostCurve.linear(0.0), [1, 1, 1, 1, 1], max_width=6, calibrate=True)
+
+
+def test_calibration_follows_observed_acceptance():
+    curve = CostCurve([1, 2, 64], [1.0, 1.3, 30.0])  # a second row costs 30% more: drafting must earn it
+    fixed = Budget.from_histogram(curve, [1, 1, 1, 1, 1], max_width=6)
+    cal = Budget.from_histogram(curve, [1, 1, 1, 1, 1], max_width=6, calibrate=True)
+    assert cal.ratio == 1.0 and cal.choose([0.9, 0.9], 64) == fixed.choose([0.9, 0.9], 64)
+    assert fixed.choose([], 64)[1]  # the prior says a fresh branch pays
+    for _ in range(50):  # confident drafts that always miss
+        cal.observe([0.9, 0.9], 0)
+        fixed.observe([0.9, 0.9], 0)
+    assert fixed.ratio == 1.0 and fixed.hits == fixed.expected == 0.0  # only calibrating budgets learn
+    assert cal.ratio == 0.25  # (8 + 0) / (8 + 45), bounded below
+    assert fixed.choose([], 64)[1] and cal.choose([], 64) == (0, [])  # no branch pays: autoregressive bursts
+    assert cal.choose([0.9, 0.9], 64)[1] == []  # drafts in hand are still verified (token rows), no new branch
+    bursts = 0
+    while not cal.choose([], 64)[1]:  # each autoregressive burst fades the evidence: drafting is tried again
+        cal.relax()
+        bursts += 1
+    assert 3 <= bursts <= 12, bursts
+    # Drafts after the first miss carry no information; hits count only leading accepted drafts.
+    b = Budget(CostCurve(), calibrate=True)
+    b.observe([0.5, 0.5, 0.5], 1)
+    assert (b.hits, b.expected) == (1.0, 1.0)
+    for _ in range(100):  # drafts better than their confidences: more drafting, bounded at 2x
+        b.observe([0.4, 0.4], 2)
+    assert b.ratio == 2.0 and b._s(1) <= 1.0
 
 
 @pytest.mark.parametrize("bname", list(BUDGETS))
