@@ -141,9 +141,10 @@ class Budget:
         self.hits *= keep
         self.expected *= keep
 
-    def _s(self, k: int) -> float:
+    def _s(self, k: int, r: float | None = None) -> float:
         s = self.survival[k] if k < len(self.survival) else 0.0
-        return min(1.0, s * self.ratio**k)  # k drafts in a row: the per-draft ratio k times
+        r = self.ratio if r is None else r
+        return min(1.0, s * r**k)  # k drafts in a row: the per-draft ratio k times
 
     def choose(self, confidences: list[float], room: int) -> tuple[int, list[tuple[int, int]]]:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total."""
@@ -166,7 +167,7 @@ class Budget:
                 if w >= self.max_width:
                     continue
                 add = 2 if w == 0 else 1  # a branch's first slot is the exact token: it needs two rows to draft
-                gain = p_end[d] * (self._s(w + add - 1) if w == 0 else self._s(w))
+                gain = p_end[d] * (self._s(w + add - 1, r) if w == 0 else self._s(w, r))
                 if gain / add > best:
                     best, best_d, best_add = gain / add, d, add
             if best_d < 0 or rows + best_add > min(room, self.max_rows):
