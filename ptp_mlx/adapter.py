@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -10,24 +11,77 @@ from mlx.utils import tree_flatten
 
 from .cli_common import UserError
 from .paths import DEFAULT_MODEL_NAME, atomic_dir, shipped_adapters_dir
-from .ptp_model import ALL_TARGETS, U_EMBEDDING_KINDS, PTPAdapter
 
 FORMAT = "ptp-mlx-adapter"
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter.safetensors"
+U_EMBEDDING_KINDS = ("binary", "linear_interpolation")
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """What decoding needs from ``adapter_config.json``, read and checked once at load.
+
+    ``raw`` keeps the whole file (recipe, validation, notes) for display and for writing it back.
+    """
+
+    rank: int = 16
+    scale: float = 2.0
+    u_embedding: str = "binary"
+    window: int = 8  # auxiliaries per window (K): drafts per branch are at most window - 1
+    target_modules: tuple[str, ...] | None = None  # None: every projection of the block
+    layers: tuple[int, ...] | None = None  # None: every block
+    greedy_u: float | None = None  # reserved u that drafts the argmax (greedy decoding)
+    acceptance_histogram: tuple[float, ...] | None = None
+    acceptance_histograms: dict[str, tuple[float, ...]] = field(default_factory=dict)  # "greedy" / "sampled"
+    base_model: dict = field(default_factory=dict)
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> AdapterConfig:
+        """Typed config; ``ValueError`` naming the first bad field."""
+
+        def hist(h):
+            return tuple(float(x) for x in h) if h else None
+
+        try:
+            cfg = cls(
+                rank=int(d.get("rank", 16)),
+                scale=float(d.get("scale", 2.0)),
+                u_embedding=str(d.get("u_embedding", "binary")),
+                window=int(d.get("window", 8)),
+                target_modules=tuple(d["target_modules"]) if d.get("target_modules") else None,
+                layers=tuple(int(i) for i in d["layers"]) if d.get("layers") is not None else None,
+                greedy_u=float(d["greedy_u"]) if d.get("greedy_u") is not None else None,
+                acceptance_histogram=hist(d.get("acceptance_histogram")),
+                acceptance_histograms={k: hist(v) for k, v in (d.get("acceptance_histograms") or {}).items() if v},
+                base_model=dict(d.get("base_model") or {}),
+                raw=dict(d),
+            )
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"bad field: {e}") from None
+        if cfg.u_embedding not in U_EMBEDDING_KINDS:
+            raise ValueError(f"unknown u-embedding kind {cfg.u_embedding!r} (known: {', '.join(U_EMBEDDING_KINDS)})")
+        if cfg.rank < 1 or cfg.window < 2:
+            raise ValueError(f"rank must be >= 1 and window >= 2 (got {cfg.rank}, {cfg.window})")
+        return cfg
+
+    def histogram_for(self, greedy: bool) -> tuple[float, ...] | None:
+        return self.acceptance_histograms.get("greedy" if greedy else "sampled") or self.acceptance_histogram
 
 
 def base_identity(base) -> dict:
     """What an adapter records about the base model it belongs to."""
+    from .layers import language_model, model_type
     from .models import model_fingerprint
 
-    a = base.args
+    a = language_model(base).args
     return {
-        "model_type": a.model_type,
+        "model_type": model_type(base),
         "hidden_size": a.hidden_size,
         "num_hidden_layers": a.num_hidden_layers,
         "num_attention_heads": a.num_attention_heads,
-        "num_key_value_heads": a.num_key_value_heads,
+        "num_key_value_heads": getattr(a, "num_key_value_heads", None) or a.num_attention_heads,
         "intermediate_size": a.intermediate_size,
         "vocab_size": a.vocab_size,
         "fingerprint": model_fingerprint(base),
@@ -35,7 +89,7 @@ def base_identity(base) -> dict:
 
 
 def make_config(
-    base, adapter: PTPAdapter, rank: int, scale: float, window: int, name: str | None = None, **extra
+    base, adapter, rank: int, scale: float, window: int, name: str | None = None, **extra
 ) -> dict:
     cfg = {
         "format": FORMAT,
@@ -54,7 +108,7 @@ def make_config(
     return cfg
 
 
-def save_adapter(adapter: PTPAdapter, config: dict, out: Path, overwrite: bool = True) -> None:
+def save_adapter(adapter, config: dict, out: Path, overwrite: bool = True) -> None:
     """Write the adapter folder atomically."""
     weights = dict(tree_flatten(adapter.trainable_parameters()))
     weights = {k: v for k, v in weights.items() if not k.endswith(".scale")}
@@ -71,7 +125,7 @@ def read_config(path: Path) -> dict:
         cfg = json.loads((path / CONFIG).read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"corrupt {path / CONFIG}: {e}") from None
-    if cfg.get("format") != FORMAT:
+    if not isinstance(cfg, dict) or cfg.get("format") != FORMAT:
         raise UserError(f"{path / CONFIG} is not a {FORMAT} config")
     if cfg.get("u_embedding") not in U_EMBEDDING_KINDS:
         raise UserError(
@@ -97,19 +151,17 @@ def check_fits(cfg: dict, base, path: Path, check_fingerprint: bool = True) -> N
             )
 
 
-def load_adapter(path: Path, base, check_fingerprint: bool = True) -> tuple[PTPAdapter, dict]:
-    """Load an adapter folder onto ``base``; clear errors when it does not fit."""
+def load_adapter(path: Path, base, check_fingerprint: bool = True):
+    """Load an adapter folder onto ``base``: ``(PTPAdapter, AdapterConfig)``; clear errors when it does not fit."""
+    from .ptp_model import PTPAdapter
+
     path = Path(path)
-    cfg = read_config(path)
-    check_fits(cfg, base, path, check_fingerprint)
+    raw = read_config(path)
+    check_fits(raw, base, path, check_fingerprint)
     try:
+        cfg = AdapterConfig.from_dict(raw)
         adapter = PTPAdapter(
-            base,
-            int(cfg["rank"]),
-            float(cfg["scale"]),
-            cfg["u_embedding"],
-            targets=cfg.get("target_modules", ALL_TARGETS),
-            layers=cfg.get("layers"),
+            base, cfg.rank, cfg.scale, cfg.u_embedding, targets=cfg.target_modules, layers=cfg.layers
         )
     except (KeyError, ValueError) as e:
         raise UserError(f"bad adapter config {path / CONFIG}: {e}") from None

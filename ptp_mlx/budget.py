@@ -15,6 +15,37 @@ from pathlib import Path
 import numpy as np
 
 PROBE_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
+
+
+@dataclass
+class Plan:
+    """The rows of one PTP call: verify ``drafts`` (a prefix of those in hand) and draft ``branches``
+    ``[(d, width), ...]`` (branch d assumes d drafts accepted). ``burst > 0`` means: decode that many tokens
+    autoregressively instead (drafting does not pay)."""
+
+    drafts: list[int]
+    branches: list[tuple[int, int]]
+    burst: int = 0
+
+    @property
+    def rows(self) -> int:
+        return 1 + len(self.drafts) + sum(w for _, w in self.branches)
+
+
+def _fit(n: int, branches: list[tuple[int, int]], remaining: int, room: int, min_width: int):
+    """Clip a choice to the tokens still wanted and the rows the context has left."""
+    n = max(0, min(n, remaining - 1, room - 1))
+    used = 1 + n
+    fitted = []
+    for d, w in branches:
+        if d > n:
+            continue
+        w = min(w, remaining - d + 1, room - used)
+        if w >= min_width:
+            fitted.append((d, w))
+            used += w
+    return n, fitted
 
 
 @dataclass
@@ -45,11 +76,10 @@ def measure_cost_curve(
     to a plain one-token step, so the budget also pays for the LoRA and auxiliary overhead.
     """
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
     from .ptp_model import Window
 
-    cache = make_prompt_cache(pm.base)
+    cache = pm.make_cache()
     mx.eval(pm(mx.zeros((context,), dtype=mx.int32), cache=cache))
     secs = []
     for w in widths:
@@ -146,6 +176,23 @@ class Budget:
         r = self.ratio if r is None else r
         return min(1.0, s * r**k)  # k drafts in a row: the per-draft ratio k times
 
+    def plan(self, drafts: list[int], confidences: list[float], remaining: int, room: int, step: str = "fused") -> Plan:
+        """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
+
+        ``step="simple"`` alternates a drafting call (one branch) and a verifying call (no branch).
+        """
+        room = min(room, self.max_rows)
+        if step == "simple":
+            n, branches = (len(drafts), []) if drafts else (0, [(0, self.max_width)])
+            n, branches = _fit(n, branches, remaining, room, 1)
+        else:
+            n, branches = self.choose(confidences, room)
+            n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
+        if n == 0 and not branches:
+            self.relax()
+            return Plan([], [], burst=min(AR_BURST, remaining))
+        return Plan(drafts[:n], branches)
+
     def choose(self, confidences: list[float], room: int) -> tuple[int, list[tuple[int, int]]]:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total."""
         # P(at least m drafts accepted), m = 0..n, from the drafts' own confidences.
@@ -179,3 +226,32 @@ class Budget:
             rows += best_add
             value = new_value
         return n, [(d, w) for d, w in enumerate(widths) if w > 0]
+
+
+@dataclass
+class FixedBudget:
+    """``--num-draft-tokens N``: every call verifies up to ``N`` drafts and drafts ``N`` more for each possible
+    outcome, so the next call has ``N`` drafts whatever is accepted. It never decodes autoregressive bursts."""
+
+    num_draft: int
+    max_width: int = 8
+
+    def __post_init__(self):
+        if not 1 <= self.num_draft <= self.max_width - 1:
+            raise ValueError(f"--num-draft-tokens must be between 1 and {self.max_width - 1} for this adapter")
+
+    def plan(self, drafts: list[int], confidences: list[float], remaining: int, room: int, step: str = "fused") -> Plan:
+        k = self.num_draft
+        if step == "simple":
+            n, branches = (len(drafts), []) if drafts else (0, [(0, k + 1)])
+            n, branches = _fit(n, branches, remaining, room, 1)
+        else:
+            n = min(k, len(drafts))
+            n, branches = _fit(n, [(d, k + 1) for d in range(n + 1)], remaining, room, 2)
+        return Plan(drafts[:n], branches)
+
+    def observe(self, confidences: list[float], accepted: int) -> None:
+        pass
+
+    def relax(self, keep: float = 0.5) -> None:
+        pass

@@ -77,6 +77,13 @@ def add_model_flags(p: argparse.ArgumentParser, adapter: bool = True) -> None:
             default=None,
             help="decoding mode (default: ptp when an adapter is available, else ar)",
         )
+        p.add_argument(
+            "--num-draft-tokens",
+            type=int,
+            default=None,
+            metavar="N",
+            help="fixed draft budget: verify up to N drafts on every PTP call (default: the adaptive budget)",
+        )
 
 
 def add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
@@ -101,4 +108,11 @@ def sampling_from_args(args: argparse.Namespace):
     adapter = getattr(args, "adapter", None)
     if getattr(args, "mode", None) == "ptp" and adapter and str(adapter).lower() == "none":
         raise UserError("--mode ptp needs an adapter")
+    n = getattr(args, "num_draft_tokens", None)
+    if n is not None and n < 1:
+        raise UserError("--num-draft-tokens must be at least 1")
+    if getattr(args, "mode", None) == "ptp":
+        from .models import check_ptp_model
+
+        check_ptp_model(getattr(args, "model", None))  # refuse before any weights load
     return s

@@ -18,8 +18,8 @@ from . import blas
 from .adapter import load_adapter, shipped_adapter
 from .budget import Budget, CostCurve, cached_cost_curve
 from .cli_common import UserError
-from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate
-from .models import load, model_fingerprint
+from .generate import DecodeOptions, GenerationStep, PromptCache, encode_prompt, stream_generate
+from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root
 from .ptp_model import PTPModel
 from .sampler import SamplingSettings
@@ -49,7 +49,6 @@ class Engine:
         ``adapter=None`` takes the adapter shipped for the default model (if any); ``"none"`` loads none.
         """
         blas.warn_if_slow()
-        base, tokenizer = load(model, log=log)
         adapter_dir: Path | None
         if adapter is None:
             adapter_dir = shipped_adapter(DEFAULT_MODEL_NAME) if model is None else None
@@ -59,7 +58,10 @@ class Engine:
             adapter_dir = Path(adapter).expanduser()
             if not adapter_dir.exists():
                 raise UserError(f"adapter folder not found: {adapter}")
-        ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, {})
+        if adapter_dir is not None:
+            check_ptp_model(model)  # before any weights load
+        base, tokenizer = load(model, log=log)
+        ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, None)
         pm = PTPModel(base, ad, cfg, fuse=True)
         eng = cls(
             pm=pm,
@@ -73,29 +75,29 @@ class Engine:
         return eng
 
     def make_budget(self, measure: bool = True) -> Budget:
-        width = int(self.pm.adapter_config.get("window", 8))
+        c = self.pm.config
+        width = c.window
         if measure:
             # The curve depends on the machine, the model and the adapter's shape (rank, LoRA layers).
-            c = self.pm.adapter_config
             ident = [
                 model_fingerprint(self.pm.base),
                 str(mx.default_device()),
                 blas.state["blas"],
-                c.get("rank"),
-                c.get("layers"),
-                c.get("target_modules"),
-                "ptp-call-v2-fused",  # bump when the cost of a PTP call changes (v2: fused LoRA)
+                c.rank,
+                list(c.layers) if c.layers is not None else None,
+                list(c.target_modules) if c.target_modules is not None else None,
+                "ptp-call-v3-stock",  # bump when the cost of a PTP call changes (v3: the stock model, patched)
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", log=self.log)
         else:
             curve = CostCurve()
-        per_mode = self.pm.adapter_config.get("acceptance_histograms") or {}
         # Calibrated: each budget learns, over this engine's answers, how its drafts really fare.
         self.mode_budgets = {
-            m: Budget.from_histogram(curve, h, width, calibrate=True) for m, h in per_mode.items() if h
+            m: Budget.from_histogram(curve, list(h), width, calibrate=True) for m, h in c.acceptance_histograms.items()
         }
-        return Budget.from_histogram(curve, self.pm.adapter_config.get("acceptance_histogram"), width, calibrate=True)
+        hist = list(c.acceptance_histogram) if c.acceptance_histogram else None
+        return Budget.from_histogram(curve, hist, width, calibrate=True)
 
     def budget_for(self, sampling: SamplingSettings) -> Budget | None:
         """The budget primed with the acceptance seen in this decoding mode (greedy drafts land more often)."""
@@ -118,8 +120,13 @@ class Engine:
         sampling: SamplingSettings | None = None,
         max_tokens: int = 256,
         step: str = "fused",
+        num_draft_tokens: int | None = None,
+        prompt_cache: PromptCache | None = None,
     ) -> Iterator[GenerationStep]:
-        """Stream an answer to a prompt string, chat messages, or token ids."""
+        """Stream an answer to a prompt string, chat messages, or token ids.
+
+        ``num_draft_tokens`` fixes the draft budget (default: the adaptive budget); ``prompt_cache`` (one per
+        conversation) lets a follow-up prefill only its new tokens."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
             raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
@@ -128,7 +135,14 @@ class Engine:
         else:
             ids = self.encode(prompt)
         sampling = sampling or SamplingSettings()
+        if num_draft_tokens is not None and not 1 <= num_draft_tokens <= self.pm.config.window - 1:
+            raise UserError(f"--num-draft-tokens must be between 1 and {self.pm.config.window - 1} for this adapter")
         opts = DecodeOptions(
-            mode=mode, step=step, max_tokens=max_tokens, sampling=sampling, budget=self.budget_for(sampling)
+            mode=mode,
+            step=step,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            budget=self.budget_for(sampling),
+            num_draft_tokens=num_draft_tokens,
         )
-        return stream_generate(self.pm, self.tokenizer, ids, opts)
+        return stream_generate(self.pm, self.tokenizer, ids, opts, prompt_cache=prompt_cache)

@@ -14,14 +14,12 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
 
-from .budget import Budget, CostCurve
+from .budget import Budget, CostCurve, FixedBudget, Plan
 from .ptp_model import PTPModel, Window
 from .sampler import SamplingSettings, UniformStream, pick
 
 PREFILL_CHUNK = 512
-AR_BURST = 16  # tokens decoded autoregressively before the budget is asked again
 
 
 class _Shifted:
@@ -59,14 +57,39 @@ class DecodeOptions:
     max_tokens: int = 256
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     budget: Budget | None = None  # default: a flat cost curve with the adapter's width
-    # Test hook, an adapter-free drafter: ``oracle[g]`` is proposed as the draft for generated token ``g``
-    # (the teacher's own continuation makes every draft right). Each PTP call then verifies up to
-    # ``width - 1`` oracle drafts and runs no auxiliary rows.
-    oracle: Sequence[int] | None = None
+    num_draft_tokens: int | None = None  # a fixed budget (mlx-lm's flag): up to N drafts every call, no AR bursts
+    drafter: object | None = None  # default: ChainDrafter (the adapter's own drafts); tests inject others
 
 
 class ContextFull(ValueError):
     pass
+
+
+@dataclass
+class PromptCache:
+    """A conversation's KV cache and the tokens it holds, carried from one answer to the next (as
+    ``mlx_lm.chat`` does): the next prompt prefills only what follows their longest common prefix."""
+
+    cache: list | None = None
+    tokens: list[int] = field(default_factory=list)
+    reused: int = 0  # prompt tokens the last answer did not have to prefill
+
+    def take(self, pm: PTPModel, prompt_ids: list[int]) -> tuple[list, int]:
+        """A cache holding a prefix of ``prompt_ids[:-1]`` and that prefix's length (0: a fresh cache)."""
+        cache, self.cache = self.cache, None  # invalid while a generation works on it
+        if cache is None or cache[0].offset != len(self.tokens):  # (a failed call leaves rows it did not trim)
+            return pm.make_cache(), 0
+        keep = 0
+        limit = min(len(self.tokens), len(prompt_ids) - 1)
+        while keep < limit and self.tokens[keep] == prompt_ids[keep]:
+            keep += 1
+        for c in cache:  # trim: drop what the new prompt does not share (the end of the last answer, at least)
+            c.trim(c.offset - keep)
+        return cache, keep
+
+    def store(self, cache: list, seq: list[int]) -> None:
+        """Record ``cache`` as holding ``seq[:offset]`` (called whenever the cache is consistent)."""
+        self.cache, self.tokens = cache, seq[: cache[0].offset]
 
 
 def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
@@ -95,8 +118,13 @@ def stream_generate(
     opts: DecodeOptions,
     eos_ids: set[int] | None = None,
     uniforms: UniformStream | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Iterator[GenerationStep]:
-    """Yield one ``GenerationStep`` per model call until EOS, ``max_tokens`` or the context limit."""
+    """Yield one ``GenerationStep`` per model call until EOS, ``max_tokens`` or the context limit.
+
+    With ``prompt_cache``, the prompt continues from that cache (only the new tokens are prefilled) and the
+    cache is left holding the prompt and the answer for the next turn.
+    """
     s = opts.sampling.validate()
     prompt_ids = list(prompt_ids)
     if not prompt_ids:
@@ -104,23 +132,31 @@ def stream_generate(
     ctx = getattr(pm.args, "max_position_embeddings", None) or 1 << 30
     if len(prompt_ids) >= ctx:
         raise ContextFull(f"prompt is {len(prompt_ids)} tokens but the model's context is {ctx}")
-    if opts.mode == "ptp" and pm.adapter is None and opts.oracle is None:
+    if opts.mode == "ptp" and pm.adapter is None and opts.drafter is None:
         raise ValueError("PTP decoding needs an adapter (use mode='ar' without one)")
     eos = set(eos_ids if eos_ids is not None else getattr(tokenizer, "eos_token_ids", None) or [])
     u = uniforms or UniformStream(s.seed)
     max_new = min(opts.max_tokens, ctx - len(prompt_ids))
     detok = tokenizer.detokenizer
     detok.reset()
-    cache = make_prompt_cache(pm.base)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
-    _prefill(pm.base, prompt_ids[:-1], cache)
+    if prompt_cache is not None:
+        cache, reused = prompt_cache.take(pm, prompt_ids)
+        prompt_cache.reused = reused
+    else:
+        cache, reused = pm.make_cache(), 0
+    _prefill(pm.base, prompt_ids[reused:-1], cache)
     calls = _ar_calls if opts.mode == "ar" else _ptp_calls
     generated = 0
+    seq = list(prompt_ids)  # every token fed or emitted; the cache always holds seq[:offset]
     t_gen = time.perf_counter()
     prompt_time = t_gen - t0  # prefill of all prompt tokens but the last (which every first call processes)
     for block, info in calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx):
         now = time.perf_counter()
+        seq.extend(block)
+        if prompt_cache is not None:
+            prompt_cache.store(cache, seq)
         finish = None
         out = []
         for t in block:
@@ -177,6 +213,31 @@ def _ar_calls(pm, cache, last, u, s: SamplingSettings, opts, max_new, ctx):
         tok = nxt
 
 
+class ChainDrafter:
+    """PTP's own drafts: after each call, the auxiliary branch that matches the accepted count.
+
+    Drafters are what a PTP call verifies. ``plan`` asks the budget for the call's rows; ``update`` takes the
+    next drafts from the call's auxiliary outputs. Tests inject other drafters (``ptp_mlx.testing``).
+    """
+
+    def __init__(self, budget: Budget | FixedBudget, step: str = "fused"):
+        self.budget, self.step = budget, step
+        self.drafts: list[int] = []
+        self.conf: list[float] = []
+
+    def plan(self, i: int, remaining: int, room: int) -> Plan:
+        return self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
+
+    def update(self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float]) -> None:
+        self.budget.observe(self.conf[: len(plan.drafts)], accepted)
+        self.drafts, self.conf = [], []
+        r = 0
+        for d, w in plan.branches:
+            if d == accepted:  # slot 0 predicts the exact token just emitted: the drafts start at slot 1
+                self.drafts, self.conf = aux_tokens[r + 1 : r + w], aux_conf[r + 1 : r + w]
+            r += w
+
+
 def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx):
     """PTP decoding: each call verifies the drafts in hand and drafts again for the likely outcomes.
 
@@ -187,48 +248,34 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     """
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
     # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
-    width = int((pm.adapter_config or {}).get("window", 8))
+    width = pm.config.window
     # Greedy verification ignores u, so drafts may use the adapter's reserved "argmax" u when it has one.
-    greedy_u = pm.adapter_config.get("greedy_u") if s.greedy and pm.adapter_config else None
-    budget = opts.budget or Budget(CostCurve(), max_width=width)
-    drafts: list[int] = []
-    conf: list[float] = []
+    greedy_u = pm.config.greedy_u if s.greedy else None
+    if opts.drafter is not None:
+        drafter = opts.drafter
+    else:
+        if opts.num_draft_tokens:
+            budget = FixedBudget(opts.num_draft_tokens, width)
+        else:
+            budget = opts.budget or Budget(CostCurve(), max_width=width)
+        drafter = ChainDrafter(budget, opts.step)
     i = 0  # index of the next token to emit, in the uniform stream
     while i < max_new:
         t_start = time.perf_counter()
         offset = cache[0].offset
-        room = min(ctx - offset, 64)
-        remaining = max_new - i
-        # 1. Choose what to verify and which branches to draft.
-        if opts.oracle is not None:
-            drafts = [int(t) for t in opts.oracle[i : i + budget.max_width - 1]]
-            n, branches = len(drafts), []
-        elif opts.step == "simple":
-            n, branches = (len(drafts), []) if drafts else (0, [(0, min(budget.max_width, remaining + 1, room - 1))])
-        else:
-            n, branches = budget.choose(conf, room)
-        n = min(n, len(drafts), remaining - 1, room - 1)
-        branches = [(d, min(w, remaining - d + 1, room - 1 - n)) for d, w in branches if d <= n]
-        used = 1 + n
-        fitted = []
-        for d, w in branches:
-            w = min(w, room - used)
-            if w >= 2 or (w >= 1 and opts.step == "simple"):
-                fitted.append((d, w))
-                used += w
-        branches = fitted
-        if n == 0 and not branches and opts.oracle is None:
+        # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
+        plan = drafter.plan(i, max_new - i, ctx - offset)
+        if plan.burst:
             # Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive
             # burst instead. Same uniforms, same tokens; the cache again ends just before the last token.
-            burst = min(AR_BURST, remaining)
-            budget.relax()
-            for block, info in _ar_calls(pm, cache, last, _Shifted(u, i), s, opts, burst, ctx):
+            for block, info in _ar_calls(pm, cache, last, _Shifted(u, i), s, opts, plan.burst, ctx):
                 last = block[-1]
                 yield block, info
-            i += burst
+            i += plan.burst
             continue
         # 2. One forward pass: verify rows then auxiliary windows.
-        tokens = mx.array([last] + drafts[:n])
+        n, branches = len(plan.drafts), plan.branches
+        tokens = mx.array([last] + plan.drafts)
         windows = [Window(offset + 1 + d, w) for d, w in branches]
         aux_u = None
         if branches:
@@ -251,22 +298,15 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             raise ValueError("cannot sample: the model produced non-finite logits")
         # 3. Accept the leading drafts that equal the exact tokens.
         c = 0
-        while c < n and drafts[c] == targets_l[c]:
+        while c < n and plan.drafts[c] == targets_l[c]:
             c += 1
-        if opts.oracle is None:
-            budget.observe(conf[:n], c)
         block = targets_l[: c + 1]
         # 4. Trim the cache back to the accepted prefix: [last, q_1..q_c] stay, the rest goes.
         keep = offset + 1 + c
         for layer_cache in cache:
             layer_cache.trim(layer_cache.offset - keep)
         # 5. The next drafts come from branch c, its first slot replaced by the exact token.
-        drafts, conf = [], []
-        r = 0
-        for d, w in branches:
-            if d == c:
-                drafts, conf = aux_tok_l[r + 1 : r + w], aux_conf_l[r + 1 : r + w]
-            r += w
+        drafter.update(plan, c, aux_tok_l, aux_conf_l)
         last = block[-1]
         i += len(block)
-        yield block, {"proposed": n, "accepted": c, "rows": used, "time": time.perf_counter() - t_start}
+        yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": time.perf_counter() - t_start}

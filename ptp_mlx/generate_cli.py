@@ -35,7 +35,14 @@ def run(args: argparse.Namespace) -> int:
     stats = RunStats()
     try:
         for st in stats.consume(
-            eng.generate(ids, mode=mode, sampling=sampling, max_tokens=args.max_tokens, step=args.step)
+            eng.generate(
+                ids,
+                mode=mode,
+                sampling=sampling,
+                max_tokens=args.max_tokens,
+                step=args.step,
+                num_draft_tokens=args.num_draft_tokens,
+            )
         ):
             sys.stdout.write(st.text + ("|" if args.show_blocks and st.tokens else ""))
             sys.stdout.flush()

@@ -116,6 +116,29 @@ def resolve_model(model: str | None, log=None) -> Path | str:
     raise UserError(f"model folder not found: {model}")
 
 
+def config_model_type(model: str | None) -> str | None:
+    """The ``model_type`` in a local model folder's config.json (the default model's is llama); ``None`` when
+    the folder has no readable config (a hub repo id: checked after loading instead)."""
+    import json
+
+    if model is None:
+        return "llama"
+    p = Path(model).expanduser() / "config.json"
+    try:
+        return json.loads(p.read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_ptp_model(model: str | None) -> None:
+    """Refuse, before any weights are loaded, a model whose family PTP does not support (exit 2)."""
+    from .layers import check_model_type
+
+    mt = config_model_type(model)
+    if mt is not None or (model is not None and Path(model).expanduser().exists()):
+        check_model_type(mt)
+
+
 def load(model: str | None = None, log=None):
     """Load ``(model, tokenizer)`` with mlx-lm; errors become one clear line."""
     import mlx_lm
@@ -142,7 +165,9 @@ def model_fingerprint(model) -> str:
     import mlx.core as mx
     import numpy as np
 
-    e = model.model.embed_tokens
+    from .layers import language_model, token_embedding
+
+    e = token_embedding(model)
     if getattr(e, "mode", "affine") == "affine" and getattr(e, "biases", None) is not None:
         # Dequantize in float32 like the GGUF converter does, so quantized and float conversions agree.
         rows = mx.dequantize(
@@ -156,6 +181,6 @@ def model_fingerprint(model) -> str:
         rows = e(mx.arange(64))
     emb = rows.astype(mx.float16)
     h = hashlib.sha256(np.array(emb).tobytes())
-    a = model.args
+    a = language_model(model).args
     h.update(f"{a.hidden_size}/{a.num_hidden_layers}/{a.vocab_size}".encode())
     return h.hexdigest()[:16]

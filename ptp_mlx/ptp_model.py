@@ -1,25 +1,38 @@
-"""The PTP model: an mlx-lm Llama-family model plus a gated LoRA and a u-embedding (method doc 2-3).
+"""The PTP model: a stock mlx-lm model plus a gated LoRA and a u-embedding (docs/method.md, sections 2-3).
 
 One forward pass takes real token rows followed by auxiliary rows. Auxiliary rows embed a uniform ``u``
-instead of a token, carry explicit RoPE positions (the auxiliary predicting the token at absolute position
+instead of a token, carry their own RoPE positions (the auxiliary predicting the token at absolute position
 ``p`` sits at position ``p - 1``), see only the real context before their window plus their own window
-causally, and are the only rows the LoRA touches. Token rows are therefore exactly the base model, and the
-same pass and KV cache serve as the exact teacher.
+causally, and are the only rows the LoRA touches. The pass is the stock model's own ``__call__`` with the
+modules of ``layers.py`` installed, so token rows are exactly the base model and the same pass and KV cache
+serve as the exact teacher, in every supported family.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.activations import swiglu
 
-U_EMBEDDING_KINDS = ("binary", "linear_interpolation")
-ATTN_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
-ALL_TARGETS = ATTN_TARGETS + MLP_TARGETS
+from .adapter import U_EMBEDDING_KINDS, AdapterConfig
+from .layers import (
+    CallPlan,
+    PTPKVCache,
+    UnsupportedModel,
+    Window,
+    install,
+    language_model,
+    linear_dims,
+    make_cache,
+    projections,
+    token_embedding,
+)
+
+__all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window"]
+
+# The Llama-style projection names (the shipped adapter's targets); other families name theirs differently
+# (phi3: qkv_proj, gate_up_proj) and ``PTPAdapter`` takes whatever the model's blocks hold.
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 class UEmbedding(nn.Module):
@@ -57,133 +70,149 @@ class LoRA(nn.Module):
         self.B = mx.zeros((out_dim, rank))
         self.scale = scale
 
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.scale * ((x @ self.A.T) @ self.B.T)
+    def __call__(self, x: mx.array, gate: mx.array | None = None) -> mx.array:
+        a = x @ self.A.T
+        if gate is not None:  # zero rows in rank space: token rows then get an exact zero delta
+            a = a * gate
+        return self.scale * (a @ self.B.T)
 
 
-def linear_dims(layer, name: str) -> tuple[int, int]:
-    """(in, out) of a base linear layer, quantized or not."""
-    mod = getattr(layer.self_attn, name, None) or getattr(layer.mlp, name)
-    out_dim = mod.weight.shape[0]
-    in_dim = mod.weight.shape[1] * (32 // mod.bits if hasattr(mod, "bits") else 1)
-    return in_dim, out_dim
+def hidden_size(base) -> int:
+    return int(token_embedding(base)(mx.array([[0]])).shape[-1])
 
 
 class PTPAdapter(nn.Module):
-    """Trainable PTP parameters: the u-embedding and one LoRA per targeted linear layer."""
+    """Trainable PTP parameters: the u-embedding and one LoRA per targeted projection of each chosen block.
 
-    def __init__(self, base, rank: int, scale: float, u_embedding: str, targets=ALL_TARGETS, layers=None):
+    Keys: ``layers.{i}.{projection}.{A,B}`` and ``u_embed.*`` (the adapter file format).
+    """
+
+    def __init__(self, base, rank: int, scale: float, u_embedding: str, targets=None, layers=None):
         super().__init__()
-        n_layers = len(base.model.layers)
+        n_layers = len(base.layers)
         self.layer_ids = list(range(n_layers)) if layers is None else sorted(int(i) for i in layers)
         if any(not 0 <= i < n_layers for i in self.layer_ids):
             raise ValueError(f"LoRA layer ids {self.layer_ids} out of range for a {n_layers}-layer model")
-        unknown = set(targets) - set(ALL_TARGETS)
+        known = list(projections(base.layers[0]))
+        if targets is None:
+            targets = known
+        unknown = set(targets) - set(known)
         if unknown:
-            raise ValueError(f"unknown LoRA target modules {sorted(unknown)} (known: {', '.join(ALL_TARGETS)})")
-        self.targets = tuple(t for t in ALL_TARGETS if t in targets)
-        self.u_embed = UEmbedding(u_embedding, base.args.hidden_size)
-        self.layers = [
-            {t: LoRA(*linear_dims(base.model.layers[i], t), rank, scale) for t in self.targets}
-            if i in self.layer_ids
-            else {}
-            for i in range(n_layers)
-        ]
+            raise ValueError(f"unknown LoRA target modules {sorted(unknown)} (this model has: {', '.join(known)})")
+        self.targets = tuple(t for t in known if t in targets)
+        self.u_embed = UEmbedding(u_embedding, hidden_size(base))
+        self.layers = []
+        for i in range(n_layers):
+            if i not in self.layer_ids:
+                self.layers.append({})
+                continue
+            projs = projections(base.layers[i])
+            self.layers.append({t: LoRA(*linear_dims(projs[t]), rank, scale) for t in self.targets})
 
 
 # Projections that read the same input: their LoRA ``A`` matrices stack into one matmul when fused.
-INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 class FusedLoRA:
-    """Inference form of one layer's LoRAs: per input group one stacked ``A`` and one block-diagonal ``B``
-    with the scale folded in, so a group costs two matmuls instead of two per projection (decoding on CPU is
-    bound by per-op overhead; method doc section 10). Training keeps the plain per-projection modules."""
+    """Inference form of an adapter's LoRAs: ``A`` transposed, the scale folded into ``B``, and projections that
+    read the same input (q/k/v, gate/up) stacked so a group costs two matmuls instead of two per projection
+    (decoding on CPU is bound by per-op overhead; docs/method.md, section 7). Training uses ``LoRA`` itself.
 
-    def __init__(self, loras: dict[str, LoRA], dtype):
-        # Keyed by the full INPUT_GROUPS entry; holds the projections of that group that carry a LoRA.
-        self.groups: dict[tuple[str, ...], tuple[tuple[str, ...], mx.array, mx.array, list[int]]] = {}
-        for group in INPUT_GROUPS:
-            names = tuple(n for n in group if n in loras)
-            if not names:
-                continue
-            A = mx.concatenate([loras[n].A for n in names], axis=0)
-            outs = [loras[n].B.shape[0] for n in names]
-            ranks = [loras[n].A.shape[0] for n in names]
-            B = np.zeros((sum(outs), sum(ranks)), dtype=np.float32)
-            o = r = 0
-            for n, do, dr in zip(names, outs, ranks, strict=True):
-                B[o : o + do, r : r + dr] = np.array(loras[n].B.astype(mx.float32)) * loras[n].scale
-                o, r = o + do, r + dr
-            splits = list(np.cumsum(outs)[:-1])
-            self.groups[group] = (names, A.astype(dtype), mx.array(B).astype(dtype), splits)
-
-    def deltas(self, group: tuple[str, ...], x: mx.array, gate: mx.array | None) -> dict[str, mx.array]:
-        entry = self.groups.get(group)
-        if entry is None:
-            return {}
-        names, A, B, splits = entry
-        a = x @ A.T
-        if gate is not None:  # zero rows in rank space: token rows then get an exact zero delta
-            a = a * gate
-        full = a @ B.T
-        parts = mx.split(full, splits, axis=-1) if splits else [full]
-        return dict(zip(names, parts, strict=True))
-
-
-@dataclass(frozen=True)
-class Window:
-    """A run of ``n`` auxiliary rows that sees the first ``ctx_len`` real tokens (absolute count).
-
-    Its auxiliary ``j`` predicts the token at absolute position ``ctx_len + j`` and sits at RoPE position
-    ``ctx_len + j - 1``.
+    The first projection of a group computes the whole group's deltas and the others pick theirs up, provided
+    they are called on the very same input array (as mlx-lm's attention and MLP do); otherwise each computes
+    its own.
     """
 
-    ctx_len: int
-    n: int
+    def __init__(self, adapter: PTPAdapter, dtype):
+        self.single: dict[tuple[int, str], tuple[mx.array, mx.array]] = {}
+        self.group_of: dict[tuple[int, str], tuple[tuple[str, ...], mx.array, mx.array, list[int]]] = {}
+        for i, loras in enumerate(adapter.layers):
+            for n, lo in loras.items():
+                self.single[(i, n)] = (lo.A.T.astype(dtype), (lo.B * lo.scale).T.astype(dtype))
+            for group in INPUT_GROUPS:
+                names = tuple(n for n in group if n in loras)
+                if len(names) < 2:
+                    continue
+                At = mx.concatenate([loras[n].A for n in names], axis=0).T
+                outs = [loras[n].B.shape[0] for n in names]
+                ranks = [loras[n].A.shape[0] for n in names]
+                B = np.zeros((sum(ranks), sum(outs)), dtype=np.float32)
+                o = r = 0
+                for n, do, dr in zip(names, outs, ranks, strict=True):
+                    B[r : r + dr, o : o + do] = np.array((loras[n].B * loras[n].scale).T.astype(mx.float32))
+                    o, r = o + do, r + dr
+                entry = (names, At.astype(dtype), mx.array(B).astype(dtype), list(np.cumsum(outs)[:-1]))
+                for n in names:
+                    self.group_of[(i, n)] = entry
+        mx.eval([v for pair in self.single.values() for v in pair], [e[1:3] for e in self.group_of.values()])
+        self._memo: dict[tuple[int, str], mx.array] = {}
+        self._memo_x: mx.array | None = None
 
+    def bind(self, gate: mx.array | None):
+        """The ``lora(key, x)`` callable for one call with this row gate."""
+        self._memo, self._memo_x = {}, None
 
-def build_mask(offset: int, n_tok: int, windows: list[Window]) -> mx.array:
-    """Boolean mask [rows, offset + rows]: token rows causal, auxiliary rows per method doc section 3."""
-    n_aux = sum(w.n for w in windows)
-    rows = n_tok + n_aux
-    local = np.zeros((rows, rows), dtype=bool)
-    local[:n_tok, :n_tok] = np.tril(np.ones((n_tok, n_tok), dtype=bool))
-    vis = np.empty(rows, dtype=np.int64)  # how many real-token columns each row sees
-    vis[:n_tok] = offset + 1 + np.arange(n_tok)
-    r = n_tok
-    for w in windows:
-        vis[r : r + w.n] = w.ctx_len
-        local[r : r + w.n, r : r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
-        r += w.n
-    cols = np.arange(offset + n_tok)
-    real = cols[None, :] < vis[:, None]
-    full = np.concatenate([real, np.zeros((rows, n_aux), dtype=bool)], axis=1)
-    full[:, offset:] |= local
-    return mx.array(full)
+        def lora(key: tuple[int, str], x: mx.array) -> mx.array | None:
+            if key in self._memo and self._memo_x is x:
+                return self._memo.pop(key)
+            group = self.group_of.get(key)
+            if group is not None and group[0][0] == key[1]:
+                names, At, Bt, splits = group
+                a = x @ At
+                if gate is not None:
+                    a = a * gate
+                parts = mx.split(a @ Bt, splits, axis=-1)
+                self._memo = {(key[0], n): p for n, p in zip(names[1:], parts[1:], strict=True)}
+                self._memo_x = x
+                return parts[0]
+            pair = self.single.get(key)
+            if pair is None:
+                return None
+            a = x @ pair[0]
+            if gate is not None:
+                a = a * gate
+            return a @ pair[1]
+
+        return lora
 
 
 class PTPModel:
-    """Base model + optional adapter with a mixed token/auxiliary forward pass."""
+    """A stock mlx-lm model (patched in place by ``layers.install``) plus an optional adapter.
 
-    def __init__(self, base, adapter: PTPAdapter | None = None, adapter_config: dict | None = None, fuse: bool = False):
+    ``pm(tokens, u, windows, cache)`` runs one mixed pass; ``pm.base(...)`` is the plain model and behaves
+    exactly as before patching. Unsupported families may still be wrapped without an adapter for plain
+    autoregressive decoding (nothing is patched then).
+    """
+
+    def __init__(self, base, adapter: PTPAdapter | None = None, adapter_config=None, fuse: bool = False):
         self.base = base
         self.adapter = adapter
-        self.adapter_config = adapter_config or {}
-        self.args = base.args
+        cfg = adapter_config
+        self.config: AdapterConfig = cfg if isinstance(cfg, AdapterConfig) else AdapterConfig.from_dict(cfg or {})
+        self.args = language_model(base).args
+        try:
+            self.ctx = install(base)
+        except UnsupportedModel:
+            if adapter is not None:
+                raise
+            self.ctx = None  # plain autoregressive decoding only, with the stock caches
         self._fused = None
         if fuse and adapter is not None:  # inference only: fused copies do not follow later weight updates
-            dtype = base.model.embed_tokens.weight.dtype
-            dtype = mx.float32 if dtype not in (mx.float32, mx.float16, mx.bfloat16) else dtype
-            self._fused = [FusedLoRA(d, dtype) if d else {} for d in adapter.layers]
+            dtype = token_embedding(base)(mx.array([0])).dtype
+            self._fused = FusedLoRA(adapter, dtype)
 
-    def embed_tokens(self, tokens: mx.array) -> mx.array:
-        return self.base.model.embed_tokens(tokens)
+    @property
+    def adapter_config(self):
+        return self.config
 
-    def head(self, h: mx.array) -> mx.array:
-        if self.args.tie_word_embeddings:
-            return self.base.model.embed_tokens.as_linear(h)
-        return self.base.lm_head(h)
+    def make_cache(self) -> list:
+        """Fresh per-layer caches: trimmable PTP caches, or mlx-lm's own for a model PTP does not support."""
+        if self.ctx is None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            return make_prompt_cache(self.base)
+        return make_cache(self.base, self.ctx)
 
     def __call__(
         self,
@@ -195,89 +224,35 @@ class PTPModel:
     ) -> mx.array:
         """Logits [rows, vocab] for ``tokens`` (1-D) followed by the auxiliaries of ``windows``.
 
-        ``u`` holds one uniform per auxiliary row, in window order. The cache (a list of mlx-lm ``KVCache``)
-        receives every row; callers trim what was not accepted.
+        ``u`` holds one uniform per auxiliary row, in window order. The cache (from ``make_cache``) receives
+        every row; callers trim what was not accepted.
         """
+        windows = list(windows or [])
+        if cache is None:
+            cache = self.make_cache()
+        if not windows:
+            return self.base(tokens[None], cache=cache)[0]
         adapter = adapter or self.adapter
-        windows = windows or []
+        if adapter is None:
+            raise ValueError("auxiliary rows need a PTP adapter")
+        if self.ctx is None or not all(isinstance(c, PTPKVCache) for c in cache):
+            raise ValueError("auxiliary rows need the caches of PTPModel.make_cache()")
         n_tok = int(tokens.shape[0])
-        offset = cache[0].offset if cache is not None else 0
-        parts = [self.embed_tokens(tokens[None])] if n_tok else []
-        if windows:
-            if adapter is None:
-                raise ValueError("auxiliary rows need a PTP adapter")
-            parts.append(adapter.u_embed(u)[None].astype(parts[0].dtype if parts else mx.float32))
-        h = mx.concatenate(parts, axis=1) if len(parts) > 1 else parts[0]
-        segments = [(0, n_tok, offset)] if n_tok else []
-        r = n_tok
-        for w in windows:
-            segments.append((r, r + w.n, w.ctx_len - 1))
-            r += w.n
-        mask = build_mask(offset, n_tok, windows) if windows or n_tok > 1 else None
-        if mask is not None and mask.shape[0] > 1 and not windows:
-            mask = "causal"  # the same kernel path mlx-lm takes for plain causal passes
-        rows = h.shape[1]
-        gate = None
-        if windows and n_tok:
-            gate = (mx.arange(rows) >= n_tok).astype(h.dtype)[None, :, None]
-        for i, layer in enumerate(self.base.model.layers):
-            if adapter is None or not windows:
-                lora = {}
-            else:
-                lora = self._fused[i] if (self._fused is not None and adapter is self.adapter) else adapter.layers[i]
-            h = self._block(layer, h, mask, cache[i] if cache is not None else None, segments, gate, lora)
-        return self.head(self.base.model.norm(h))[0]
+        plan = CallPlan(cache[0].offset, n_tok, windows)
+        aux = adapter.u_embed(u)[None]
+        # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows (in rank space). Adding
+        # an exact zero leaves token rows bit-identical to the base model.
+        gate = (mx.arange(plan.rows) >= n_tok).astype(mx.float32)[None, :, None] if n_tok else None
+        if self._fused is not None and adapter is self.adapter:
+            lora = self._fused.bind(gate)
+        else:
 
-    @staticmethod
-    def _deltas(lora, names: tuple[str, ...], x: mx.array, gate: mx.array | None) -> dict[str, mx.array]:
-        # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows. Adding an exact zero
-        # leaves token rows bit-identical to the base model, with fewer ops than slicing and concatenating.
-        if isinstance(lora, FusedLoRA):
-            return lora.deltas(names, x, gate)
-        out = {}
-        for n in names:
-            if n in lora:
-                d = lora[n](x).astype(x.dtype)
-                out[n] = d if gate is None else d * gate
-        return out
+            def lora(key, x, layers=adapter.layers):
+                mod = layers[key[0]].get(key[1])
+                return None if mod is None else mod(x, gate).astype(x.dtype)
 
-    @staticmethod
-    def _lin(mod, x: mx.array, delta: mx.array | None) -> mx.array:
-        y = mod(x)
-        return y if delta is None else y + delta
-
-    def _block(self, layer, x, mask, cache, segments, gate, lora):
-        attn = layer.self_attn
-        B, L, _ = x.shape
-        xn = layer.input_layernorm(x)
-        d = self._deltas(lora, INPUT_GROUPS[0], xn, gate) if lora else {}
-        q = self._lin(attn.q_proj, xn, d.get("q_proj"))
-        k = self._lin(attn.k_proj, xn, d.get("k_proj"))
-        v = self._lin(attn.v_proj, xn, d.get("v_proj"))
-        q = q.reshape(B, L, attn.n_heads, -1).transpose(0, 2, 1, 3)
-        k = k.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = v.reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-        q = self._rope(attn.rope, q, segments)
-        k = self._rope(attn.rope, k, segments)
-        if cache is not None:
-            k, v = cache.update_and_fetch(k, v)
-        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=attn.scale, mask=mask)
-        o = o.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        d = self._deltas(lora, INPUT_GROUPS[1], o, gate) if lora else {}
-        h = x + self._lin(attn.o_proj, o, d.get("o_proj"))
-        hn = layer.post_attention_layernorm(h)
-        mlp = layer.mlp
-        d = self._deltas(lora, INPUT_GROUPS[2], hn, gate) if lora else {}
-        g = self._lin(mlp.gate_proj, hn, d.get("gate_proj"))
-        up = self._lin(mlp.up_proj, hn, d.get("up_proj"))
-        m = swiglu(g, up)
-        d = self._deltas(lora, INPUT_GROUPS[3], m, gate) if lora else {}
-        return h + self._lin(mlp.down_proj, m, d.get("down_proj"))
-
-    @staticmethod
-    def _rope(rope, x: mx.array, segments) -> mx.array:
-        # Each segment has contiguous positions, so one RoPE call per segment keeps token rows bit-exact.
-        if len(segments) == 1:
-            s, e, pos = segments[0]
-            return rope(x, offset=pos)
-        return mx.concatenate([rope(x[:, :, s:e], offset=pos) for s, e, pos in segments], axis=2)
+        self.ctx.begin(plan, aux, lora)
+        try:
+            return self.base(tokens[None], cache=cache)[0]
+        finally:
+            self.ctx.end()

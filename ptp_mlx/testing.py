@@ -1,6 +1,6 @@
-"""Tiny real models for tests and examples: a random Llama with a byte-level tokenizer, saved as a real
-mlx-lm folder (config.json, model.safetensors, tokenizer files), so tests exercise the real loading path
-without any download."""
+"""Tiny real models for tests and examples: random models of each supported family (mlx-lm's own classes) with a
+byte-level tokenizer, saved as real mlx-lm folders (config.json, model.safetensors, tokenizer files), so tests
+exercise the real loading path without any download. Also the test drafters that ``stream_generate`` accepts."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten
 
 CHAT_TEMPLATE = (
@@ -63,22 +64,90 @@ def save_byte_tokenizer(out: Path) -> None:
     fast.save_pretrained(str(out))
 
 
-def make_tiny_model(out: Path, seed: int = 0, **cfg_kw) -> Path:
-    """Write a random tiny Llama folder that ``mlx_lm.load`` opens. Returns ``out``."""
-    from mlx_lm.models import llama
+# Family-specific config fields on top of ``tiny_config`` (small sliding windows, so the window really slides).
+FAMILY_CONFIGS = {
+    "llama": {},
+    "mistral": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 8},
+    "qwen2": {},
+    "qwen3": {},
+    "phi3": {"tie_word_embeddings": False},
+    "gemma3_text": {
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+        "rope_local_base_freq": 10000.0,
+    },
+    "olmo2": {},
+    # an SSM: PTP must refuse it
+    "mamba": {
+        "state_size": 4,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": 4,
+        "intermediate_size": 128,
+    },
+}
+PTP_FAMILIES = tuple(k for k in FAMILY_CONFIGS if k != "mamba")
+
+
+def make_tiny_model(out: Path, seed: int = 0, family: str = "llama", varied: bool = False, **cfg_kw) -> Path:
+    """Write a random tiny model folder of ``family`` that ``mlx_lm.load`` opens. Returns ``out``.
+
+    ``varied``: larger random weights everywhere, for varied, moderately peaked next-token distributions (with
+    default initialisation a tiny model repeats one token)."""
+    from mlx_lm.utils import _get_classes as get_model_classes
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    cfg = tiny_config(**cfg_kw)
+    cfg = {**tiny_config(**cfg_kw), **FAMILY_CONFIGS[family], "model_type": family}
+    cfg["architectures"] = [f"{family}ForCausalLM"]
+    Model, Args = get_model_classes(cfg)
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(cfg))
+    model = Model(Args.from_dict(cfg))
     # Larger-than-default embeddings give peaked, varied next-token distributions.
-    model.model.embed_tokens.weight = mx.random.normal(model.model.embed_tokens.weight.shape) * 0.5
+    emb = _embedding(model)
+    emb.weight = mx.random.normal(emb.weight.shape) * 0.5
+    if family == "gemma3_text":  # gemma scales embeddings by sqrt(hidden): keep the logits comparable
+        emb.weight = emb.weight / 8.0
+    if varied:
+        new = []
+        for k, v in tree_flatten(model.parameters()):
+            if k.endswith("embed_tokens.weight"):
+                new.append((k, mx.random.normal(v.shape) * (0.125 if family == "gemma3_text" else 1.0)))
+            elif v.ndim == 2 and "norm" not in k:
+                new.append((k, mx.random.normal(v.shape) * 2.0 / np.sqrt(v.shape[1])))
+            else:
+                new.append((k, v))
+        model.load_weights(new)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     save_byte_tokenizer(out)
     return out
+
+
+def _embedding(model):
+    inner = getattr(model, "model", None) or getattr(model, "backbone", None)
+    return getattr(inner, "embed_tokens", None) or inner.embeddings
+
+
+class OracleDrafter:
+    """A test drafter without an adapter: ``tokens[g]`` is proposed as the draft for generated token ``g`` (the
+    teacher's own continuation makes every draft right, a wrong one makes every draft wrong). Each call then
+    verifies up to ``width - 1`` drafts and runs no auxiliary rows."""
+
+    def __init__(self, tokens, width: int = 8):
+        self.tokens, self.width = [int(t) for t in tokens], width
+
+    def plan(self, i: int, remaining: int, room: int):
+        from .budget import Plan
+
+        n = max(0, min(self.width - 1, remaining - 1, room - 1))
+        return Plan(self.tokens[i : i + n], [])
+
+    def update(self, plan, accepted: int, aux_tokens, aux_conf) -> None:
+        pass
 
 
 def randomize_adapter(adapter, scale: float = 0.05, seed: int = 0) -> None:

@@ -41,8 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..models import load
+    from ..models import check_ptp_model, load
     from ..sampler import SamplingSettings
+
+    if args.cmd in ("pregenerate", "train"):
+        check_ptp_model(args.model)  # refuse an unsupported family before reading data or loading weights
 
     if args.cmd == "prompts":
         from .corpora import build_prompts

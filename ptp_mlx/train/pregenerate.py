@@ -16,10 +16,11 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache
 from tqdm import tqdm
 
 from ..generate import encode_prompt
+from ..layers import install, make_cache
 from ..sampler import SamplingSettings, pick_with_bins
 from .data import read_prompts, read_records
 
@@ -54,7 +55,7 @@ def _decode(model, cache, last: mx.array, n: int, greedy_first: bool, s, max_new
 
 def _complete(model, prompt_ids: list[int], n: int, greedy_first: bool, s, max_new: int, eos: set[int], rng):
     """``n`` completions of one prompt: the prompt is prefilled once and its cache repeated over the batch."""
-    cache = make_prompt_cache(model)
+    cache = make_cache(model, install(model))  # plain KV caches in every layer, sliding ones included
     model(mx.array(prompt_ids[:-1])[None], cache=cache)
     for c in cache:
         c.keys, c.values = (mx.repeat(t[..., : c.offset, :], n, axis=0) for t in (c.keys, c.values))

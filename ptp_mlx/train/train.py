@@ -20,12 +20,12 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.models.cache import make_prompt_cache
 from tqdm import tqdm
 
 from ..adapter import make_config, save_adapter
 from ..cli_common import UserError
-from ..ptp_model import ALL_TARGETS, PTPAdapter, PTPModel, Window
+from ..layers import StaticKV, token_embedding
+from ..ptp_model import PTPAdapter, PTPModel, Window
 from .data import read_records
 
 # Sampled u lie in [0, 1); 1.0 is never drawn, so it is free to mean "draft the argmax" (greedy decoding,
@@ -33,21 +33,14 @@ from .data import read_records
 GREEDY_U = 1.0
 
 
-class StaticKV:
-    """The teacher's K/V as constants; the student's auxiliary K/V are appended without mutating them."""
-
-    def __init__(self, keys: mx.array, values: mx.array):
-        self.keys, self.values, self.offset = keys, values, keys.shape[2]
-
-    def update_and_fetch(self, k: mx.array, v: mx.array):
-        return mx.concatenate([self.keys, k], axis=2), mx.concatenate([self.values, v], axis=2)
-
-
 def teacher_kv(pm: PTPModel, tokens: list[int]) -> list[StaticKV]:
-    cache = make_prompt_cache(pm.base)
+    """The base model's K/V over ``tokens``, as constants the student's windows attend to."""
+    cache = pm.make_cache()
     pm.base(mx.array(tokens)[None], cache=cache)
     kv = [
-        StaticKV(mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
+        StaticKV(
+            pm.ctx, mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :])
+        )
         for c in cache
     ]
     mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student
@@ -148,7 +141,9 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--rank", type=int, default=16)
     t.add_argument("--alpha", type=float, default=32.0, help="LoRA scale = alpha / rank")
     t.add_argument("--layers", default="all", help="'all', 'last:N' or comma-separated layer ids")
-    t.add_argument("--targets", default=",".join(ALL_TARGETS))
+    t.add_argument(
+        "--targets", default="all", help="'all' or comma-separated projection names of a block (e.g. q_proj,v_proj)"
+    )
     t.add_argument("--u-embedding", default="binary", choices=["binary", "linear_interpolation"])
     t.add_argument("--window", type=int, default=8, help="auxiliaries per window (K)")
     t.add_argument("--windows-per-seq", type=int, default=16)
@@ -160,6 +155,10 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--eval-seqs", type=int, default=48)
     t.add_argument("--seed", type=int, default=0)
+
+
+def pm_vocab(base) -> int:
+    return token_embedding(base).weight.shape[0]
 
 
 def _layer_ids(spec: str, n: int) -> list[int]:
@@ -197,12 +196,16 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
     base.freeze()
     mx.random.seed(a.seed)
     layers = _layer_ids(a.layers, len(base.model.layers))
-    adapter = PTPAdapter(base, a.rank, a.alpha / a.rank, a.u_embedding, targets=a.targets.split(","), layers=layers)
+    targets = None if a.targets == "all" else a.targets.split(",")
+    try:
+        adapter = PTPAdapter(base, a.rank, a.alpha / a.rank, a.u_embedding, targets=targets, layers=layers)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if a.u_embedding == "binary":  # start every auxiliary near an average token embedding
-        emb = base.model.embed_tokens(mx.arange(base.args.vocab_size)).astype(mx.float32)
+        emb = token_embedding(base)(mx.arange(pm_vocab(base))).astype(mx.float32)
         adapter.u_embed.u_adapter.bias = emb.mean(axis=0)
         adapter.u_embed.u_adapter.weight = adapter.u_embed.u_adapter.weight * 0.1
-    pm = PTPModel(base, adapter)
+    pm = PTPModel(base, adapter)  # patches the base model in place (refuses unsupported families)
     sched = optim.join_schedules(
         [optim.linear_schedule(0.0, a.lr, a.warmup), optim.cosine_decay(a.lr, max(1, a.steps - a.warmup), a.lr * 0.1)],
         [a.warmup],

@@ -1,0 +1,294 @@
+"""PTP on the stock mlx-lm model: modules patched in place, so every family keeps its own forward pass.
+
+A PTP pass (docs/method.md, sections 2-3) differs from a plain pass in four places, and each is a small module
+installed into the stock model object (as mlx-lm's tuner installs its LoRA layers):
+
+- ``TokenEmbedding`` wraps ``embed_tokens``: auxiliary rows (the u-embedding) enter after the token rows, as input
+  embeddings, so family-specific embedding scaling applies to both;
+- ``GatedLoRALinear`` wraps every linear projection of attention and MLP: it adds the active adapter's low-rank
+  delta on auxiliary rows only (a 0/1 row gate), so token rows stay bit-identical to the base model;
+- ``RowRoPE`` wraps each attention's rope: every row gets its own position (an auxiliary predicting the token at
+  ``p`` sits at ``p - 1``), applied per contiguous segment with the family's own RoPE variant;
+- ``PTPKVCache`` replaces the layer caches: its ``make_mask`` hands the window mask (plus the sliding window, where
+  the model asks for one) to attention through mlx-lm's own mask path, and it is always trimmable.
+
+With no PTP call in progress (``PTPContext.active`` false) every wrapper is a pass-through, so autoregressive
+decoding and PTP verify rows run exactly the same code: the family's own attention, norms, MLP, RoPE variant,
+embedding scaling, soft-capping and tied or untied head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+
+from .cli_common import UserError
+
+# Families whose PTP pass is verified token for token against autoregressive decoding by the test suite
+# (tests/test_families.py). mlx-lm maps "mistral" onto its llama module.
+SUPPORTED_MODEL_TYPES = ("gemma3", "gemma3_text", "llama", "mistral", "olmo2", "phi3", "qwen2", "qwen3")
+
+
+class UnsupportedModel(UserError):
+    """The model cannot run PTP decoding (its family or cache kind is not verified): exit code 2."""
+
+
+def unsupported_message(model_type: str | None) -> str:
+    return (
+        f"model type {model_type!r} is not supported for PTP (supported: {', '.join(SUPPORTED_MODEL_TYPES)}); "
+        "use --mode ar to decode it without PTP"
+    )
+
+
+def check_model_type(model_type: str | None) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModel(unsupported_message(model_type))
+
+
+@dataclass(frozen=True)
+class Window:
+    """A run of ``n`` auxiliary rows that sees the first ``ctx_len`` real tokens (absolute count).
+
+    Its auxiliary ``j`` predicts the token at absolute position ``ctx_len + j`` and sits at RoPE position
+    ``ctx_len + j - 1``.
+    """
+
+    ctx_len: int
+    n: int
+
+
+class CallPlan:
+    """The rows of one PTP pass: ``n_tok`` token rows at ``offset..``, then the auxiliary ``windows``."""
+
+    def __init__(self, offset: int, n_tok: int, windows: list[Window]):
+        self.offset, self.n_tok, self.windows = offset, n_tok, windows
+        self.segments = [(0, n_tok, offset)] if n_tok else []
+        r = n_tok
+        for w in windows:
+            self.segments.append((r, r + w.n, w.ctx_len - 1))
+            r += w.n
+        self.rows = r
+        self._masks: dict[int | None, mx.array] = {}
+
+    def mask(self, window_size: int | None) -> mx.array:
+        """Boolean mask [rows, offset + rows]: token rows causal; an auxiliary row sees the real tokens before
+        its window and its own window causally; with ``window_size``, only keys within that many positions."""
+        if window_size in self._masks:
+            return self._masks[window_size]
+        off, n_tok, rows = self.offset, self.n_tok, self.rows
+        local = np.zeros((rows, rows), dtype=bool)
+        local[:n_tok, :n_tok] = np.tril(np.ones((n_tok, n_tok), dtype=bool))
+        vis = np.empty(rows, dtype=np.int64)  # how many cached real-token columns each row sees
+        vis[:n_tok] = off + 1 + np.arange(n_tok)
+        pos = np.empty(rows, dtype=np.int64)  # RoPE position of each row
+        for s, e, p in self.segments:
+            pos[s:e] = p + np.arange(e - s)
+        r = n_tok
+        for w in self.windows:
+            vis[r : r + w.n] = w.ctx_len
+            local[r : r + w.n, r : r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
+            r += w.n
+        cols = np.arange(off + n_tok)
+        full = np.concatenate([cols[None, :] < vis[:, None], np.zeros((rows, rows - n_tok), dtype=bool)], axis=1)
+        full[:, off:] |= local
+        if window_size is not None:
+            col_pos = np.concatenate([np.arange(off), pos])
+            full &= col_pos[None, :] > pos[:, None] - window_size
+        m = mx.array(full)
+        self._masks[window_size] = m
+        return m
+
+
+class PTPContext:
+    """What the installed modules read during one PTP call; inactive (all pass-through) otherwise."""
+
+    def __init__(self):
+        self.plan: CallPlan | None = None
+        self.aux: mx.array | None = None  # [1, n_aux, hidden] u-embedding rows
+        # lora(key, x) -> delta or None; None when no LoRA runs in this call
+        self.lora: Callable[[tuple[int, str], mx.array], mx.array | None] | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.plan is not None
+
+    def begin(self, plan: CallPlan, aux: mx.array | None, lora) -> None:
+        if self.plan is not None:
+            raise RuntimeError("a PTP call is already in progress on this model")
+        self.plan, self.aux, self.lora = plan, aux, lora
+
+    def end(self) -> None:
+        self.plan, self.aux, self.lora = None, None, None
+
+
+class TokenEmbedding(nn.Module):
+    """``embed_tokens`` with the call's auxiliary rows appended after the token rows."""
+
+    def __init__(self, embedding: nn.Module, ctx: PTPContext):
+        super().__init__()
+        self.embedding = embedding
+        self._ctx = ctx
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        aux = self._ctx.aux
+        if aux is not None and ids.size == 0:  # auxiliary rows only (training); quantized lookups reject empty ids
+            e = self.embedding
+            return aux.astype(e.scales.dtype if hasattr(e, "scales") else e.weight.dtype)
+        h = self.embedding(ids)
+        if aux is None:
+            return h
+        return mx.concatenate([h, aux.astype(h.dtype)], axis=1)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self.embedding.as_linear(x)
+
+
+class GatedLoRALinear(nn.Module):
+    """A base linear layer (float or quantized) plus the active adapter's delta on auxiliary rows only.
+
+    The LoRA weights live in the adapter (``ptp_model.PTPAdapter``), not here, so one base model serves several
+    adapters (an inference copy and a training copy, or two adapters under test) without being re-patched.
+    """
+
+    def __init__(self, linear: nn.Module, ctx: PTPContext, key: tuple[int, str]):
+        super().__init__()
+        self.linear = linear
+        self._ctx = ctx
+        self._key = key
+
+    @classmethod
+    def from_base(cls, linear: nn.Module, ctx: PTPContext, key: tuple[int, str]) -> GatedLoRALinear:
+        return cls(linear, ctx, key)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self.linear(x)
+        lora = self._ctx.lora
+        if lora is None:
+            return y
+        d = lora(self._key, x)
+        return y if d is None else y + d.astype(y.dtype)
+
+
+class RowRoPE(nn.Module):
+    """The module's own RoPE applied per segment of rows at the call's positions (one call per contiguous
+    segment, so token rows get exactly the values a plain pass gives them)."""
+
+    def __init__(self, rope: nn.Module, ctx: PTPContext):
+        super().__init__()
+        self.rope = rope
+        self._ctx = ctx
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        plan = self._ctx.plan
+        if plan is None or not plan.windows:
+            return self.rope(x, offset=offset)
+        segs = plan.segments
+        if len(segs) == 1:
+            return self.rope(x, offset=segs[0][2])
+        return mx.concatenate([self.rope(x[:, :, s:e], offset=p) for s, e, p in segs], axis=2)
+
+
+class PTPKVCache(KVCache):
+    """mlx-lm's ``KVCache`` whose mask comes from the PTP call in progress (stock masks otherwise).
+
+    Sliding-window layers use it too, with the window applied by the mask (the model passes ``window_size``), so
+    every layer can be trimmed back after a call; mlx-lm's rotating cache cannot once it has wrapped.
+    """
+
+    def __init__(self, ctx: PTPContext):
+        super().__init__()
+        self._ctx = ctx
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        plan = self._ctx.plan
+        if plan is not None and plan.windows:
+            return plan.mask(window_size)
+        return super().make_mask(N, window_size=window_size, return_array=return_array)
+
+
+class StaticKV(PTPKVCache):
+    """A teacher's K/V as constants (training): the student's auxiliary K/V are appended without mutating them."""
+
+    def __init__(self, ctx: PTPContext, keys: mx.array, values: mx.array):
+        super().__init__(ctx)
+        self.keys, self.values, self.offset = keys, values, keys.shape[2]
+
+    def update_and_fetch(self, k: mx.array, v: mx.array):
+        return mx.concatenate([self.keys, k], axis=2), mx.concatenate([self.values, v], axis=2)
+
+
+# Canonical order of projection names in adapter configs; other names follow alphabetically.
+PROJECTION_ORDER = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj")
+PROJECTION_ORDER += ("down_proj",)
+
+
+def language_model(model: nn.Module) -> nn.Module:
+    """The text model inside a multimodal wrapper (gemma3), or the model itself."""
+    return getattr(model, "language_model", None) or model
+
+
+def model_type(model: nn.Module) -> str | None:
+    return getattr(model, "model_type", None) or getattr(getattr(model, "args", None), "model_type", None)
+
+
+def token_embedding(model: nn.Module) -> nn.Module:
+    """The base token embedding module (unwrapped)."""
+    e = language_model(model).model.embed_tokens
+    return e.embedding if isinstance(e, TokenEmbedding) else e
+
+
+def projections(layer: nn.Module) -> dict[str, nn.Module]:
+    """The linear projections of one decoder block (attention, then MLP), by name, unwrapped."""
+    found: dict[str, nn.Module] = {}
+    for parent in (layer.self_attn, layer.mlp):
+        for name, mod in parent.children().items():
+            if isinstance(mod, GatedLoRALinear):
+                mod = mod.linear
+            if isinstance(mod, (nn.Linear, nn.QuantizedLinear)):
+                if name in found:
+                    raise UnsupportedModel(f"projection name {name!r} appears twice in one block")
+                found[name] = mod
+    rank = {n: i for i, n in enumerate(PROJECTION_ORDER)}
+    return dict(sorted(found.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
+
+
+def linear_dims(mod: nn.Module) -> tuple[int, int]:
+    """(input, output) features of a linear layer, quantized or not."""
+    w = mod.weight
+    bits = getattr(mod, "bits", None)
+    return (w.shape[1] * 32 // bits if bits else w.shape[1]), w.shape[0]
+
+
+def install(model: nn.Module) -> PTPContext:
+    """Patch ``model`` in place for PTP (idempotent) and return its context. Refuses unverified families."""
+    ctx = getattr(model, "_ptp_ctx", None)
+    if ctx is not None:
+        return ctx
+    check_model_type(model_type(model))
+    ctx = PTPContext()
+    inner = language_model(model).model
+    inner.embed_tokens = TokenEmbedding(inner.embed_tokens, ctx)
+    for i, layer in enumerate(model.layers):
+        attn = layer.self_attn
+        attn.rope = RowRoPE(attn.rope, ctx)
+        for parent in (attn, layer.mlp):
+            for name, mod in list(parent.children().items()):
+                if isinstance(mod, (nn.Linear, nn.QuantizedLinear)):
+                    setattr(parent, name, GatedLoRALinear.from_base(mod, ctx, (i, name)))
+    object.__setattr__(model, "_ptp_ctx", ctx)  # a plain attribute, not a module parameter
+    return ctx
+
+
+def make_cache(model: nn.Module, ctx: PTPContext) -> list[PTPKVCache]:
+    """One trimmable PTP cache per layer; refuses cache kinds PTP cannot rewind (SSM state, chunked, ...)."""
+    caches = []
+    for c in make_prompt_cache(model):
+        if type(c) not in (KVCache, RotatingKVCache):
+            raise UnsupportedModel(f"model type {model_type(model)!r} uses a {type(c).__name__}, which PTP cannot trim")
+        caches.append(PTPKVCache(ctx))
+    return caches
