@@ -28,7 +28,12 @@ from .layers import (
     token_embedding,
 )
 
-__all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window"]
+__all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window", "build_mask"]
+
+
+def build_mask(offset: int, n_tok: int, windows: list[Window]) -> mx.array:
+    """The attention mask of a pass (see ``layers.CallPlan.mask``)."""
+    return CallPlan(offset, n_tok, windows).mask(None)
 
 # The Llama-style projection names (the shipped adapter's targets); other families name theirs differently
 # (phi3: qkv_proj, gate_up_proj) and ``PTPAdapter`` takes whatever the model's blocks hold.

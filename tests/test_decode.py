@@ -6,7 +6,7 @@ verify/trim bookkeeping wastes nothing: every call accepts the full width.
 The tiny model of the shared fixture always emits one token, so these tests re-randomise a copy of it with
 larger weights (varied, moderately peaked next-token distributions). Where an output differs, the failure
 names the first divergent position, its top-2 logit gap and how close ``u`` was to a bin edge, so a numerical
-near-tie (method doc section 11) is told apart from a logic error.
+near-tie (docs/method.md, section 11) is told apart from a logic error.
 """
 
 from collections import Counter
@@ -18,10 +18,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 from ptp_mlx.budget import Budget, CostCurve
+from ptp_mlx.layers import token_embedding
 from ptp_mlx.generate import ContextFull, DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins
-from ptp_mlx.testing import randomize_adapter
+from ptp_mlx.testing import OracleDrafter, randomize_adapter
 
 WINDOW = 4
 PROMPTS = ["hello there", "The quick brown fox", "12345", "zz"]
@@ -64,7 +65,7 @@ def pm_sticky(varied):
     ad = PTPAdapter(model, 4, 1.0, "binary")
     randomize_adapter(ad, seed=1)
     ad.u_embed.u_adapter.weight = mx.zeros_like(ad.u_embed.u_adapter.weight)
-    ad.u_embed.u_adapter.bias = 30.0 * model.model.embed_tokens.weight[frequent]
+    ad.u_embed.u_adapter.bias = 30.0 * token_embedding(model).weight[frequent]
     mx.eval(ad.parameters())
     return PTPModel(model, ad, {"window": WINDOW}, fuse=True)  # the inference form the engine uses
 
@@ -81,8 +82,18 @@ def pm_random(varied):
     return PTPModel(model, ad, {"window": WINDOW, "greedy_u": 1.0})
 
 
-def run(pm, tok, ids, s, max_tokens, mode, step="fused", budget=None, oracle=None, eos=None):
-    opts = DecodeOptions(mode=mode, step=step, max_tokens=max_tokens, sampling=s, budget=budget, oracle=oracle)
+def run(pm, tok, ids, s, max_tokens, mode, step="fused", budget=None, oracle=None, eos=None, num_draft_tokens=None):
+    # An oracle is a test drafter that proposes the given tokens (no auxiliary rows).
+    drafter = OracleDrafter(oracle, budget.max_width if budget else pm.config.window) if oracle is not None else None
+    opts = DecodeOptions(
+        mode=mode,
+        step=step,
+        max_tokens=max_tokens,
+        sampling=s,
+        budget=budget,
+        drafter=drafter,
+        num_draft_tokens=num_draft_tokens,
+    )
     steps = list(stream_generate(pm, tok, ids, opts, eos_ids=eos))
     tokens = [t for st in steps for t in st.tokens]
     return tokens, steps
@@ -143,6 +154,26 @@ def test_ptp_equals_ar(pm_sticky, varied, name, step):
             steps = assert_same(pm_sticky, tok, ids, with_seed(SETTINGS[name], seed), 20, {"step": step})
             accepted.update(st.accepted for st in steps)
     # The drafts are sometimes right, so the accepted-prefix path (branch c > 0) is exercised too.
+    assert accepted[0] > 0 and sum(v for k, v in accepted.items() if k > 0) > 0, accepted
+
+
+@pytest.mark.parametrize("step", ["fused", "simple"])
+@pytest.mark.parametrize("n_draft", [1, 2, 3])
+def test_fixed_draft_budget(pm_sticky, varied, n_draft, step):
+    """``--num-draft-tokens N``: exact, at most N drafts verified per call, never an autoregressive burst, and
+    (fused) after the first call every call verifies min(N, tokens left - 1) drafts whatever was accepted."""
+    tok = varied[1]
+    accepted = Counter()
+    for name in ("greedy", "T0.7-k20-p0.9", "T1.0"):
+        for p in PROMPTS[:2]:
+            kw = {"step": step, "num_draft_tokens": n_draft}
+            steps = assert_same(pm_sticky, tok, encode_prompt(tok, p), with_seed(SETTINGS[name], 4), 20, kw)
+            accepted.update(st.accepted for st in steps)
+            assert all(st.proposed <= n_draft for st in steps)
+            assert all(st.rows > 1 for st in steps[:-1])  # every call drafts or verifies: no plain steps
+            if step == "fused":
+                left = [20 - st.generated + len(st.tokens) for st in steps]
+                assert all(st.proposed == min(n_draft, n - 1) for st, n in zip(steps[1:], left[1:], strict=True))
     assert accepted[0] > 0 and sum(v for k, v in accepted.items() if k > 0) > 0, accepted
 
 

@@ -1,4 +1,4 @@
-"""The PTP model (method doc sections 2-3): token rows of a mixed pass are exactly the base model, auxiliary
+"""The PTP model (docs/method.md, sections 2-3): token rows of a mixed pass are exactly the base model, auxiliary
 rows see what section 3 says they see, the LoRA is gated to them, and trimming the cache forgets rejected rows.
 
 Bit-exactness is checked against a plain mlx-lm forward **of the same shape** (the token rows followed by as
@@ -35,7 +35,7 @@ def adapter(base, kind: str = "binary", seed: int = 0, random: bool = True) -> P
 
 
 def prefilled(base, n: int = P):
-    cache = make_prompt_cache(base)
+    cache = PTPModel(base).make_cache()
     base(mx.array(IDS[:n])[None], cache=cache)
     mx.eval([c.keys_and_values() for c in cache])
     return cache
@@ -138,7 +138,7 @@ def test_windows_see_only_their_context(base):
 
 class ShiftedCache:
     """Makes mlx-lm's own Llama layers compute auxiliary rows: new rows get RoPE positions from ``pos`` on and
-    see the first ``ctx_len`` cached rows plus themselves causally (method doc section 3)."""
+    see the first ``ctx_len`` cached rows plus themselves causally (docs/method.md, section 3)."""
 
     def __init__(self, inner, ctx_len: int):
         self.inner, self.ctx_len, self.offset = inner, ctx_len, ctx_len - 1
