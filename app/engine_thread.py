@@ -26,6 +26,7 @@ class GenSettings(SamplingSettings):
     """Sampling settings plus the answer length, as given on the command line."""
 
     max_tokens: int = 256
+    num_draft_tokens: int | None = None  # a fixed draft budget (None: adaptive)
 
     def describe(self) -> str:
         """Short text for the status bar, e.g. ``greedy · max 256``."""
@@ -38,6 +39,8 @@ class GenSettings(SamplingSettings):
             if self.top_p < 1:
                 parts.append(f"top-p {self.top_p:g}")
         parts += [f"seed {self.seed}", f"max {self.max_tokens}"]
+        if self.num_draft_tokens:
+            parts.append(f"{self.num_draft_tokens} drafts")
         return " · ".join(parts)
 
 
@@ -158,6 +161,9 @@ class EngineThread(threading.Thread):
         self._post = post
         self._requests: queue.Queue[ChatRequest | None] = queue.Queue()
         self._current: ChatRequest | None = None
+        # The conversation's KV cache, carried between answers: each turn prefills only what is new (a new chat
+        # shares less with it, and the cache is trimmed to whatever prefix the prompts still share).
+        self._prompt_cache = None
 
     def submit(self, request: ChatRequest) -> None:
         self._requests.put(request)
@@ -202,7 +208,15 @@ class EngineThread(threading.Thread):
         reason: str | None = None
         steps = None
         try:
-            steps = iter(engine.generate(req.messages, mode=req.mode, sampling=sampling, max_tokens=s.max_tokens))
+            kw = {}
+            if hasattr(engine, "new_prompt_cache"):  # the real engine (test fakes have no cache)
+                self._prompt_cache = self._prompt_cache or engine.new_prompt_cache()
+                kw["prompt_cache"] = self._prompt_cache
+            if s.num_draft_tokens:
+                kw["num_draft_tokens"] = s.num_draft_tokens
+            steps = iter(
+                engine.generate(req.messages, mode=req.mode, sampling=sampling, max_tokens=s.max_tokens, **kw)
+            )
             while not req.stop.is_set():
                 step = next(steps, None)
                 # Checked again after the call: a block computed after Esc is dropped, not shown.

@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from .engine_thread import GenSettings, engine_loader
 
     sampling_from_args(args)
-    settings = GenSettings(args.temp, args.top_k, args.top_p, args.seed, args.max_tokens)
+    settings = GenSettings(args.temp, args.top_k, args.top_p, args.seed, args.max_tokens, args.num_draft_tokens)
     # Missing model or bad adapter folders are reported inside the app (the model loads there).
     app = ChatApp(engine_loader(args.model, args.adapter, measure_cost=not args.no_measure), settings, args.mode)
     app.run()

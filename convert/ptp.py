@@ -23,7 +23,8 @@ from mlx.utils import tree_flatten
 from ptp_mlx.adapter import load_adapter, make_config, save_adapter
 from ptp_mlx.cli_common import UserError
 from ptp_mlx.paths import atomic_dir
-from ptp_mlx.ptp_model import U_EMBEDDING_KINDS, PTPAdapter, linear_dims
+from ptp_mlx.layers import linear_dims, projections
+from ptp_mlx.ptp_model import U_EMBEDDING_KINDS, PTPAdapter
 
 from . import hf
 from .common import (
@@ -128,7 +129,7 @@ def check_against_base(lay: Layout, sd: dict[str, Any], base, rank: int) -> None
             f"model has {n_layers} layers"
         )
     for (i, t, ab), key in sorted(lay.lora.items()):
-        in_dim, out_dim = linear_dims(base.model.layers[i], t)
+        in_dim, out_dim = linear_dims(projections(base.layers[i])[t])
         want = (rank, in_dim) if ab == "A" else (out_dim, rank)
         if shape_of(sd[key]) != want:
             raise UserError(

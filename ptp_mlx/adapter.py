@@ -38,8 +38,12 @@ class AdapterConfig:
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
-    def from_dict(cls, d: dict) -> AdapterConfig:
-        """Typed config; ``ValueError`` naming the first bad field."""
+    def from_dict(cls, d: dict, strict: bool = False) -> AdapterConfig:
+        """Typed config; ``ValueError`` naming the first bad or (``strict``: a file's) missing field."""
+        if strict:
+            missing = [k for k in ("rank", "scale", "u_embedding") if k not in d]
+            if missing:
+                raise ValueError(f"missing field {missing[0]!r}")
 
         def hist(h):
             return tuple(float(x) for x in h) if h else None
@@ -62,8 +66,8 @@ class AdapterConfig:
             raise ValueError(f"bad field: {e}") from None
         if cfg.u_embedding not in U_EMBEDDING_KINDS:
             raise ValueError(f"unknown u-embedding kind {cfg.u_embedding!r} (known: {', '.join(U_EMBEDDING_KINDS)})")
-        if cfg.rank < 1 or cfg.window < 2:
-            raise ValueError(f"rank must be >= 1 and window >= 2 (got {cfg.rank}, {cfg.window})")
+        if cfg.rank < 0 or cfg.window < 2:  # rank 0: no LoRA (a model trained from scratch for PTP)
+            raise ValueError(f"rank must be >= 0 and window >= 2 (got {cfg.rank}, {cfg.window})")
         return cfg
 
     def histogram_for(self, greedy: bool) -> tuple[float, ...] | None:
@@ -159,7 +163,7 @@ def load_adapter(path: Path, base, check_fingerprint: bool = True):
     raw = read_config(path)
     check_fits(raw, base, path, check_fingerprint)
     try:
-        cfg = AdapterConfig.from_dict(raw)
+        cfg = AdapterConfig.from_dict(raw, strict=True)
         adapter = PTPAdapter(
             base, cfg.rank, cfg.scale, cfg.u_embedding, targets=cfg.target_modules, layers=cfg.layers
         )

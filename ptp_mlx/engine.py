@@ -110,6 +110,10 @@ class Engine:
     def default_mode(self) -> str:
         return "ptp" if self.has_adapter else "ar"
 
+    def new_prompt_cache(self) -> PromptCache:
+        """An empty cache to carry one conversation from answer to answer (``generate(prompt_cache=...)``)."""
+        return PromptCache()
+
     def encode(self, prompt: str | Sequence[dict]) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 

@@ -65,7 +65,7 @@ def uniforms() -> np.ndarray:
 def test_logits_parity_token_and_auxiliary_rows(converted):
     kind, lit, _, _, out = converted
     pm, _ = load_pm(out / "model", out / "adapter")
-    assert pm.adapter_config["u_embedding"] == kind
+    assert pm.config.u_embedding == kind
     u = uniforms()
     ref = reference_logits(lit, TOKENS, WINDOWS, u)
     got = mlx_logits(pm, u)

@@ -338,3 +338,36 @@ def test_ptp_needs_an_adapter_or_oracle(varied):
         next(stream_generate(PTPModel(model), tok, ids, DecodeOptions(mode="ptp", max_tokens=4)))
     with pytest.raises(ValueError, match="empty prompt"):
         next(stream_generate(PTPModel(model), tok, [], DecodeOptions(max_tokens=4)))
+
+
+@pytest.mark.parametrize("mode", ["ar", "ptp"])
+def test_prompt_cache_carries_a_conversation(pm_sticky, varied, mode):
+    """A conversation continued from its cache: each turn prefills only its new tokens and answers exactly as a
+    fresh cache would, greedy and sampled; a prompt that shares less (a new chat) trims the cache back."""
+    from ptp_mlx.generate import PromptCache
+
+    tok = varied[1]
+    for s in (SETTINGS["greedy"], with_seed(SETTINGS["T0.7-k20-p0.9"], 6)):
+        pc = PromptCache()
+        messages, prev = [], []
+        for turn, text in enumerate(["hello there", "and then?", "12345"]):
+            messages.append({"role": "user", "content": text})
+            ids = encode_prompt(tok, messages)
+            opts = DecodeOptions(mode=mode, max_tokens=12, sampling=s)
+            got = list(stream_generate(pm_sticky, tok, ids, opts, prompt_cache=pc))
+            want = list(stream_generate(pm_sticky, tok, ids, opts))
+            assert [t for st in got for t in st.tokens] == [t for st in want for t in st.tokens]
+            answer = "".join(st.text for st in got)
+            if turn:  # at least the whole previous prompt came from the cache
+                assert len(prev) - 1 <= pc.reused < len(ids), (pc.reused, len(prev), len(ids))
+            prev = ids
+            ans = [t for st in got for t in st.tokens]
+            held = pc.tokens[len(ids) :]  # the answer as far as the cache holds it (the end token included)
+            assert pc.cache is not None and pc.tokens[: len(ids)] == ids
+            assert held[: len(ans)] == ans[: len(held)] and len(held) <= len(ans) + 1
+            messages.append({"role": "assistant", "content": answer})
+        fresh = encode_prompt(tok, [{"role": "user", "content": "zz"}])
+        opts = DecodeOptions(mode=mode, max_tokens=8, sampling=s)
+        got = [t for st in stream_generate(pm_sticky, tok, fresh, opts, prompt_cache=pc) for t in st.tokens]
+        assert got == [t for st in stream_generate(pm_sticky, tok, fresh, opts) for t in st.tokens]
+        assert pc.reused < len(fresh)

@@ -12,6 +12,7 @@ import pytest
 from ptp_mlx.budget import Budget, CostCurve
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
+from ptp_mlx.testing import OracleDrafter
 from ptp_mlx.sampler import SamplingSettings
 from ptp_mlx.testing import randomize_adapter
 
@@ -40,7 +41,9 @@ def pm_adapter(real):
     return PTPModel(model, ad, {"window": 4}, fuse=True)
 
 
-def generate(pm, tok, prompt, s, max_tokens, mode="ar", **kw):
+def generate(pm, tok, prompt, s, max_tokens, mode="ar", oracle=None, **kw):
+    if oracle is not None:  # a test drafter proposing the given tokens
+        kw["drafter"] = OracleDrafter(oracle, kw["budget"].max_width if "budget" in kw else pm.config.window)
     opts = DecodeOptions(mode=mode, max_tokens=max_tokens, sampling=s, **kw)
     steps = list(stream_generate(pm, tok, encode_prompt(tok, prompt), opts))
     return [t for st in steps for t in st.tokens], "".join(st.text for st in steps), steps

@@ -37,7 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
         "adapter is loaded, mlx-lm-draft with --draft-model)",
     )
     p.add_argument("--draft-model", default=None, help="draft model folder for mlx-lm's speculative decoding")
-    p.add_argument("--num-draft-tokens", type=int, default=2, help="draft tokens per step for mlx-lm-draft")
+    p.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        help="fixed draft budget for ptp (default: adaptive) and draft tokens per step for mlx-lm-draft (default: 2)",
+    )
     p.add_argument("--step", choices=["fused", "simple"], default="fused", help="PTP step kind")
     p.add_argument("--cost-widths", default=DEFAULT_WIDTHS, help="pass widths of the cost-curve probe")
     p.add_argument("--no-cost-curve", action="store_true", help="skip the cost-curve probe")
@@ -57,7 +62,7 @@ def validate(args: argparse.Namespace):
     for flag, v in (
         ("--max-tokens", args.max_tokens),
         ("--repeats", args.repeats),
-        ("--num-draft-tokens", args.num_draft_tokens),
+        ("--num-draft-tokens", 1 if args.num_draft_tokens is None else args.num_draft_tokens),
     ):
         if v < 1:
             raise UserError(f"{flag} must be at least 1")

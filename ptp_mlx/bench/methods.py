@@ -42,10 +42,11 @@ Runner = Callable[[list[int], int, SamplingSettings], Measured]
 class EngineRunner:
     """Our decoder: ``Engine.generate`` in ``mode`` ("ar" or "ptp")."""
 
-    def __init__(self, engine, mode: str, step: str = "fused"):
+    def __init__(self, engine, mode: str, step: str = "fused", num_draft_tokens: int | None = None):
         self.engine = engine
         self.mode = mode
         self.step = step
+        self.num_draft_tokens = num_draft_tokens if mode == "ptp" else None
         self.name = mode
 
     def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
@@ -56,7 +57,14 @@ class EngineRunner:
         finish = None
         peak = 0.0
         c0, t0 = time.process_time(), time.perf_counter()
-        for st in self.engine.generate(ids, mode=self.mode, sampling=sampling, max_tokens=max_tokens, step=self.step):
+        for st in self.engine.generate(
+            ids,
+            mode=self.mode,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            step=self.step,
+            num_draft_tokens=self.num_draft_tokens,
+        ):
             calls += 1
             acc += st.accepted + 1
             if not toks and st.tokens:
@@ -116,17 +124,19 @@ class MlxLmRunner:
 
 
 def make_runners(
-    engine, methods: list[str], draft_model=None, num_draft_tokens: int = 2, step: str = "fused"
+    engine, methods: list[str], draft_model=None, num_draft_tokens: int | None = None, step: str = "fused"
 ) -> dict[str, Runner]:
-    """Runners in the order of ``methods``; mlx-lm runners use the engine's own base weights."""
+    """Runners in the order of ``methods``; mlx-lm runners use the engine's own base weights.
+
+    ``num_draft_tokens``: PTP's fixed draft budget (None: adaptive) and mlx-lm-draft's drafts per step (2)."""
     runners: dict[str, Runner] = {}
     for m in methods:
         if m == "mlx-lm":
             runners[m] = MlxLmRunner(engine.pm.base, engine.tokenizer)
         elif m == "mlx-lm-draft":
-            runners[m] = MlxLmRunner(engine.pm.base, engine.tokenizer, draft_model, num_draft_tokens)
+            runners[m] = MlxLmRunner(engine.pm.base, engine.tokenizer, draft_model, num_draft_tokens or 2)
         elif m in ("ar", "ptp"):
-            runners[m] = EngineRunner(engine, m, step)
+            runners[m] = EngineRunner(engine, m, step, num_draft_tokens)
         else:
             raise ValueError(f"unknown method {m!r} (known: {', '.join(METHODS)})")
     return runners

@@ -50,7 +50,9 @@ def device_name() -> str:
 
 def model_dtype(model) -> str:
     """Weight dtype of the model, e.g. ``float32`` or ``4-bit (group 32)``."""
-    q = model.model.layers[0].self_attn.q_proj
+    from ..layers import projections
+
+    q = next(iter(projections(model.layers[0]).values()))
     if hasattr(q, "bits"):
         return f"{q.bits}-bit (group {q.group_size})"
     return str(q.weight.dtype).replace("mlx.core.", "")
