@@ -214,9 +214,7 @@ class EngineThread(threading.Thread):
                 kw["prompt_cache"] = self._prompt_cache
             if s.num_draft_tokens:
                 kw["num_draft_tokens"] = s.num_draft_tokens
-            steps = iter(
-                engine.generate(req.messages, mode=req.mode, sampling=sampling, max_tokens=s.max_tokens, **kw)
-            )
+            steps = iter(engine.generate(req.messages, mode=req.mode, sampling=sampling, max_tokens=s.max_tokens, **kw))
             while not req.stop.is_set():
                 step = next(steps, None)
                 # Checked again after the call: a block computed after Esc is dropped, not shown.

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main_args(args: argparse.Namespace) -> int:
     if args.command == "gguf":
-        from .gguf import convert_gguf
+        from ptp_mlx.gguf import convert_gguf
 
         summary = convert_gguf(args.src, args.out, dtype=args.dtype, overwrite=args.overwrite, dry_run=args.dry_run)
     elif args.command == "hf":

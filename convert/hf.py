@@ -20,9 +20,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ptp_mlx.cli_common import UserError
-from ptp_mlx.paths import atomic_dir
-
-from .common import (
+from ptp_mlx.conversion import (
     FLOAT_DTYPES,
     Mapping,
     Summary,
@@ -36,6 +34,7 @@ from .common import (
     shape_of,
     to_mx,
 )
+from ptp_mlx.paths import atomic_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
@@ -179,7 +178,7 @@ def load_into(model, kept: dict[str, Any], dtype: mx.Dtype | None) -> None:
 
 
 def speed_notes(cast: mx.Dtype | None, weights: dict[str, Any], quantized: bool) -> list[str]:
-    """On CPU only float32 matmuls use BLAS (method doc section 10): say so when the result is not float32."""
+    """On CPU only float32 matmuls use BLAS (docs/method.md, section 10): say so when the result is not float32."""
     if mx.default_device() != mx.cpu:
         return []
     half = cast in (mx.float16, mx.bfloat16) or (

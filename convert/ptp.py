@@ -1,7 +1,7 @@
 """Official PyTorch PTP checkpoints -> MLX base-model folder + adapter folder (``ptp-convert ptp``).
 
 Accepts a Lightning ``.ckpt`` (``{"state_dict": ...}``), a plain state dict (``.pt``/``.bin``) or safetensors,
-holding the full model + LoRA + u-embedding or only the adapter (method doc section 8). The LoRA stays
+holding the full model + LoRA + u-embedding or only the adapter (docs/method.md, section 8). The LoRA stays
 unmerged: it becomes this project's gated adapter (``PTPAdapter``), applied to auxiliary rows only.
 
 Output ``OUT/adapter`` always; ``OUT/model`` too unless ``--base DIR`` names the MLX base model to use.
@@ -22,12 +22,7 @@ from mlx.utils import tree_flatten
 
 from ptp_mlx.adapter import load_adapter, make_config, save_adapter
 from ptp_mlx.cli_common import UserError
-from ptp_mlx.paths import atomic_dir
-from ptp_mlx.layers import linear_dims, projections
-from ptp_mlx.ptp_model import U_EMBEDDING_KINDS, PTPAdapter
-
-from . import hf
-from .common import (
+from ptp_mlx.conversion import (
     Mapping,
     Summary,
     check_output,
@@ -39,6 +34,11 @@ from .common import (
     shape_of,
     to_mx,
 )
+from ptp_mlx.layers import linear_dims, projections
+from ptp_mlx.paths import atomic_dir
+from ptp_mlx.ptp_model import U_EMBEDDING_KINDS, PTPAdapter
+
+from . import hf
 from .ptp_layout import Layout, TrainFacts, classify, find_train_yaml, read_train_yaml, u_embedding_kind
 
 PEFT_DEFAULT_ALPHA = 8.0

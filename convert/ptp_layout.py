@@ -1,4 +1,4 @@
-"""The reference PTP checkpoint layout (method doc section 8): key classification and ``train.yaml`` facts.
+"""The reference PTP checkpoint layout (docs/method.md, section 8): key classification and ``train.yaml`` facts.
 
 Pure bookkeeping on key names and shapes, no tensors are touched here, so ``--dry-run`` and every input
 check run before anything is converted.
@@ -142,7 +142,7 @@ def classify(keys: list[str]) -> tuple[Layout, dict[str, str]]:
 
 
 def u_embedding_kind(u_keys: dict[str, tuple[int, ...]], hidden: int | None) -> str:
-    """The u-embedding kind from its tensor names and shapes (method doc section 2)."""
+    """The u-embedding kind from its tensor names and shapes (docs/method.md, section 2)."""
     names = set(u_keys)
     if not names:
         raise UserError("missing keys: the u-embedding (model.u_embed.*) is not in the checkpoint")

@@ -92,9 +92,7 @@ def base_identity(base) -> dict:
     }
 
 
-def make_config(
-    base, adapter, rank: int, scale: float, window: int, name: str | None = None, **extra
-) -> dict:
+def make_config(base, adapter, rank: int, scale: float, window: int, name: str | None = None, **extra) -> dict:
     cfg = {
         "format": FORMAT,
         "version": 1,
@@ -164,9 +162,7 @@ def load_adapter(path: Path, base, check_fingerprint: bool = True):
     check_fits(raw, base, path, check_fingerprint)
     try:
         cfg = AdapterConfig.from_dict(raw, strict=True)
-        adapter = PTPAdapter(
-            base, cfg.rank, cfg.scale, cfg.u_embedding, targets=cfg.target_modules, layers=cfg.layers
-        )
+        adapter = PTPAdapter(base, cfg.rank, cfg.scale, cfg.u_embedding, targets=cfg.target_modules, layers=cfg.layers)
     except (KeyError, ValueError) as e:
         raise UserError(f"bad adapter config {path / CONFIG}: {e}") from None
     try:

@@ -14,7 +14,7 @@ import importlib.metadata
 import os
 import sys
 
-# Debian/Ubuntu single-threaded OpenBLAS first: two threads on two cores collapse (method doc section 10).
+# Debian/Ubuntu single-threaded OpenBLAS first: two threads on two cores collapse (docs/method.md, section 10).
 CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-serial/libopenblas.so.0",
     "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",

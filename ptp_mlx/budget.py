@@ -1,4 +1,4 @@
-"""How many drafts to verify and how wide each draft branch is, per call (method doc section 5).
+"""How many drafts to verify and how wide each draft branch is, per call (docs/method.md, section 5).
 
 The cost of a pass grows with its rows in a machine-specific way (flat on a GPU or with a fast BLAS up to
 some width, linear with the reference BLAS). The budget spends rows only while the expected number of tokens

@@ -80,7 +80,7 @@ def default_gguf(log=print) -> Path:
 
 
 def default_model_dir(dtype: str = "auto") -> Path:
-    from .convert.gguf import default_dtype
+    from .gguf import default_dtype
 
     dtype = default_dtype() if dtype == "auto" else dtype
     # The suffix versions the conversion: a converter change that alters weights gets a fresh folder.
@@ -89,7 +89,7 @@ def default_model_dir(dtype: str = "auto") -> Path:
 
 def ensure_default_model(dtype: str = "auto", log=None) -> Path:
     """Path of the default model folder, fetching and converting it on first use."""
-    from .convert.gguf import convert_gguf, default_dtype
+    from .gguf import convert_gguf, default_dtype
 
     log = log or (lambda m: print(m, file=sys.stderr))
     dtype = default_dtype() if dtype == "auto" else dtype

@@ -35,6 +35,7 @@ def build_mask(offset: int, n_tok: int, windows: list[Window]) -> mx.array:
     """The attention mask of a pass (see ``layers.CallPlan.mask``)."""
     return CallPlan(offset, n_tok, windows).mask(None)
 
+
 # The Llama-style projection names (the shipped adapter's targets); other families name theirs differently
 # (phi3: qkv_proj, gate_up_proj) and ``PTPAdapter`` takes whatever the model's blocks hold.
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -122,7 +123,7 @@ INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 class FusedLoRA:
     """Inference form of an adapter's LoRAs: ``A`` transposed, the scale folded into ``B``, and projections that
     read the same input (q/k/v, gate/up) stacked so a group costs two matmuls instead of two per projection
-    (decoding on CPU is bound by per-op overhead; docs/method.md, section 7). Training uses ``LoRA`` itself.
+    (decoding on CPU is bound by per-op overhead; docs/method.md, section 10). Training uses ``LoRA`` itself.
 
     The first projection of a group computes the whole group's deltas and the others pick theirs up, provided
     they are called on the very same input array (as mlx-lm's attention and MLP do); otherwise each computes

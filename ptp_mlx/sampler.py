@@ -1,4 +1,4 @@
-"""The exact sampler: a token as a pure function of a uniform ``u`` (method doc section 1).
+"""The exact sampler: a token as a pure function of a uniform ``u`` (docs/method.md, section 1).
 
 ``pick(u, logits)`` returns the first kept token, in vocabulary-id order, whose cumulative probability
 exceeds ``u``. PTP's losslessness rests on drafting and verification using this same function with the same

@@ -1,5 +1,5 @@
 """Builders shared by the converter tests (tiny Hugging Face models, reference-layout PTP checkpoints, a
-PyTorch reference forward of the gated PTP model: method doc sections 2, 3 and 8), and the tests that check
+PyTorch reference forward of the gated PTP model: docs/method.md, sections 2, 3 and 8), and the tests that check
 that reference forward against transformers and PEFT themselves. Needs torch."""
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def _rope(x, pos, theta):
 
 
 def ptp_rows(n_tok: int, windows: list[tuple[int, int]]):
-    """Positions, gate and boolean mask of one pass: token rows then windows (ctx_len, n), method doc section 3."""
+    """Positions, gate and boolean mask of one pass: token rows then windows (ctx_len, n), docs/method.md, section 3."""
     n_aux = sum(n for _, n in windows)
     rows = n_tok + n_aux
     pos = list(range(n_tok))
@@ -239,7 +239,7 @@ def test_reference_forward_matches_transformers_and_peft(kind):
 
 
 def test_reference_layout_keys():
-    """The saved state dict has the key names of method doc section 8."""
+    """The saved state dict has the key names of docs/method.md, section 8."""
     keys = set(make_ptp_module("binary").state_dict())
     assert f"{PEFT_PREFIX}model.embed_tokens.weight" in keys
     assert f"{PEFT_PREFIX}model.layers.1.self_attn.q_proj.base_layer.weight" in keys

@@ -18,8 +18,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 from ptp_mlx.budget import Budget, CostCurve
-from ptp_mlx.layers import token_embedding
 from ptp_mlx.generate import ContextFull, DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.layers import token_embedding
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins
 from ptp_mlx.testing import OracleDrafter, randomize_adapter

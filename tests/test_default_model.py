@@ -1,6 +1,6 @@
 """The real default model (SmolLM2-135M-Instruct, fp32 on CPU): a sensible answer, our autoregressive path
 equals mlx-lm's own greedy generation token for token, and PTP with a random adapter equals autoregressive
-decoding (method doc section 11: fp32 on CPU, divergences reported with their logit gap)."""
+decoding (docs/method.md, section 11: fp32 on CPU, divergences reported with their logit gap)."""
 
 import importlib
 
@@ -12,9 +12,8 @@ import pytest
 from ptp_mlx.budget import Budget, CostCurve
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
-from ptp_mlx.testing import OracleDrafter
 from ptp_mlx.sampler import SamplingSettings
-from ptp_mlx.testing import randomize_adapter
+from ptp_mlx.testing import OracleDrafter, randomize_adapter
 
 pytestmark = pytest.mark.slow
 

@@ -136,7 +136,10 @@ def test_mamba_is_refused(tmp_path, capsys):
         (generate_main, ["--model", str(model_dir), "--mode", "ptp", "--prompt", "hi"]),
         (generate_main, ["--model", str(model_dir), "--adapter", str(tmp_path), "--prompt", "hi"]),
         (train_main, ["train", "--model", str(model_dir), "--data", str(prompts), "--run", str(tmp_path / "r")]),
-        (train_main, ["pregenerate", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(tmp_path / "t")]),
+        (
+            train_main,
+            ["pregenerate", "--model", str(model_dir), "--prompts", str(prompts), "--out", str(tmp_path / "t")],
+        ),
     ]
     for fn, argv in runs:
         assert fn(argv) == 2

@@ -11,8 +11,8 @@ import mlx_lm
 import numpy as np
 import pytest
 from ptp_mlx.convert.cli import main as cli_main
-from ptp_mlx.convert.gguf import convert_gguf
 
+from ptp_mlx.gguf import convert_gguf
 from ptp_mlx.testing import CHAT_TEMPLATE, SPECIALS
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, THETA = 64, 128, 2, 4, 2, 5000.0

@@ -41,7 +41,7 @@ def gguf_path(default_model_dir):
 @pytest.fixture(scope="module")
 def converted(gguf_path, tmp_path_factory):
     """Converted here with the current converter (the cached folder may predate it)."""
-    from ptp_mlx.convert.gguf import convert_gguf
+    from ptp_mlx.gguf import convert_gguf
 
     out = tmp_path_factory.mktemp("smol") / "f32"
     convert_gguf(gguf_path, out, dtype="float32")

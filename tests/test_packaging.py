@@ -43,5 +43,5 @@ def test_wheel_layout(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert "app" not in tops and "convert" not in tops and "tests" not in tops
-    assert "ptp_mlx/app/__init__.py" in names and "ptp_mlx/convert/gguf.py" in names
+    assert "ptp_mlx/app/__init__.py" in names and "ptp_mlx/gguf.py" in names
     assert "ptp_mlx/sampler.py" in names

@@ -1,4 +1,4 @@
-"""The exact sampler (method doc section 1): ``pick(u, logits)`` is the id-sorted inverse CDF of the filtered
+"""The exact sampler (docs/method.md, section 1): ``pick(u, logits)`` is the id-sorted inverse CDF of the filtered
 softmax, so its law over uniform ``u`` is the filtered softmax, greedy ignores ``u``, and bins agree with picks."""
 
 import mlx.core as mx
@@ -8,12 +8,12 @@ from scipy import stats
 
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins, filtered_probs, pick
 
-ALPHA = 1e-4  # chi-squared significance level (vLLM's choice, method doc section 11)
+ALPHA = 1e-4  # chi-squared significance level (vLLM's choice, docs/method.md, section 11)
 N_DRAWS = 40_000
 
 
 def reference_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
-    """Steps 1-4 of the method doc in float64, written independently of the product code."""
+    """Steps 1-4 of the sampler (docs/method.md, section 1) in float64, written independently of the product code."""
     x = logits.astype(np.float64)
     if temperature not in (0, 1):
         x = x / temperature

@@ -1,6 +1,6 @@
 """More distillation prompts: registry-installable text plus templated maths and coding tasks.
 
-The 257 development prompts are far too few to distil from (method doc section 12: the feasibility run
+The 257 development prompts are far too few to distil from (docs/method.md, section 12: the feasibility run
 plateaued from lack of data). This builds a larger prompt file in the same schema (``id``, ``category``,
 ``turns``) from:
 

@@ -3,7 +3,7 @@
 Prompt files are JSONL with ``turns`` (Spec-Bench / dev-prompt schema). Teacher records are JSONL, one
 completion per line: ``{"prompt_id", "tokens": [...prompt+completion...], "start": n_prompt,
 "left": [...], "right": [...], "settings": {...}}``, where ``left``/``right`` are the bins of each completion
-token in the id-sorted CDF of the exact sampler (method doc section 6, step 1).
+token in the id-sorted CDF of the exact sampler (docs/method.md, section 6, step 1).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Phase 2 of distillation: O-PTP training of the gated LoRA and the u-embedding (method doc section 6).
+"""Phase 2 of distillation: O-PTP training of the gated LoRA and the u-embedding (docs/method.md, section 6).
 
 Per step, for a few teacher sequences: one teacher pass (base weights only) gives the context K/V; one
 student pass runs many windows of auxiliaries against it with the window mask; the loss is cross-entropy of
@@ -38,9 +38,7 @@ def teacher_kv(pm: PTPModel, tokens: list[int]) -> list[StaticKV]:
     cache = pm.make_cache()
     pm.base(mx.array(tokens)[None], cache=cache)
     kv = [
-        StaticKV(
-            pm.ctx, mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :])
-        )
+        StaticKV(pm.ctx, mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
         for c in cache
     ]
     mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student

@@ -14,10 +14,9 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from ptp_mlx.cli_common import UserError
-from ptp_mlx.paths import atomic_dir
-
-from .common import FLOAT_DTYPES, Mapping, Summary, check_output, dir_size, dtype_name, progress
+from .cli_common import UserError
+from .conversion import FLOAT_DTYPES, Mapping, Summary, check_output, dir_size, dtype_name, progress
+from .paths import atomic_dir
 
 SUPPORTED_ARCHS = {"llama"}
 DTYPES = ("auto", "quantized", *FLOAT_DTYPES)
