@@ -78,6 +78,8 @@ FAMILY_CONFIGS = {
         "rope_local_base_freq": 10000.0,
     },
     "olmo2": {},
+    # gemma3's multimodal wrapper (text weights under language_model); its text_config is gemma3_text's
+    "gemma3": {},
     # an SSM: PTP must refuse it
     "mamba": {
         "state_size": 4,
@@ -101,6 +103,10 @@ def make_tiny_model(out: Path, seed: int = 0, family: str = "llama", varied: boo
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = {**tiny_config(**cfg_kw), **FAMILY_CONFIGS[family], "model_type": family}
+    if family == "gemma3":
+        text = {**cfg, **FAMILY_CONFIGS["gemma3_text"], "model_type": "gemma3_text"}
+        cfg = {"model_type": "gemma3", "text_config": text, "vocab_size": text["vocab_size"]}
+        cfg.update({k: text[k] for k in ("bos_token_id", "eos_token_id", "max_position_embeddings")})
     cfg["architectures"] = [f"{family}ForCausalLM"]
     Model, Args = get_model_classes(cfg)
     mx.random.seed(seed)
@@ -108,13 +114,14 @@ def make_tiny_model(out: Path, seed: int = 0, family: str = "llama", varied: boo
     # Larger-than-default embeddings give peaked, varied next-token distributions.
     emb = _embedding(model)
     emb.weight = mx.random.normal(emb.weight.shape) * 0.5
-    if family == "gemma3_text":  # gemma scales embeddings by sqrt(hidden): keep the logits comparable
+    gemma = family.startswith("gemma")
+    if gemma:  # gemma scales embeddings by sqrt(hidden): keep the logits comparable
         emb.weight = emb.weight / 8.0
     if varied:
         new = []
         for k, v in tree_flatten(model.parameters()):
             if k.endswith("embed_tokens.weight"):
-                new.append((k, mx.random.normal(v.shape) * (0.125 if family == "gemma3_text" else 1.0)))
+                new.append((k, mx.random.normal(v.shape) * (0.125 if gemma else 1.0)))
             elif v.ndim == 2 and "norm" not in k:
                 new.append((k, mx.random.normal(v.shape) * 2.0 / np.sqrt(v.shape[1])))
             else:
@@ -128,6 +135,7 @@ def make_tiny_model(out: Path, seed: int = 0, family: str = "llama", varied: boo
 
 
 def _embedding(model):
+    model = getattr(model, "language_model", None) or model
     inner = getattr(model, "model", None) or getattr(model, "backbone", None)
     return getattr(inner, "embed_tokens", None) or inner.embeddings
 

@@ -366,3 +366,19 @@ def test_cli_interrupt_writes_partial_results(tiny_model_dir, adapter_dir, promp
     doc = json.loads((tmp_path / "b.json").read_text())
     assert doc["interrupted"] and doc["prompts_complete"] == ["a-1"] and len(doc["records"]) == 1
     assert (tmp_path / "b.png").exists()
+
+
+def test_chat_turns_carried_cache_prefills_less(tiny_model_dir, adapter_dir, prompt_file, capsys):
+    """``--chat-turns``: one chat answered with the carried cache and with full re-prefill, same answers, and
+    every follow-up turn prefills fewer tokens with the carried cache."""
+    argv = ["--model", str(tiny_model_dir), "--adapter", str(adapter_dir), "--prompts", str(prompt_file)]
+    rc = cli.main(argv + ["--max-tokens", "6", "--chat-turns", "3", "--no-cost-curve"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "answers identical: yes" in out
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| ") and "turn" not in line]
+    assert len(rows) == 3
+    for i, r in enumerate(rows):
+        carried, full = int(r[2]), int(r[4])
+        assert full == int(r[1]) - 1 and (carried < full if i else carried == full)
+    assert cli.main(argv + ["--chat-turns", "0"]) == 2

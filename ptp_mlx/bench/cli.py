@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cost-widths", default=DEFAULT_WIDTHS, help="pass widths of the cost-curve probe")
     p.add_argument("--no-cost-curve", action="store_true", help="skip the cost-curve probe")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up answers")
+    p.add_argument(
+        "--chat-turns",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead of the method comparison: one N-turn chat, prefill with the carried cache vs full re-prefill",
+    )
     p.add_argument("--json", default=None, help="write every raw figure and the environment to this file")
     p.add_argument("--plot", default=None, help="write a PNG plot to this file")
     return p
@@ -68,6 +75,8 @@ def validate(args: argparse.Namespace):
             raise UserError(f"{flag} must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit must be at least 1")
+    if args.chat_turns is not None and args.chat_turns < 1:
+        raise UserError("--chat-turns must be at least 1")
     methods = _parse_list(args.methods) or None
     if methods:
         bad = [m for m in methods if m not in METHODS]
@@ -111,6 +120,15 @@ def run(args: argparse.Namespace) -> int:
     from .run import BenchRun, compare, diagnose, probe_cost_curve, run_bench
 
     eng = Engine.load(args.model, args.adapter)
+    if args.chat_turns:
+        from .conversation import chat_table
+
+        mode = "ptp" if eng.has_adapter and (methods is None or "ptp" in methods) else "ar"
+        text, ok = chat_table(eng, prompts, args.chat_turns, mode, sampling, args.max_tokens, args.repeats)
+        print(text)
+        if not ok:
+            print("error: answers with the carried cache differ from full re-prefill", file=sys.stderr)
+        return 0 if ok else 1
     if methods is None:
         methods = (
             ["mlx-lm", "ar"] + (["ptp"] if eng.has_adapter else []) + (["mlx-lm-draft"] if args.draft_model else [])

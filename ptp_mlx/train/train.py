@@ -193,7 +193,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
     run.mkdir(parents=True, exist_ok=True)
     base.freeze()
     mx.random.seed(a.seed)
-    layers = _layer_ids(a.layers, len(base.model.layers))
+    layers = _layer_ids(a.layers, len(base.layers))
     targets = None if a.targets == "all" else a.targets.split(",")
     try:
         adapter = PTPAdapter(base, a.rank, a.alpha / a.rank, a.u_embedding, targets=targets, layers=layers)
