@@ -9,6 +9,7 @@ names the first divergent position, its top-2 logit gap and how close ``u`` was 
 near-tie (docs/method.md, section 11) is told apart from a logic error.
 """
 
+import warnings
 from collections import Counter
 
 import mlx.core as mx
@@ -22,7 +23,7 @@ from ptp_mlx.generate import ContextFull, DecodeOptions, encode_prompt, stream_g
 from ptp_mlx.layers import token_embedding
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins
-from ptp_mlx.testing import OracleDrafter, randomize_adapter
+from ptp_mlx.testing import OracleDrafter, explain_divergence, randomize_adapter
 
 WINDOW = 4
 PROMPTS = ["hello there", "The quick brown fox", "12345", "zz"]
@@ -120,10 +121,17 @@ def divergence_report(pm, ids, s, want, got) -> str:
 
 
 def assert_same(pm, tok, ids, s, max_tokens, mode_kw, eos=None, want=None):
-    """Run PTP with ``mode_kw`` and check it against autoregressive decoding; returns the PTP steps."""
+    """Run PTP with ``mode_kw`` and check it against autoregressive decoding; returns the PTP steps.
+
+    A divergence at a measured float near-tie (``ptp_mlx.ties``) is reported as a warning; any other fails."""
     want_tokens, want_steps = want or ar(pm, tok, ids, s, max_tokens, eos=eos)
     got_tokens, steps = run(pm, tok, ids, s, max_tokens, "ptp", eos=eos, **mode_kw)
-    assert got_tokens == want_tokens, divergence_report(pm, ids, s, want_tokens, got_tokens)
+    if got_tokens != want_tokens:
+        eos_ids = sorted(eos if eos is not None else tok.eos_token_ids)
+        _, tie, report = explain_divergence(pm.base, ids, s, want_tokens, got_tokens, eos_ids)
+        assert tie is not None and tie.near_tie, report + "; " + divergence_report(pm, ids, s, want_tokens, got_tokens)
+        warnings.warn(report, stacklevel=2)
+        return steps
     assert "".join(st.text for st in steps) == "".join(st.text for st in want_steps)
     assert steps[-1].finish_reason == want_steps[-1].finish_reason
     # Bookkeeping of every step: counts add up, blocks are accepted + 1 tokens unless the run stopped there.
@@ -371,3 +379,45 @@ def test_prompt_cache_carries_a_conversation(pm_sticky, varied, mode):
         got = [t for st in stream_generate(pm_sticky, tok, fresh, opts, prompt_cache=pc) for t in st.tokens]
         assert got == [t for st in stream_generate(pm_sticky, tok, fresh, opts) for t in st.tokens]
         assert pc.reused < len(fresh)
+
+
+def test_ptp_samples_follow_the_model_at_temperature_one(pm_sticky, varied):
+    """The promise behind token-for-token identity: at T 1.0 on the full vocabulary, PTP's tokens at positions 0
+    and 1 (position 1 comes from a verify row of a multi-row pass) follow the model's exact marginals
+    (chi-squared, alpha 1e-4, as vLLM tests its samplers)."""
+    from scipy.stats import chisquare
+
+    from ptp_mlx.generate import PromptCache
+
+    model, tok = varied
+    ids = encode_prompt(tok, PROMPTS[3])
+    s = SamplingSettings(1.0)
+    # Exact marginals in float64: P(t0) and P(t1) = sum over t0 of P(t0) P(t1 | t0).
+    p0 = np.array(mx.softmax(model(mx.array(ids)[None])[0, -1].astype(mx.float32)), dtype=np.float64)
+    V = p0.size
+    batch = mx.concatenate([mx.broadcast_to(mx.array(ids), (V, len(ids))), mx.arange(V)[:, None]], axis=1)
+    cond = np.array(mx.softmax(model(batch)[:, -1].astype(mx.float32), axis=-1), dtype=np.float64)
+    p0, p1 = p0 / p0.sum(), (p0 / p0.sum()) @ (cond / cond.sum(-1, keepdims=True))
+    n = 3000
+    counts = np.zeros((2, V))
+    cache, multi_row = PromptCache(), 0
+    for seed in range(n):
+        opts = DecodeOptions(mode="ptp", max_tokens=2, sampling=with_seed(s, seed), budget=BUDGETS["flat-w4"])
+        steps = list(stream_generate(pm_sticky, tok, ids, opts, eos_ids=set(), prompt_cache=cache))
+        toks = [t for st in steps for t in st.tokens]
+        counts[0, toks[0]] += 1
+        counts[1, toks[1]] += 1
+        multi_row += len(steps) > 1 and steps[1].rows > 1
+    assert multi_row > n // 2  # position 1 mostly came out of a multi-row verify pass
+    for pos, p in ((0, p0), (1, p1)):
+        expected = p * n
+        big = expected >= 5  # pool the rare tokens into one bin, as chi-squared needs
+        obs = np.append(counts[pos][big], counts[pos][~big].sum())
+        exp = np.append(expected[big], expected[~big].sum())
+        assert counts[pos][p == 0].sum() == 0
+        assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4, pos
+    # Power: the same test rejects a wrong law (position 1's tokens against position 0's marginal).
+    big = p0 * n >= 5
+    obs = np.append(counts[1][big], counts[1][~big].sum())
+    exp = np.append(p0[big] * n, p0[~big].sum() * n)
+    assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue < 1e-4

@@ -31,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--categories", default=None, help="only these categories, comma-separated")
     p.add_argument("--repeats", type=int, default=1, help="answer every prompt N times per method")
     p.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        metavar="N",
+        help="answer every prompt with seeds SEED..SEED+N-1 (instead of --repeats): identity rates over many seeds",
+    )
+    p.add_argument(
         "--methods",
         default=None,
         help=f"comma-separated subset of {','.join(METHODS)} (default: mlx-lm, ar, ptp when an "
@@ -75,6 +82,8 @@ def validate(args: argparse.Namespace):
             raise UserError(f"{flag} must be at least 1")
     if args.limit is not None and args.limit < 1:
         raise UserError("--limit must be at least 1")
+    if args.seeds is not None and (args.seeds < 1 or args.repeats != 1):
+        raise UserError("--seeds must be at least 1 and replaces --repeats")
     if args.chat_turns is not None and args.chat_turns < 1:
         raise UserError("--chat-turns must be at least 1")
     methods = _parse_list(args.methods) or None
@@ -150,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         bench.interrupted = True
     if not bench.interrupted:
         with tqdm(
-            total=len(prompts) * args.repeats * len(runners),
+            total=len(prompts) * (args.seeds or args.repeats) * len(runners),
             desc="ptp-bench",
             unit="answer",
             file=sys.stderr,
@@ -162,11 +171,12 @@ def run(args: argparse.Namespace) -> int:
                 eng.tokenizer,
                 args.max_tokens,
                 sampling,
-                args.repeats,
+                args.seeds or args.repeats,
                 warmup=not args.no_warmup,
                 progress=bar.update,
                 context=ctx,
                 log=lambda msg: tqdm.write(msg, file=sys.stderr),
+                seeds_vary=args.seeds is not None,
             )
 
     checks = []
@@ -177,8 +187,9 @@ def run(args: argparse.Namespace) -> int:
     check_docs = []
     for name, ref, other, fatal in checks:
         n, same, divs = compare(bench.records, ref, other)
+        eos = sorted(getattr(eng.tokenizer, "eos_token_ids", None) or [])
         for d in divs:
-            diagnose(d, bench.records, ref, eng.pm.base)
+            diagnose(d, bench.records, ref, eng.pm.base, sampling, eos, seeds_vary=args.seeds is not None)
         check_docs.append(report.check_doc(name, ref, other, n, same, divs, fatal))
 
     settings = {
@@ -188,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "greedy": sampling.greedy,
         "max_tokens": args.max_tokens,
-        "repeats": args.repeats,
+        "repeats": args.seeds or args.repeats,
+        "seeds": args.seeds,
         "limit": args.limit,
         "categories": _parse_list(args.categories),
         "methods": methods,

@@ -111,7 +111,8 @@ def check_doc(
         "method": other,
         "compared": compared,
         "identical": identical,
-        "ok": not divs,
+        "near_ties": sum(d.near_tie for d in divs),
+        "ok": all(d.near_tie for d in divs),
         "fatal": fatal,
         "divergences": [asdict(d) for d in divs],
     }
@@ -183,9 +184,11 @@ def table(doc: dict) -> str:
         lines.append(f"skipped: {sk['reason']}")
     for c in doc["checks"]:
         status = "ok" if c["ok"] else "DIFFERS"
+        ties = c.get("near_ties", 0)
+        tie_note = f", {ties} parted at a float near-tie" if ties else ""
         lines.append(
             f"{c['name']} ({c['method']} == {c['reference']}): {c['identical']}/{c['compared']} "
-            f"answers identical: {status}"
+            f"answers identical{tie_note}: {status}"
         )
         for d in c["divergences"]:
             lines.append("  " + Divergence(**d).describe(c["reference"], c["method"]))

@@ -61,6 +61,8 @@ class Divergence:
     other_tokens: int
     logit_gap: float | None = None  # base logit of ref_token minus that of other_token at that position
     top2_gap: float | None = None  # top-1 minus top-2 base logit there (near 0: a numerical near-tie)
+    near_tie: bool = False  # a float near-tie (ptp_mlx.ties): reported, not a failure
+    tie: str | None = None  # how near: "float near-tie (bin edge 3.1e-07)" or "NOT a near-tie (...)"
 
     def describe(self, ref: str, other: str) -> str:
         what = (
@@ -69,9 +71,10 @@ class Divergence:
             else f"{ref} has {self.ref_tokens} tokens, {other} has {self.other_tokens}"
         )
         gap = f", logit gap {self.logit_gap:.3g}, top-2 gap {self.top2_gap:.3g}" if self.logit_gap is not None else ""
+        tie = f": {self.tie}" if self.tie else ""
         return (
             f"{self.question_id} turn {self.turn} repeat {self.repeat}: first difference at position "
-            f"{self.position}: {what}{gap}"
+            f"{self.position}: {what}{gap}{tie}"
         )
 
 
@@ -95,8 +98,12 @@ def run_bench(
     progress: Callable[[int], None] | None = None,
     context: int | None = None,
     log: Callable[[str], None] | None = None,
+    seeds_vary: bool = False,
 ) -> BenchRun:
     """Answer every prompt with every method, interleaved per prompt; rotate the order between prompts.
+
+    ``seeds_vary``: repeat ``r`` samples with seed ``sampling.seed + r`` (many seeds per prompt) instead of
+    repeating the same answer.
 
     A ``KeyboardInterrupt`` ends the loop; the result keeps every finished record and says it was cut short.
     A prompt whose chat does not fit the model's context is skipped (and listed) for every method.
@@ -113,8 +120,11 @@ def run_bench(
             units = 0
             try:
                 for rep in range(repeats):
+                    s = sampling
+                    if seeds_vary:
+                        s = SamplingSettings(s.temperature, s.top_k, s.top_p, s.seed + rep)
                     for name in order[k:] + order[:k]:  # rotation: no method always runs first (caches, heat)
-                        _conversation(runners[name], name, p, rep, tokenizer, max_tokens, sampling, context, mine)
+                        _conversation(runners[name], name, p, rep, tokenizer, max_tokens, s, context, mine)
                         units += 1
                         if progress:
                             progress(1)
@@ -231,9 +241,22 @@ def compare(records: list[Record], ref: str, other: str) -> tuple[int, int, list
     return pairs, same, diverged
 
 
-def diagnose(div: Divergence, records: list[Record], ref: str, model) -> None:
-    """Fill in the base model's logit gaps at the divergent position (one forward pass, no cache)."""
+def diagnose(
+    div: Divergence,
+    records: list[Record],
+    ref: str,
+    model,
+    sampling: SamplingSettings | None = None,
+    eos_ids=(),
+    seeds_vary: bool = False,
+) -> None:
+    """Fill in the base model's logit gaps at the divergent position (one forward pass, no cache) and classify
+    the divergence as a float near-tie or not (``ptp_mlx.ties``). An answer that ended there ended with an
+    end token: each of ``eos_ids`` is tried as its token."""
     import mlx.core as mx
+
+    from ..sampler import UniformStream
+    from ..ties import classify
 
     rec = next(
         (
@@ -243,10 +266,23 @@ def diagnose(div: Divergence, records: list[Record], ref: str, model) -> None:
         ),
         None,
     )
-    if rec is None or div.ref_token is None or div.other_token is None:
+    if rec is None or (div.ref_token is None and div.other_token is None):
         return
     ids = rec.prompt_ids + rec.m.token_ids[: div.position]
     logits = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
     top2 = mx.topk(logits, 2)
-    div.logit_gap = float(logits[div.ref_token] - logits[div.other_token])
+    refs = [div.ref_token] if div.ref_token is not None else list(eos_ids)
+    others = [div.other_token] if div.other_token is not None else list(eos_ids)
+    if not refs or not others:
+        return
+    div.logit_gap = float(logits[refs[0]] - logits[others[0]])
     div.top2_gap = float(mx.max(top2) - mx.min(top2))
+    if sampling is None:
+        return
+    s = sampling
+    if seeds_vary:
+        s = SamplingSettings(s.temperature, s.top_k, s.top_p, s.seed + div.repeat)
+    u = UniformStream(s.seed)[div.position]
+    ties = [classify(logits, r, o, u, s) for r in refs for o in others]
+    best = min(ties, key=lambda t: (not t.near_tie, t.distance))
+    div.near_tie, div.tie = best.near_tie, best.describe()

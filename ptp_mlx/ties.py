@@ -1,0 +1,89 @@
+"""Telling a float near-tie from a bug where PTP and plain decoding part (docs/method.md, section 11).
+
+In exact arithmetic PTP returns the autoregressive tokens. In float32 a pass of several rows and a pass of one
+row round differently (BLAS picks kernels by row count; Metal too), so their logits differ by about 2e-5 and
+their bin edges by about 1e-6 (measured on the default model; docs/results/lossless.md). Where the sampler's
+choice sits that close to a boundary, the two may choose differently. ``classify`` decides, from the logits of
+one pass at the first divergent position, whether the other token was that close:
+
+- greedy: the two tokens' logits are within ``LOGIT_TOL``;
+- sampled: ``u`` lies within ``EDGE_TOL`` of the other token's bin, or a token at the top-p cut-off has a
+  probability mass before it within ``MASS_TOL`` of ``top_p`` and keeping (or dropping) it picks the other token.
+
+Anything else is a logic error: the bench's lossless check fails on it and the tests report it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from .sampler import SamplingSettings
+
+LOGIT_TOL = 1e-3  # 50x the logit difference between passes of different widths
+EDGE_TOL = 1e-5  # 10x the largest bin-edge difference measured between such passes
+MASS_TOL = 1e-5
+
+
+@dataclass
+class Tie:
+    near_tie: bool
+    kind: str  # "logit gap", "bin edge", "top-p cut-off" or "none"
+    distance: float  # logit gap, distance of u from the other token's bin, or of the cut-off mass from top_p
+
+    def describe(self) -> str:
+        verdict = "float near-tie" if self.near_tie else "NOT a near-tie"
+        return f"{verdict} ({self.kind} {self.distance:.3g})"
+
+
+def _probs(logits: np.ndarray, s: SamplingSettings) -> np.ndarray:
+    x = logits.astype(np.float64) / (s.temperature if s.temperature not in (0, 1) else 1.0)
+    p = np.exp(x - x.max())
+    return p / p.sum()
+
+
+def _kept(p: np.ndarray, s: SamplingSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Kept mask, descending order and mass before each token in that order (sampler steps 2-3, float64)."""
+    order = np.argsort(-p, kind="stable")
+    keep = np.zeros(p.size, dtype=bool)
+    k = s.top_k if 0 < s.top_k < p.size else p.size
+    before = np.cumsum(p[order]) - p[order]
+    keep[order[:k]] = True
+    if s.top_p < 1.0:
+        keep[order[before > s.top_p]] = False
+    return keep, order, before
+
+
+def _pick(p: np.ndarray, keep: np.ndarray, u: float) -> int:
+    q = np.where(keep, p, 0.0)
+    edges = np.cumsum(q / q.sum())
+    last = int(np.flatnonzero(keep)[-1])
+    edges[last:] = 1.0
+    return int(np.sum(edges <= u))
+
+
+def classify(logits: mx.array, ref_token: int, other_token: int, u: float, s: SamplingSettings) -> Tie:
+    """Is ``other_token`` within float rounding of what ``logits`` (one pass) give at uniform ``u``?"""
+    x = np.array(logits.astype(mx.float32), dtype=np.float64).reshape(-1)
+    if s.greedy:
+        gap = float(x[ref_token] - x[other_token])
+        return Tie(abs(gap) <= LOGIT_TOL, "logit gap", abs(gap))
+    p = _probs(x, s)
+    keep, order, before = _kept(p, s)
+    q = np.where(keep, p, 0.0)
+    edges = np.cumsum(q / q.sum())
+    lo = edges[other_token - 1] if other_token > 0 else 0.0
+    hi = edges[other_token]
+    dist = 0.0 if lo <= u < hi else float(min(abs(u - lo), abs(u - hi)))
+    if keep[other_token] and dist <= EDGE_TOL:
+        return Tie(True, "bin edge", dist)
+    if s.top_p < 1.0:
+        near = np.flatnonzero(np.abs(before - s.top_p) <= MASS_TOL)
+        for j in near[:4]:
+            flipped = keep.copy()
+            flipped[order[j]] = not flipped[order[j]]
+            if flipped.any() and _pick(p, flipped, u) == other_token:
+                return Tie(True, "top-p cut-off", float(abs(before[j] - s.top_p)))
+    return Tie(False, "bin edge", dist)
