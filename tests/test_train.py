@@ -217,3 +217,43 @@ def test_init_starts_from_an_adapter_and_reload_picks_up_new_records(tiny, tmp_p
         train(model, recs, [], _args(tmp_path / "bad", steps=1, rank=2, init=first / "last"), log=lambda m: None)
     with pytest.raises(UserError, match="no adapter.safetensors"):
         train(model, recs, [], _args(tmp_path / "bad2", steps=1, init=tmp_path / "nowhere"), log=lambda m: None)
+
+
+def test_teacher_forced_windows_reproduce_the_document(tiny, tmp_path):
+    """Corpus records: every u that make_windows draws inside a token's bin makes the exact sampler return that
+    very token, so the document is the sample those u produce; out-of-support tokens end their window."""
+    import mlx.core as mx
+    import numpy as np
+
+    from ptp_mlx.sampler import SamplingSettings, pick
+    from ptp_mlx.train.teacher_forced import build, documents, teacher_forced_record
+    from ptp_mlx.train.train import make_windows
+
+    model, tok = tiny
+    text = next(doc for _, _, _, doc in documents(True, None, None))
+    for s in (SamplingSettings(1.0), SamplingSettings(0.7, 20, 0.9)):
+        rec = teacher_forced_record(model, tok, "Write some Python.", text, s, 96)
+        start, toks = rec["start"], rec["tokens"]
+        logits = model(mx.array(toks[:-1])[None])[0].astype(mx.float32)
+        empty = {start + i for i, (lo, r) in enumerate(zip(rec["left"], rec["right"], strict=True)) if r <= lo}
+        rng = np.random.default_rng(0)
+        windows, u, labels, valid = make_windows(rec, 40, 4, rng)
+        checked = 0
+        for w_i, w in enumerate(windows):
+            for j in range(4):
+                r = w_i * 4 + j
+                q = w.ctx_len + j  # the token this slot predicts
+                if any(w.ctx_len <= e <= q for e in empty):  # no u makes that token: the window ends there
+                    assert not valid[r]
+                if not valid[r]:
+                    continue
+                got = int(pick(mx.array(u[r]), logits[q - 1], s.temperature, s.top_k, s.top_p))
+                assert got == labels[r] == toks[q]
+                checked += 1
+        assert checked > (30 if s.top_k == 0 else 3)  # a random tiny model keeps few text tokens in its top-k
+    # The command's builder streams documents, skips what is written, keeps the validation split out.
+    out = tmp_path / "corpus.jsonl"
+    assert build(model, tok, out, limit=3, max_tokens=32) == 3
+    assert build(model, tok, out, limit=2, max_tokens=32) == 2
+    ids = [r["prompt_id"] for r in map(json.loads, out.read_text().splitlines())]
+    assert len(set(ids)) == 5 and not any(i[-1] in "05" for i in ids)

@@ -33,6 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--gensim", type=Path, default=None, help="gensim-4.4.0 wheel (its test data)")
     c.add_argument("--math", type=int, default=600, help="templated maths problems")
     c.add_argument("--seed", type=int, default=0)
+    f = sub.add_parser(
+        "corpus",
+        help="teacher-forced records from plain text (one teacher pass per document, no generation)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    f.add_argument("--model", default=None, help="model folder (default: the default model)")
+    f.add_argument("--out", required=True, type=Path, help="teacher JSONL (appended; resumable)")
+    f.add_argument("--no-stdlib", action="store_true", help="leave out the Python standard library's source")
+    f.add_argument("--chatterbot", type=Path, default=None, help="chatterbot_corpus-1.3.3 wheel (dialogs)")
+    f.add_argument("--gensim", type=Path, default=None, help="gensim-4.4.0 wheel (news paragraphs)")
+    f.add_argument("--split", choices=["all", "train", "val"], default="train", help="documents of this split")
+    f.add_argument("--limit", type=int, default=None, help="at most N new documents")
+    f.add_argument("--max-tokens", type=int, default=384, help="answer tokens per document")
+    f.add_argument("--temp", type=float, default=0.7, help="sampling settings whose bins are recorded")
+    f.add_argument("--top-k", type=int, default=50, help="top-k of those settings (0 = untruncated)")
+    f.add_argument("--top-p", type=float, default=0.95, help="top-p of those settings (1 = untruncated)")
     t = sub.add_parser("train", help="O-PTP distillation of the gated LoRA and u-embedding")
     from .train import add_train_args
 
@@ -44,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models import check_ptp_model, load
     from ..sampler import SamplingSettings
 
-    if args.cmd in ("pregenerate", "train"):
+    if args.cmd in ("pregenerate", "train", "corpus"):
         check_ptp_model(args.model)  # refuse an unsupported family before reading data or loading weights
 
     if args.cmd == "prompts":
@@ -52,6 +68,37 @@ def run(args: argparse.Namespace) -> int:
 
         n = build_prompts(args.out, args.chatterbot, args.gensim, n_math=args.math, seed=args.seed)
         print(f"prompts: {n} written to {args.out}", file=sys.stderr)
+        return 0
+    if args.cmd == "corpus":
+        s = SamplingSettings(args.temp, args.top_k, args.top_p)
+        try:
+            s.validate()
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if s.greedy:
+            raise UserError("corpus records need sampled settings (--temp > 0): greedy chains come from pregenerate")
+        for w in (args.chatterbot, args.gensim):
+            if w is not None and not w.is_file():
+                raise UserError(f"wheel not found: {w}")
+        if args.no_stdlib and args.chatterbot is None and args.gensim is None:
+            raise UserError("no source: drop --no-stdlib or give --chatterbot / --gensim")
+        model, tok = load(args.model)
+        from ..layers import install
+        from .teacher_forced import build
+
+        install(model)  # the same patched model as training (refuses unsupported families)
+        build(
+            model,
+            tok,
+            args.out,
+            stdlib=not args.no_stdlib,
+            chatterbot=args.chatterbot,
+            gensim=args.gensim,
+            sampling=s,
+            split=args.split,
+            limit=args.limit,
+            max_tokens=args.max_tokens,
+        )
         return 0
     if args.cmd == "pregenerate":
         s = SamplingSettings(args.temp, args.top_k, args.top_p)

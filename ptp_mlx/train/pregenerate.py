@@ -88,8 +88,8 @@ def _records(prompt_ids, T, L, R, greedy_first: bool, eos: set[int]) -> list[dic
             {
                 "tokens": prompt_ids + row[:end],
                 "start": len(prompt_ids),
-                "left": [round(float(x), 7) for x in L[r, :end]],
-                "right": [round(float(x), 7) for x in R[r, :end]],
+                "left": [float(x) for x in L[r, :end]],  # full precision: a u drawn inside picks this token
+                "right": [float(x) for x in R[r, :end]],
                 "greedy": bool(greedy_first and r == 0),
             }
         )

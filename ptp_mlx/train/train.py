@@ -45,30 +45,49 @@ def teacher_kv(pm: PTPModel, tokens: list[int]) -> list[StaticKV]:
     return kv
 
 
+def draw_u(lo: float, hi: float, b: float) -> float | None:
+    """A float32 ``u`` inside the bin ``[lo, hi)`` at fraction ``b`` (None if no float32 lies inside it).
+
+    The sampler compares float32 ``u`` with its CDF edges exactly, so a ``u`` inside the bin picks that token."""
+    u = np.float32(lo + (hi - lo) * b)
+    if u < lo:
+        u = np.nextafter(u, np.float32(1))
+    if u >= hi:
+        u = np.nextafter(np.float32(hi), np.float32(0))
+    return float(u) if lo <= u < hi else None
+
+
 def make_windows(rec: dict, n_windows: int, width: int, rng: np.random.Generator, uniform: bool = False):
-    """Window starts in the completion, their auxiliary ``u`` (inside each token's bin) and labels."""
+    """Window starts in the completion, their auxiliary ``u`` (inside each token's bin) and labels.
+
+    A token with an empty bin (outside the truncated support of teacher-forced text, or a bin too narrow for
+    float32) cannot be produced by any ``u``: its window ends there (that slot and the later ones are not
+    scored)."""
     start, n_tok = rec["start"], len(rec["tokens"])
     cands = np.arange(start, n_tok)
     if cands.size == 0:
         return [], np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(0, bool)
     picks = np.sort(rng.choice(cands, size=min(n_windows, cands.size), replace=False))
     windows, us, labels, valid = [], [], [], []
-    left, right = np.asarray(rec["left"], np.float32), np.asarray(rec["right"], np.float32)
+    left, right = np.asarray(rec["left"], np.float64), np.asarray(rec["right"], np.float64)
     greedy = bool(rec.get("greedy", False))
     for p in picks:
         windows.append(Window(int(p), width))
+        broken = False
         for j in range(width):
             q = p + j
+            u = None
             if q < n_tok:
                 b = rng.random() if uniform else rng.beta(0.3, 0.3)
-                lo, hi = left[q - start], right[q - start]
-                if greedy:  # greedy targets: the reserved u = 1.0 (never drawn) asks for the argmax
-                    us.append(GREEDY_U)
-                else:
-                    us.append(min(lo + (hi - lo) * b, np.nextafter(hi, 0, dtype=np.float32)) if hi > lo else lo)
+            if q < n_tok and not broken:
+                # greedy targets: the reserved u = 1.0 (never drawn) asks for the argmax
+                u = GREEDY_U if greedy else draw_u(left[q - start], right[q - start], b)
+                broken = u is None
+            if u is not None:
+                us.append(u)
                 labels.append(rec["tokens"][q])
                 valid.append(True)
-            else:  # past the end of the sequence: padded, not scored
+            else:  # past the end of the sequence or of a producible run: padded, not scored
                 us.append(0.5)
                 labels.append(0)
                 valid.append(False)
