@@ -27,6 +27,7 @@ class Plan:
     drafts: list[int]
     branches: list[tuple[int, int]]
     burst: int = 0
+    source: str | None = None  # who proposed the drafts: "ptp" (the adapter) or "lookup" (prompt lookup)
 
     @property
     def rows(self) -> int:

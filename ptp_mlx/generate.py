@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from .budget import Budget, CostCurve, FixedBudget, Plan
+from .lookup import LookupDrafter
 from .ptp_model import PTPModel, Window
 from .sampler import SamplingSettings, UniformStream, pick
 
@@ -48,6 +49,7 @@ class GenerationStep:
     prompt_time: float = 0.0  # seconds of prefill
     finish_reason: str | None = None  # "stop" (EOS), "length" (max tokens / context) or None
     peak_memory: float = 0.0  # GB
+    source: str | None = None  # who proposed the verified drafts: "ptp" (adapter), "lookup"; None: no drafts
 
 
 @dataclass
@@ -58,6 +60,7 @@ class DecodeOptions:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     budget: Budget | None = None  # default: a flat cost curve with the adapter's width
     num_draft_tokens: int | None = None  # a fixed budget (mlx-lm's flag): up to N drafts every call, no AR bursts
+    lookup: bool = True  # also draft by prompt lookup (ptp_mlx/lookup.py)
     drafter: object | None = None  # default: ChainDrafter (the adapter's own drafts); tests inject others
 
 
@@ -152,7 +155,8 @@ def stream_generate(
     seq = list(prompt_ids)  # every token fed or emitted; the cache always holds seq[:offset]
     t_gen = time.perf_counter()
     prompt_time = t_gen - t0  # prefill of all prompt tokens but the last (which every first call processes)
-    for block, info in calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx):
+    extra = {"history": prompt_ids} if opts.mode != "ar" else {}
+    for block, info in calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, **extra):
         now = time.perf_counter()
         seq.extend(block)
         if prompt_cache is not None:
@@ -185,6 +189,7 @@ def stream_generate(
             prompt_time=prompt_time,
             finish_reason=finish or ("length" if generated >= max_new else None),
             peak_memory=_peak_gb(),
+            source=info.get("source"),
         )
         if finish or generated >= max_new:
             return
@@ -228,8 +233,11 @@ class ChainDrafter:
     def plan(self, i: int, remaining: int, room: int) -> Plan:
         return self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
 
-    def update(self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float]) -> None:
-        self.budget.observe(self.conf[: len(plan.drafts)], accepted)
+    def update(
+        self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float], observe: bool = True
+    ) -> None:
+        if observe:  # the budget calibrates on the adapter's own drafts only
+            self.budget.observe(self.conf[: len(plan.drafts)], accepted)
         self.drafts, self.conf = [], []
         r = 0
         for d, w in plan.branches:
@@ -238,7 +246,7 @@ class ChainDrafter:
             r += w
 
 
-def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx):
+def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history=()):
     """PTP decoding: each call verifies the drafts in hand and drafts again for the likely outcomes.
 
     Rows: [last accepted token, drafts q_1..q_n | branch d auxiliaries ...]. Branch d assumes the first d
@@ -259,6 +267,9 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         else:
             budget = opts.budget or Budget(CostCurve(), max_width=width)
         drafter = ChainDrafter(budget, opts.step)
+        if opts.lookup:
+            drafter = LookupDrafter(drafter, list(history), max_draft=width - 1)
+    emitted = getattr(drafter, "emitted", None)
     i = 0  # index of the next token to emit, in the uniform stream
     while i < max_new:
         t_start = time.perf_counter()
@@ -270,6 +281,8 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             # burst instead. Same uniforms, same tokens; the cache again ends just before the last token.
             for block, info in _ar_calls(pm, cache, last, _Shifted(u, i), s, opts, plan.burst, ctx):
                 last = block[-1]
+                if emitted:
+                    emitted(block)
                 yield block, info
             i += plan.burst
             continue
@@ -307,6 +320,9 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             layer_cache.trim(layer_cache.offset - keep)
         # 5. The next drafts come from branch c, its first slot replaced by the exact token.
         drafter.update(plan, c, aux_tok_l, aux_conf_l)
+        if emitted:
+            emitted(block)
         last = block[-1]
         i += len(block)
-        yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": time.perf_counter() - t_start}
+        info = {"proposed": n, "accepted": c, "rows": plan.rows, "time": time.perf_counter() - t_start}
+        yield block, {**info, "source": plan.source if n else None}

@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(p)
     p.add_argument("--step", choices=["fused", "simple"], default="fused", help="PTP step kind")
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    p.add_argument("--no-lookup", action="store_true", help="no prompt-lookup drafts (the adapter's chain only)")
     p.add_argument("--show-blocks", action="store_true", help="mark accepted-block boundaries with '|' on stdout")
     return p
 
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
                 max_tokens=args.max_tokens,
                 step=args.step,
                 num_draft_tokens=args.num_draft_tokens,
+                lookup=not args.no_lookup,
             )
         ):
             sys.stdout.write(st.text + ("|" if args.show_blocks and st.tokens else ""))

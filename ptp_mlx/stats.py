@@ -19,11 +19,14 @@ class RunStats:
     gen_time: float = 0.0
     peak_memory: float = 0.0
     histogram: Counter = field(default_factory=Counter)  # tokens emitted per call -> count
+    by_source: Counter = field(default_factory=Counter)  # accepted drafts per source ("ptp", "lookup")
 
     def add(self, step: GenerationStep, final: bool) -> None:
         self.calls += 1
         self.tokens += len(step.tokens)
         self.histogram[step.accepted + 1] += 1
+        if step.source:
+            self.by_source[step.source] += step.accepted
         self.peak_memory = max(self.peak_memory, step.peak_memory)
         if final:
             self.prompt_tokens += step.prompt_tokens
@@ -62,4 +65,5 @@ class RunStats:
 
     def histogram_line(self) -> str:
         parts = " ".join(f"{k}:{self.histogram[k]}" for k in sorted(self.histogram))
-        return f"accepted per call (tokens:calls) {parts}"
+        src = ", ".join(f"{k} {v}" for k, v in sorted(self.by_source.items()))
+        return f"accepted per call (tokens:calls) {parts}" + (f" | accepted drafts by source: {src}" if src else "")

@@ -19,7 +19,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from ptp_mlx.budget import Budget, CostCurve
-from ptp_mlx.generate import ContextFull, DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.generate import ChainDrafter, ContextFull, DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.layers import token_embedding
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins
@@ -83,9 +83,12 @@ def pm_random(varied):
     return PTPModel(model, ad, {"window": WINDOW, "greedy_u": 1.0})
 
 
-def run(pm, tok, ids, s, max_tokens, mode, step="fused", budget=None, oracle=None, eos=None, num_draft_tokens=None):
+def run(
+    pm, tok, ids, s, max_tokens, mode, step="fused", budget=None, oracle=None, eos=None, num_draft_tokens=None, drafter=None
+):
     # An oracle is a test drafter that proposes the given tokens (no auxiliary rows).
-    drafter = OracleDrafter(oracle, budget.max_width if budget else pm.config.window) if oracle is not None else None
+    if oracle is not None:
+        drafter = OracleDrafter(oracle, budget.max_width if budget else pm.config.window)
     opts = DecodeOptions(
         mode=mode,
         step=step,
@@ -421,3 +424,41 @@ def test_ptp_samples_follow_the_model_at_temperature_one(pm_sticky, varied):
     obs = np.append(counts[1][big], counts[1][~big].sum())
     exp = np.append(p0[big] * n, p0[~big].sum() * n)
     assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue < 1e-4
+
+
+def test_lookup_candidates_follow_the_latest_match():
+    from ptp_mlx.lookup import LookupDrafter
+
+    d = LookupDrafter(ChainDrafter(Budget(CostCurve(), 4)), [5, 6, 7, 8, 9, 1, 2, 6, 7], max_draft=3)
+    assert d.candidates() == [8, 9, 1]  # "6 7" occurred before, followed by 8 9 1
+    d.emitted([8, 9, 4, 4])
+    assert d.candidates() == []  # "9 4 4" / "4 4" never occurred before
+    d.emitted([6, 7, 8, 9])
+    assert d.candidates() == [4, 4, 6]  # the longest match wins: "6 7 8 9" was followed by 4 4 6
+    d.emitted([4, 4])  # "8 9 4 4" is followed by 6 7 8 (and the match right behind, "9 4 4 ...", is too recent)
+    assert d.candidates() == [6, 7, 8]
+
+
+@pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])
+def test_lookup_strands_are_exact(pm_sticky, varied, name):
+    """Lookup drafts that are right (the answer itself planted in the history), wrong (another answer) or cut by
+    EOS and the token limit inside a strand: the output is the autoregressive one, and right ones are accepted."""
+    from ptp_mlx.generate import ChainDrafter
+    from ptp_mlx.lookup import LookupDrafter
+
+    tok = varied[1]
+    s = with_seed(SETTINGS[name], 7)
+    ids = encode_prompt(tok, PROMPTS[0])
+    want, _ = ar(pm_sticky, tok, ids, s, 30, eos=set())
+    wrong, _ = ar(pm_sticky, tok, encode_prompt(tok, PROMPTS[1]), s, 30, eos=set())
+    sources = Counter()
+    for planted, max_tokens, eos in ((want, 30, set()), (wrong, 30, set()), (want, 13, set()), (want, 30, {want[9]})):
+        history = ids[-4:] + planted + [0] + ids  # the prompt's last 4 tokens, then the planted continuation
+        # A confident prior: the (uncalibrated, over-confident) sticky adapter would win most calls otherwise.
+        inner = ChainDrafter(Budget(CostCurve(), WINDOW))
+        drafter = LookupDrafter(inner, history, max_draft=WINDOW - 1, prior=(1000.0, 1.0))
+        exp = ar(pm_sticky, tok, ids, s, max_tokens, eos=eos)
+        steps = assert_same(pm_sticky, tok, ids, s, max_tokens, {"drafter": drafter}, eos=eos, want=exp)
+        for st in steps:
+            sources[st.source] += st.accepted
+    assert sources["lookup"] > 20, sources

@@ -95,7 +95,7 @@ def validate(args: argparse.Namespace):
             raise UserError("--methods lists a method twice")
         if "mlx-lm-draft" in methods and not args.draft_model:
             raise UserError("method mlx-lm-draft needs --draft-model DIR")
-        if "ptp" in methods and args.adapter and args.adapter.lower() == "none":
+        if {"ptp", "ptp-chain"} & set(methods) and args.adapter and args.adapter.lower() == "none":
             raise UserError("method ptp needs an adapter")
     widths: list[int] = []
     if not args.no_cost_curve:
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         methods = (
             ["mlx-lm", "ar"] + (["ptp"] if eng.has_adapter else []) + (["mlx-lm-draft"] if args.draft_model else [])
         )
-    if "ptp" in methods and not eng.has_adapter:
+    if {"ptp", "ptp-chain"} & set(methods) and not eng.has_adapter:
         raise UserError("method ptp needs an adapter (--adapter DIR); none is loaded for this model")
     if "ptp" in methods and "ar" not in methods:
         print("notice: without method ar there is no lossless check for ptp", file=sys.stderr)
@@ -180,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
             )
 
     checks = []
-    if "ptp" in methods and "ar" in methods:
-        checks.append(("lossless", "ar", "ptp", True))
+    for m in ("ptp", "ptp-chain"):
+        if m in methods and "ar" in methods:
+            checks.append(("lossless", "ar", m, True))
     if sampling.greedy and "mlx-lm" in methods and "ar" in methods:
         checks.append(("greedy parity", "mlx-lm", "ar", False))
     check_docs = []
@@ -214,7 +215,10 @@ def run(args: argparse.Namespace) -> int:
     doc = report.build_json(
         settings, report.environment(eng, draft, args.draft_model), prompts, bench, summary, check_docs, cost
     )
+    doc["draft_sources"] = {n: dict(r.by_source) for n, r in runners.items() if getattr(r, "by_source", None)}
     print(report.table(doc))
+    for n, src in doc["draft_sources"].items():
+        print(f"{n} accepted drafts by source: " + ", ".join(f"{k} {v}" for k, v in sorted(src.items())))
     sys.stdout.flush()
     if args.json:
         report.write_json(args.json, doc)

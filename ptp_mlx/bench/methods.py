@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from ..sampler import SamplingSettings
 
-METHODS = ("mlx-lm", "ar", "ptp", "mlx-lm-draft")
+METHODS = ("mlx-lm", "ar", "ptp", "ptp-chain", "mlx-lm-draft")  # ptp-chain: PTP without prompt lookup
 
 
 @dataclass
@@ -42,12 +42,16 @@ Runner = Callable[[list[int], int, SamplingSettings], Measured]
 class EngineRunner:
     """Our decoder: ``Engine.generate`` in ``mode`` ("ar" or "ptp")."""
 
-    def __init__(self, engine, mode: str, step: str = "fused", num_draft_tokens: int | None = None):
+    def __init__(
+        self, engine, mode: str, step: str = "fused", num_draft_tokens: int | None = None, lookup: bool = True
+    ):
         self.engine = engine
         self.mode = mode
         self.step = step
         self.num_draft_tokens = num_draft_tokens if mode == "ptp" else None
-        self.name = mode
+        self.lookup = lookup
+        self.name = mode if lookup or mode != "ptp" else "ptp-chain"
+        self.by_source: dict[str, int] = {}  # accepted drafts per source, over every answer
 
     def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
         mx.clear_cache()
@@ -64,7 +68,10 @@ class EngineRunner:
             max_tokens=max_tokens,
             step=self.step,
             num_draft_tokens=self.num_draft_tokens,
+            lookup=self.lookup,
         ):
+            if st.source:
+                self.by_source[st.source] = self.by_source.get(st.source, 0) + st.accepted
             calls += 1
             acc += st.accepted + 1
             if not toks and st.tokens:
@@ -137,6 +144,8 @@ def make_runners(
             runners[m] = MlxLmRunner(engine.pm.base, engine.tokenizer, draft_model, num_draft_tokens or 2)
         elif m in ("ar", "ptp"):
             runners[m] = EngineRunner(engine, m, step, num_draft_tokens)
+        elif m == "ptp-chain":
+            runners[m] = EngineRunner(engine, "ptp", step, num_draft_tokens, lookup=False)
         else:
             raise ValueError(f"unknown method {m!r} (known: {', '.join(METHODS)})")
     return runners

@@ -1,0 +1,88 @@
+"""Prompt lookup drafts: text that repeats the prompt or itself is drafted for free (docs/method.md, section 5).
+
+The latest n tokens (n = 4, 3, 2) are looked up where they occurred before in the prompt and the answer so far;
+the tokens that followed them there become a candidate chain of drafts. Drafts are only ever verified by the exact
+rule, so the output does not change; the drafter only decides which chain a call verifies: the lookup chain when
+its expected accepted drafts (from the hit rate it has observed) beat the adapter's own chain, else the adapter's.
+Either way the call still drafts the adapter's branches after the verified chain, so adapter drafts continue
+where the lookup stops.
+"""
+
+from __future__ import annotations
+
+from .budget import Plan
+
+NGRAMS = (4, 3, 2)
+
+
+class LookupDrafter:
+    """Wraps the adapter's ``ChainDrafter`` with prompt-lookup chains (``source`` of a plan: "lookup" or "ptp")."""
+
+    def __init__(self, inner, prompt_ids: list[int], max_draft: int = 7, prior: tuple[float, float] = (1.0, 1.0)):
+        self.inner = inner
+        self.history = list(prompt_ids)
+        self.max_draft = max_draft
+        self.hits, self.misses = prior  # per-draft outcomes of verified lookup drafts (leading ones only)
+        # n-gram -> latest start among n-grams followed by at least max_draft tokens (a match right behind the
+        # current position would offer only a stub of a continuation and hide the earlier, longer one)
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending at positions < _indexed are in the index
+        self._last: Plan | None = None
+
+    @property
+    def rate(self) -> float:
+        """Observed chance that a lookup draft is accepted, given the ones before it were."""
+        return self.hits / (self.hits + self.misses)
+
+    def _reindex(self) -> None:
+        h = self.history
+        upto = len(h) - self.max_draft + 1
+        for end in range(self._indexed, upto):  # n-grams h[end-n:end], each followed by h[end:end+max_draft]
+            for n in NGRAMS:
+                if end >= n:
+                    self._index[tuple(h[end - n : end])] = end - n
+        self._indexed = max(self._indexed, upto)
+
+    def candidates(self) -> list[int]:
+        """The continuation of the longest recent n-gram match, or []."""
+        self._reindex()
+        h = self.history
+        for n in NGRAMS:
+            if len(h) > n:
+                start = self._index.get(tuple(h[-n:]))
+                if start is not None and start + n < len(h):
+                    return h[start + n : start + n + self.max_draft]
+        return []
+
+    def plan(self, i: int, remaining: int, room: int) -> Plan:
+        plan = self.inner.plan(i, remaining, room)
+        plan.source = "ptp" if plan.drafts else None
+        look = self.candidates()
+        if not look:
+            return plan
+        budget = self.inner.budget
+        ratio = getattr(budget, "ratio", 1.0)
+        reach, adapter = 1.0, 0.0
+        for c in self.inner.conf:
+            reach *= min(0.99, c * ratio)
+            adapter += reach
+        r = self.rate
+        lookup = sum(r**k for k in range(1, len(look) + 1))
+        if lookup <= adapter:
+            return plan
+        # The budget fits the lookup chain to this machine's cost (the confidences it sees are the hit rate).
+        alt = budget.plan(look, [min(0.99, r / ratio)] * len(look), remaining, room, self.inner.step)
+        if not alt.drafts:
+            return plan
+        alt.source = "lookup"
+        return alt
+
+    def update(self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float]) -> None:
+        if getattr(plan, "source", None) == "lookup":
+            self.hits += accepted
+            self.misses += accepted < len(plan.drafts)
+        self.inner.update(plan, accepted, aux_tokens, aux_conf, observe=getattr(plan, "source", None) != "lookup")
+
+    def emitted(self, tokens: list[int]) -> None:
+        """Tokens the answer gained (every block, autoregressive bursts included)."""
+        self.history.extend(tokens)
