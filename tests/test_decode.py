@@ -84,7 +84,18 @@ def pm_random(varied):
 
 
 def run(
-    pm, tok, ids, s, max_tokens, mode, step="fused", budget=None, oracle=None, eos=None, num_draft_tokens=None, drafter=None
+    pm,
+    tok,
+    ids,
+    s,
+    max_tokens,
+    mode,
+    step="fused",
+    budget=None,
+    oracle=None,
+    eos=None,
+    num_draft_tokens=None,
+    drafter=None,
 ):
     # An oracle is a test drafter that proposes the given tokens (no auxiliary rows).
     if oracle is not None:

@@ -162,7 +162,8 @@ def table(doc: dict) -> str:
     lines = [
         f"ptp-bench | {Path(str(env['model'])).name} ({env['dtype']}) | {env['device']} | blas "
         f"{env['blas'].split(':')[0]} | {samp} | max {s['max_tokens']} tokens | "
-        f"{len(doc['prompts_complete'])} prompts x {s['repeats']} repeat(s)"
+        f"{len(doc['prompts_complete'])} prompts x "
+        + (f"{s['seeds']} seeds" if s.get("seeds") else f"{s['repeats']} repeat(s)")
         + (" | INTERRUPTED" if doc["interrupted"] else ""),
         f"{'method':<13}{'category':<16}{'prompts':>8}{'tokens':>8}{'tok/call':>10}{'tok/s':>9}{'speedup':>9}"
         f"{'decode tok/s':>14}{'CPU ms/tok':>12}{'peak GB':>9}",
