@@ -53,8 +53,10 @@ class ChatApp(App[None]):
         mode: str | None = None,
         history_path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
+        system: str | None = None,
     ) -> None:
         super().__init__()
+        self.system = system  # system prompt put before every conversation sent to the model
         self.loader = loader
         self.settings = settings or GenSettings()
         self.requested_mode = mode
@@ -242,7 +244,8 @@ class ChatApp(App[None]):
         self.answer = AnswerView(self.mode)
         await chat.mount_all([UserMessage(text), self.answer])
         self._next_id += 1
-        self.current = ChatRequest(self._next_id, self.history.messages(), self.mode, self.settings)
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        self.current = ChatRequest(self._next_id, system + self.history.messages(), self.mode, self.settings)
         self._calls = []
         self._live = (None, None)
         self._set_status("answering … (esc stops)")

@@ -12,6 +12,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ptp-chat", description="Chat with a local model; watch PTP accept token blocks.")
     add_model_flags(p)
     add_sampling_flags(p, max_tokens=512)
+    p.add_argument("--system", default=None, help="system prompt (where the chat template has a system role)")
     p.add_argument(
         "--no-measure",
         action="store_true",
@@ -28,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
     sampling_from_args(args)
     settings = GenSettings(args.temp, args.top_k, args.top_p, args.seed, args.max_tokens, args.num_draft_tokens)
     # Missing model or bad adapter folders are reported inside the app (the model loads there).
-    app = ChatApp(engine_loader(args.model, args.adapter, measure_cost=not args.no_measure), settings, args.mode)
+    loader = engine_loader(args.model, args.adapter, measure_cost=not args.no_measure)
+    app = ChatApp(loader, settings, args.mode, system=args.system)
     app.run()
     return 1 if app.load_error else 0  # the model never loaded: a failure while running
 

@@ -8,6 +8,17 @@ import traceback
 from collections.abc import Callable, Sequence
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default, unless the help already names it or there is none to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if "default" in text or action.required or d is None or d is False or d == argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 class UserError(Exception):
     """Bad usage or bad input: reported as one ``error:`` line with exit code 2."""
 
@@ -48,6 +59,7 @@ def _one_line_usage_errors(parser: argparse.ArgumentParser) -> None:
         raise SystemExit(2)
 
     parser.error = error
+    parser.formatter_class = HelpFormatter  # --help shows every default
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():

@@ -33,6 +33,8 @@ class SamplingSettings:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"--seed must be a non-negative integer, got {self.seed}")
         return self
 
     def as_dict(self) -> dict:

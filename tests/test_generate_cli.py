@@ -135,6 +135,13 @@ BAD = {
         lambda m, o, t: ["--model", m, "--prompt", "hi", "--max-tokens", 0],
         "--max-tokens must be at least 1",
     ),
+    "negative seed": (lambda m, o, t: ["--model", m, "--prompt", "hi", "--seed", -1], "--seed must be a non-negative"),
+    "empty prompt": (lambda m, o, t: ["--model", m, "--prompt", ""], "the prompt is empty"),
+    "all-space prompt": (lambda m, o, t: ["--model", m, "--prompt", "  \n "], "the prompt is empty"),
+    "system without template": (
+        lambda m, o, t: ["--model", m, "--prompt", "hi", "--system", "be brief", "--no-chat"],
+        "--system needs the chat template",
+    ),
     "missing adapter": (
         lambda m, o, t: ["--model", m, "--prompt", "hi", "--adapter", t / "nope"],
         "adapter folder not found",

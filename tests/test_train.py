@@ -257,3 +257,34 @@ def test_teacher_forced_windows_reproduce_the_document(tiny, tmp_path):
     assert build(model, tok, out, limit=2, max_tokens=32) == 2
     ids = [r["prompt_id"] for r in map(json.loads, out.read_text().splitlines())]
     assert len(set(ids)) == 5 and not any(i[-1] in "05" for i in ids)
+
+
+def test_teacher_files_and_prompt_splits_fail_clearly(tiny_model_dir, tmp_path, capsys):
+    """ptp-train's bad inputs: one error line, exit 2, the file and line named; a cut-off last line is skipped."""
+    from ptp_mlx.train.cli import main
+    from ptp_mlx.train.data import read_records
+
+    good = {"tokens": [1, 2, 3], "start": 1, "left": [0.0, 0.0], "right": [1.0, 1.0]}
+    data = tmp_path / "t.jsonl"
+    data.write_text(json.dumps(good) + "\n" + "{not json\n" + json.dumps(good) + "\n")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "turns": ["hi"]}) + "\n" for i in (0, 5, 10)))
+    cases = [
+        (["train", "--model", str(tiny_model_dir), "--data", str(data), "--run", str(tmp_path / "r")], "t.jsonl:2"),
+        (
+            ["train", "--model", str(tiny_model_dir), "--data", str(tmp_path / "nope.jsonl"), "--run", str(tmp_path)],
+            "not found",
+        ),
+        (
+            ["pregenerate", "--model", str(tiny_model_dir), "--prompts", str(prompts), "--out", str(tmp_path / "o")],
+            "no prompts of split 'train'",
+        ),
+    ]
+    for argv, msg in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error:") and msg in err[0], err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "o").exists()
+    data.write_text(json.dumps(good) + "\n" + json.dumps(good)[:10])  # an interrupted writer
+    notes = []
+    assert len(read_records(data, log=notes.append)) == 1 and "cut-off last line" in notes[0]

@@ -13,19 +13,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ptp-train", description="Distil a PTP adapter (O-PTP) in MLX.")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("pregenerate", help="teacher completions with sampler bins")
-    g.add_argument("--model", default=None)
+    g.add_argument("--model", default=None, help="model folder (default: the default model)")
     g.add_argument("--prompts", required=True, type=Path, help="JSONL with 'turns'")
     g.add_argument("--out", required=True, type=Path, help="teacher JSONL (appended; resumable)")
-    g.add_argument("--split", choices=["all", "train", "val"], default="train")
+    g.add_argument(
+        "--split", choices=["all", "train", "val"], default="train", help="prompts of this split (ids ending 0/5: val)"
+    )
     g.add_argument("--per-prompt", type=int, default=16, help="completions per prompt (one batch)")
     g.add_argument("--greedy-only", action="store_true", help="one greedy completion per prompt")
     g.add_argument("--no-greedy-row", action="store_true", help="do not make the first completion greedy")
-    g.add_argument("--temp", type=float, default=0.7)
-    g.add_argument("--top-k", type=int, default=50)
-    g.add_argument("--top-p", type=float, default=0.95)
-    g.add_argument("--max-tokens", type=int, default=96)
-    g.add_argument("--limit", type=int, default=None)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--temp", type=float, default=0.7, help="temperature of the sampled completions")
+    g.add_argument("--top-k", type=int, default=50, help="top-k of the sampled completions (0 = all)")
+    g.add_argument("--top-p", type=float, default=0.95, help="top-p of the sampled completions (1 = off)")
+    g.add_argument("--max-tokens", type=int, default=96, help="tokens per completion at most")
+    g.add_argument("--limit", type=int, default=None, help="only the first N prompts of the split")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampled completions")
     g.add_argument("--batch-prompts", type=int, default=1, help="prompts decoded together (left-padded)")
     c = sub.add_parser("prompts", help="build a larger prompt file from registry corpora and templates")
     c.add_argument("--out", required=True, type=Path, help="prompt JSONL to write")
@@ -36,7 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser(
         "corpus",
         help="teacher-forced records from plain text (one teacher pass per document, no generation)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     f.add_argument("--model", default=None, help="model folder (default: the default model)")
     f.add_argument("--out", required=True, type=Path, help="teacher JSONL (appended; resumable)")

@@ -42,15 +42,29 @@ def read_prompts(path: Path, split: str = "all") -> list[dict]:
     return out
 
 
-def read_records(path: Path) -> list[dict]:
-    """Teacher records from a JSONL file written by ``pregenerate`` (a torn last line is ignored)."""
+def read_records(path: Path, log=None) -> list[dict]:
+    """Teacher records from a JSONL file written by ``pregenerate`` or ``corpus`` ([] if there is no file yet).
+
+    A cut-off last line (an interrupted writer) is skipped with a notice; any other bad line is an error naming
+    its line number."""
     recs = []
     path = Path(path)
     if not path.exists():
         return recs
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    lines = text.split("\n")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            recs.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
-            continue  # a line cut by an interrupted run
+            if n == len(lines) and not text.endswith("\n"):  # the last line, never finished
+                if log:
+                    log(f"notice: {path}:{n}: skipping a cut-off last line")
+                continue
+            raise UserError(f"{path}:{n}: not a valid teacher record (bad JSON)") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("tokens"), list) or "start" not in rec:
+            raise UserError(f"{path}:{n}: not a teacher record (needs 'tokens' and 'start')")
+        recs.append(rec)
     return recs

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from ..generate import encode_prompt
 from ..layers import install, make_cache
 from ..sampler import SamplingSettings, pick_with_bins
+from ..cli_common import UserError
 from .data import read_prompts, read_records
 
 
@@ -114,6 +115,10 @@ def pregenerate(
 ) -> int:
     """Append completions for every prompt not yet in ``out_file``. Returns the number of new records."""
     prompts = read_prompts(prompts_file, split=split)[: limit or None]
+    if not prompts:
+        raise UserError(
+            f"no prompts of split {split!r} in {prompts_file} (ids ending in 0 or 5 are the validation split)"
+        )
     done = {r["prompt_id"] for r in read_records(out_file)}
     todo = [p for p in prompts if p["id"] not in done]
     eos = set(tokenizer.eos_token_ids)

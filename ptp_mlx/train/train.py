@@ -144,7 +144,7 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
 
 
 def add_train_args(t: argparse.ArgumentParser) -> None:
-    t.add_argument("--model", default=None)
+    t.add_argument("--model", default=None, help="model folder (default: the default model)")
     t.add_argument("--data", required=True, type=Path, nargs="+", help="teacher JSONL file(s)")
     t.add_argument("--val", type=Path, default=None, help="held-out teacher JSONL for validation")
     t.add_argument("--run", required=True, type=Path, help="run folder (checkpoints, log, best adapter)")
@@ -154,24 +154,26 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--reload-every", type=int, default=0, help="re-read --data every N steps (files still being written)"
     )
-    t.add_argument("--steps", type=int, default=1000)
-    t.add_argument("--rank", type=int, default=16)
+    t.add_argument("--steps", type=int, default=1000, help="optimizer steps in all (a resumed run stops there too)")
+    t.add_argument("--rank", type=int, default=16, help="LoRA rank")
     t.add_argument("--alpha", type=float, default=32.0, help="LoRA scale = alpha / rank")
     t.add_argument("--layers", default="all", help="'all', 'last:N' or comma-separated layer ids")
     t.add_argument(
         "--targets", default="all", help="'all' or comma-separated projection names of a block (e.g. q_proj,v_proj)"
     )
-    t.add_argument("--u-embedding", default="binary", choices=["binary", "linear_interpolation"])
+    t.add_argument(
+        "--u-embedding", default="binary", choices=["binary", "linear_interpolation"], help="how u is embedded"
+    )
     t.add_argument("--window", type=int, default=8, help="auxiliaries per window (K)")
-    t.add_argument("--windows-per-seq", type=int, default=16)
-    t.add_argument("--seqs-per-step", type=int, default=2)
-    t.add_argument("--lr", type=float, default=5e-4)
-    t.add_argument("--warmup", type=int, default=20)
-    t.add_argument("--weight-decay", type=float, default=0.0)
-    t.add_argument("--save-every", type=int, default=50)
-    t.add_argument("--eval-every", type=int, default=100)
-    t.add_argument("--eval-seqs", type=int, default=48)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--windows-per-seq", type=int, default=16, help="windows drawn from each teacher sequence")
+    t.add_argument("--seqs-per-step", type=int, default=2, help="teacher sequences per step")
+    t.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (cosine decay to a tenth)")
+    t.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
+    t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    t.add_argument("--save-every", type=int, default=50, help="checkpoint every N steps")
+    t.add_argument("--eval-every", type=int, default=100, help="validate every N steps (with --val)")
+    t.add_argument("--eval-seqs", type=int, default=48, help="validation sequences (8 windows each)")
+    t.add_argument("--seed", type=int, default=0, help="seed of every random choice (runs resume exactly)")
 
 
 def pm_vocab(base) -> int:
@@ -189,15 +191,18 @@ def _layer_ids(spec: str, n: int) -> list[int]:
 def train_from_args(a: argparse.Namespace) -> int:
     from ..models import load
 
-    base, _ = load(a.model)
+    for f in [*a.data, *([a.val] if a.val else [])]:
+        if not Path(f).is_file():
+            raise UserError(f"teacher file not found: {f}")
 
     def read_all() -> list[dict]:
-        return [r for f in a.data for r in read_records(f)]
+        return [r for f in a.data for r in read_records(f, log=lambda m: print(m, file=sys.stderr))]
 
     records = read_all()
     if not records:
         raise UserError(f"no teacher records in {', '.join(map(str, a.data))}")
     val = read_records(a.val)[: a.eval_seqs] if a.val else []
+    base, _ = load(a.model)
     return train(base, records, val, a, reload=read_all if getattr(a, "reload_every", 0) else None)
 
 
