@@ -181,7 +181,7 @@ def speed_notes(cast: mx.Dtype | None, weights: dict[str, Any], quantized: bool)
     """On CPU only float32 matmuls use BLAS (docs/method.md, section 10): say so when the result is not float32."""
     if mx.default_device() != mx.cpu:
         return []
-    half = cast in (mx.float16, mx.bfloat16) or (
+    half = (cast is not None and cast in (mx.float16, mx.bfloat16)) or (
         cast is None and any(dtype_name(v) in ("float16", "bfloat16") for v in weights.values())
     )
     if quantized or half:

@@ -189,3 +189,27 @@ def shipped_adapter(model_name: str = DEFAULT_MODEL_NAME) -> Path | None:
     """The adapter folder shipped inside the package for ``model_name``, if any."""
     p = shipped_adapters_dir() / model_name
     return p if (p / CONFIG).exists() and (p / WEIGHTS).exists() else None
+
+
+def adapter_for(base) -> Path | None:
+    """An adapter made for exactly this base model: a shipped one, or one under ``$PTP_MLX_HOME/adapters``, whose
+    recorded fingerprint matches the model's (so a converted copy of the default model still gets its adapter)."""
+    from .models import model_fingerprint
+    from .paths import cache_root
+
+    want = None
+    for root in (shipped_adapters_dir(), cache_root() / "adapters"):
+        if not root.is_dir():
+            continue
+        for d in sorted(root.iterdir()):
+            if not ((d / CONFIG).is_file() and (d / WEIGHTS).is_file()):
+                continue
+            try:
+                fp = json.loads((d / CONFIG).read_text()).get("base_model", {}).get("fingerprint")
+            except (OSError, ValueError, AttributeError):
+                continue
+            if fp:
+                want = want or model_fingerprint(base)
+                if fp == want:
+                    return d
+    return None

@@ -15,7 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from . import blas
-from .adapter import load_adapter, shipped_adapter
+from .adapter import adapter_for, load_adapter, shipped_adapter
 from .budget import Budget, CostCurve, cached_cost_curve
 from .cli_common import UserError
 from .generate import DecodeOptions, GenerationStep, PromptCache, encode_prompt, stream_generate
@@ -61,6 +61,13 @@ class Engine:
         if adapter_dir is not None:
             check_ptp_model(model)  # before any weights load
         base, tokenizer = load(model, log=log)
+        if adapter is None and adapter_dir is None:
+            from .layers import SUPPORTED_MODEL_TYPES, model_type
+
+            if model_type(base) in SUPPORTED_MODEL_TYPES:
+                adapter_dir = adapter_for(base)  # adapters follow the model (its fingerprint), not the flag
+                if adapter_dir is not None:
+                    log(f"using the adapter made for this model: {adapter_dir}")
         ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, None)
         pm = PTPModel(base, ad, cfg, fuse=True)
         eng = cls(

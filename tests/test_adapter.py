@@ -177,3 +177,23 @@ def test_engine_primes_its_budget_per_decoding_mode(base):
     eng.pm.config = dataclasses.replace(eng.pm.config, acceptance_histograms={})
     eng.budget = eng.make_budget(measure=False)
     assert eng.budget_for(SamplingSettings(0.0)) is eng.budget
+
+
+def test_adapter_follows_the_model(tiny_model_dir, base, tmp_path, monkeypatch):
+    """Without --adapter, a model gets the adapter whose recorded fingerprint is its own (a converted copy of a
+    model keeps its adapter), and nothing when none matches."""
+    import shutil
+
+    from ptp_mlx.engine import Engine
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("PTP_MLX_HOME", str(home))
+    assert Engine.load(str(tiny_model_dir), measure_cost=False).pm.adapter is None
+    saved(base, home / "adapters" / "tiny-ptp")
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, copy)  # the same weights under another name
+    notes = []
+    eng = Engine.load(str(copy), log=notes.append, measure_cost=False)
+    assert eng.pm.adapter is not None and eng.adapter_path == str(home / "adapters" / "tiny-ptp")
+    assert any("made for this model" in n for n in notes)
+    assert Engine.load(str(copy), adapter="none", measure_cost=False).pm.adapter is None

@@ -200,3 +200,22 @@ def test_checkpoint_trained_from_scratch_without_peft(tmp_path):
         want = hf(torch.tensor([TOKENS])).logits[0].numpy()
     assert np.abs(got[: len(TOKENS)] - want).max() < 1e-4 * np.abs(want).max()
     assert np.isfinite(got).all()
+
+
+def test_config_without_dtype_field(converted, tmp_path):
+    """A base config written from a bare config object (no torch_dtype / dtype field) converts all the same."""
+    kind, lit, ckpt, cfg_dir, _ = converted
+    bare = tmp_path / "hf"
+    bare.mkdir()
+    for f in cfg_dir.iterdir():
+        if f.is_file():
+            (bare / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((bare / "config.json").read_text())
+    for k in ("torch_dtype", "dtype", "transformers_version"):
+        cfg.pop(k, None)
+    (bare / "config.json").write_text(json.dumps(cfg))
+    convert_ptp(ckpt, tmp_path / "out", config=bare)
+    pm, _ = load_pm(tmp_path / "out" / "model", tmp_path / "out" / "adapter")
+    u = uniforms()
+    ref = reference_logits(lit, TOKENS, WINDOWS, u)
+    assert np.abs(ref - mlx_logits(pm, u)).max() / np.abs(ref).max() < 1e-4
