@@ -100,3 +100,17 @@ def test_oracle_full_width_on_real_model(real):
     if same_or_near_tie(pm, tok, PROMPTS[2], s, want, got):
         assert all(st.accepted == st.proposed == 7 for st in steps[:-1])
     assert len(steps) == -(-len(want) // 8)
+
+
+def test_readme_python_api_example_runs(default_model_dir, capsys):
+    """The README's Python API example, run as written (the real default model and its shipped adapter)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Python API", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = code.replace('"role": "user", "content": "Name three rivers in Europe."', '"role": "user", "content": "Hi"')
+    exec(compile(code.replace("seed=1))", "seed=1), max_tokens=12)"), "README.md", "exec"), {})
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1].startswith("prompt ") and "tokens/call" in out[-1] and len(out) >= 2
