@@ -35,6 +35,7 @@ def run_cli(
         parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     _one_line_usage_errors(parser)
     args = parser.parse_args(argv)
+    _quiet_libraries(args)
     try:
         rc = main(args)
         return int(rc or 0)
@@ -49,6 +50,23 @@ def run_cli(
     except Exception as e:  # noqa: BLE001 - the CLI boundary turns any failure into one line
         _report(args, e)
         return 1
+
+
+def _quiet_libraries(args: argparse.Namespace) -> None:
+    """Library warnings (transformers' "sequence length is longer than..." and the like) are not for the
+    terminal: our checks report what matters as one line. ``--debug`` keeps them."""
+    if getattr(args, "debug", False):
+        return
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+    except ImportError:
+        pass
 
 
 def _one_line_usage_errors(parser: argparse.ArgumentParser) -> None:

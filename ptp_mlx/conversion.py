@@ -10,6 +10,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -64,7 +65,9 @@ def load_pickle(path: Path, trust_pickle: bool = False) -> Any:
             f"{path.name} is a PyTorch pickle: reading it needs torch (pip install 'ptp-mlx[convert]')"
         ) from None
     try:
-        return torch.load(str(path), map_location="cpu", weights_only=not trust_pickle, mmap=sniff(path) == "zip")
+        with warnings.catch_warnings():  # torch warns about pickles it refuses; the refusal is our one error line
+            warnings.simplefilter("ignore")
+            return torch.load(str(path), map_location="cpu", weights_only=not trust_pickle, mmap=sniff(path) == "zip")
     except pickle.UnpicklingError as e:
         if trust_pickle:
             raise UserError(f"cannot unpickle {path}: {_one_line(e)}") from None
