@@ -120,6 +120,9 @@ def pick(
     finite = mx.isfinite(mx.max(logits, axis=-1)) & mx.all(~mx.isnan(logits), axis=-1)
     if s.greedy:
         out = mx.argmax(logits, axis=-1).astype(mx.int32)
+    elif 0 < s.top_k < logits.shape[-1]:
+        out, ok = _pick_top_k(u, logits, s)
+        finite = finite & ok
     else:
         q = filtered_probs(logits, s)
         edges = id_sorted_edges(q)
@@ -132,6 +135,33 @@ def pick(
         if bool(mx.any(out < 0).item()):
             raise ValueError("cannot sample: a row of logits is entirely masked (-inf) or not finite")
     return out
+
+
+def _pick_top_k(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
+    """``pick`` with top-k, on the k candidates only: after one partition over the vocabulary every step (top-p,
+    renormalising, the id-ordered CDF) works on k values instead of the whole vocabulary. Non-kept tokens add
+    exact zeros to the full-vocabulary CDF, so the edges are those of ``id_sorted_edges`` up to the rounding of
+    the normaliser's sum."""
+    x = logits.astype(mx.float32)
+    if s.temperature not in (0, 1):
+        x = x / s.temperature
+    p = mx.softmax(x, axis=-1, precise=True)
+    k = s.top_k
+    part = mx.argpartition(-p, kth=k - 1, axis=-1)[..., :k]
+    ids = mx.sort(part, axis=-1)  # the k candidates in vocabulary-id order
+    pk = mx.take_along_axis(p, ids, axis=-1)
+    if s.top_p < 1.0:
+        order = mx.argsort(-pk, axis=-1)  # descending probability
+        ps = mx.take_along_axis(pk, order, axis=-1)
+        keep_sorted = (mx.cumsum(ps, axis=-1) - ps) <= s.top_p
+        keep = mx.put_along_axis(mx.zeros(pk.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
+        pk = mx.where(keep, pk, 0.0)
+    q = pk / pk.sum(axis=-1, keepdims=True)
+    edges = id_sorted_edges(q)
+    u = mx.array(u, dtype=mx.float32).astype(edges.dtype)
+    j = mx.minimum(mx.sum(edges <= mx.expand_dims(u, -1), axis=-1), k - 1)
+    out = mx.take_along_axis(ids, j[..., None], axis=-1)[..., 0].astype(mx.int32)
+    return out, mx.all(~mx.isnan(q), axis=-1)
 
 
 def _bin_of(q: mx.array, edges: mx.array, tokens: mx.array) -> tuple[mx.array, mx.array]:

@@ -255,3 +255,20 @@ def test_accurate_cumsum_tracks_the_exact_cdf():
     # One row alone or among others: the same sums, bit for bit.
     assert mx.array_equal(accurate_cumsum(mx.array(p))[1], accurate_cumsum(mx.array(p[1])))
     assert mx.array_equal(blocked_cumsum(mx.array(p))[1], blocked_cumsum(mx.array(p[1])))
+
+
+def test_top_k_fast_path_picks_what_the_full_vocabulary_path_picks():
+    """``pick`` with top-k works on the k candidates only; it must choose what the full-vocabulary CDF chooses
+    for every u (up to the rounding of the normaliser, far below any u spacing tested here)."""
+    from ptp_mlx.sampler import filtered_probs, id_sorted_edges
+
+    rng = np.random.default_rng(3)
+    logits = mx.array(rng.normal(0, 2.5, (6, 3000)).astype(np.float32))
+    us = rng.random((400, 6), dtype=np.float32)
+    for temp, k, top_p in ((0.7, 50, 0.95), (1.0, 20, 1.0), (1.3, 200, 0.8), (0.5, 2, 1.0)):
+        s = SamplingSettings(temp, k, top_p)
+        edges = id_sorted_edges(filtered_probs(logits, s))
+        for u in us:
+            fast = pick(mx.array(u), logits, temp, k, top_p)
+            full = mx.sum(edges <= mx.array(u).astype(edges.dtype)[:, None], axis=-1)
+            assert mx.array_equal(fast, full.astype(mx.int32)), (temp, k, top_p)
