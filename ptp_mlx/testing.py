@@ -167,21 +167,22 @@ def randomize_adapter(adapter, scale: float = 0.05, seed: int = 0) -> None:
     mx.eval(adapter.parameters())
 
 
-def explain_divergence(model, prompt_ids, s, want: list[int], got: list[int], eos_ids=()):
-    """Where two token sequences for the same uniforms first part, and whether that is a float near-tie.
+def explain_divergence(pm, prompt_ids, s, want: list[int], got: list[int], eos_ids=()):
+    """Where autoregressive tokens ``want`` and PTP tokens ``got`` for the same uniforms first part, and whether
+    that is a float near-tie.
 
-    Returns ``(position, Tie or None, report)``; the tie is judged from the plain model's logits there
-    (``ptp_mlx.ties``). Where one sequence ended, each of ``eos_ids`` is tried as its token.
+    Returns ``(position, Tie or None, report)``; the tie is judged from the autoregressive decoder's own logits
+    there (``ptp_mlx.ties``). Where one sequence ended, each of ``eos_ids`` is tried as its token.
     """
     from .sampler import UniformStream
-    from .ties import classify
+    from .ties import classify, replay_ar_logits
 
     g = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
     refs = [want[g]] if g < len(want) else list(eos_ids)
     others = [got[g]] if g < len(got) else list(eos_ids)
     if not refs or not others:
         return g, None, f"lengths differ: {len(want)} vs {len(got)} tokens (common prefix {g})"
-    logits = model(mx.array(list(prompt_ids) + want[:g])[None])[0, -1].astype(mx.float32)
+    logits = replay_ar_logits(pm, list(prompt_ids), want[:g]).astype(mx.float32)
     u = UniformStream(s.seed)[g]
     tie = min((classify(logits, r, o, u, s) for r in refs for o in others), key=lambda t: (not t.near_tie, t.distance))
     report = f"first divergence at generated position {g}: {refs[0]} vs {others[0]}, u={u:.9f}: {tie.describe()}"

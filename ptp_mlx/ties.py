@@ -1,10 +1,12 @@
 """Telling a float near-tie from a bug where PTP and plain decoding part (docs/method.md, section 11).
 
 In exact arithmetic PTP returns the autoregressive tokens. In float32 a pass of several rows and a pass of one
-row round differently (BLAS picks kernels by row count; Metal too), so their logits differ by about 2e-5 and
-their bin edges by about 1e-6 (measured on the default model; docs/results/lossless.md). Where the sampler's
-choice sits that close to a boundary, the two may choose differently. ``classify`` decides, from the logits of
-one pass at the first divergent position, whether the other token was that close:
+row round differently (BLAS picks kernels by row count; Metal too), and the difference is carried on in the KV
+cache, so the two decoders' logits differ by about 1e-5 and their bin edges by up to about 1e-6 (measured on the
+default model; docs/results/lossless.md). Where the sampler's choice sits that close to a boundary, the two may
+choose differently. ``classify`` decides, from the autoregressive decoder's own logits at the first divergent
+position (``replay_ar_logits`` recomputes them exactly as autoregressive decoding did), whether the other
+token was that close:
 
 - greedy: the two tokens' logits are within ``LOGIT_TOL``;
 - sampled: ``u`` lies within ``EDGE_TOL`` of the other token's bin, or a token at the top-p cut-off has a
@@ -22,8 +24,8 @@ import numpy as np
 
 from .sampler import SamplingSettings
 
-LOGIT_TOL = 1e-3  # 50x the logit difference between passes of different widths
-EDGE_TOL = 1e-5  # 10x the largest bin-edge difference measured between such passes
+LOGIT_TOL = 1e-3  # about 50x the logit difference measured between the two decoders
+EDGE_TOL = 1e-5  # about 10x the largest bin-edge difference measured between them
 MASS_TOL = 1e-5
 
 
@@ -62,6 +64,19 @@ def _pick(p: np.ndarray, keep: np.ndarray, u: float) -> int:
     last = int(np.flatnonzero(keep)[-1])
     edges[last:] = 1.0
     return int(np.sum(edges <= u))
+
+
+def replay_ar_logits(pm, prompt_ids, prefix) -> mx.array:
+    """The logits autoregressive decoding computed for the token after ``prompt_ids + prefix``: the same prefill
+    and the same one-row steps (a single pass over the whole prefix rounds differently, by more than a near-tie)."""
+    from .generate import _prefill
+
+    cache = pm.make_cache()
+    _prefill(pm.base, list(prompt_ids[:-1]), cache)
+    logits = None
+    for t in [prompt_ids[-1], *prefix]:
+        logits = pm.base(mx.array([[int(t)]]), cache=cache)[0, -1]
+    return logits
 
 
 def classify(logits: mx.array, ref_token: int, other_token: int, u: float, s: SamplingSettings) -> Tie:

@@ -196,8 +196,9 @@ def test_lossless_check_catches_a_broken_decoder(engine, prompt_file):
     out = run_bench(load_prompts(prompt_file, limit=1), runners, engine.tokenizer, 8, SamplingSettings(), warmup=False)
     n, same, divs = compare(out.records, "ar", "ptp")
     assert (n, same, len(divs)) == (1, 0, 1) and divs[0].position == 3
-    diagnose(divs[0], out.records, "ar", engine.pm.base)
+    diagnose(divs[0], out.records, "ar", engine.pm, SamplingSettings())
     assert divs[0].logit_gap > 0  # the reference token is the argmax, the flipped one is not
+    assert not divs[0].near_tie and "NOT a near-tie" in divs[0].describe("ar", "ptp")
     assert "position 3" in divs[0].describe("ar", "ptp")
 
 

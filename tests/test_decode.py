@@ -142,7 +142,7 @@ def assert_same(pm, tok, ids, s, max_tokens, mode_kw, eos=None, want=None):
     got_tokens, steps = run(pm, tok, ids, s, max_tokens, "ptp", eos=eos, **mode_kw)
     if got_tokens != want_tokens:
         eos_ids = sorted(eos if eos is not None else tok.eos_token_ids)
-        _, tie, report = explain_divergence(pm.base, ids, s, want_tokens, got_tokens, eos_ids)
+        _, tie, report = explain_divergence(pm, ids, s, want_tokens, got_tokens, eos_ids)
         assert tie is not None and tie.near_tie, report + "; " + divergence_report(pm, ids, s, want_tokens, got_tokens)
         warnings.warn(report, stacklevel=2)
         return steps

@@ -52,7 +52,7 @@ def same_or_near_tie(pm, tok, prompt, s, want, got) -> bool:
     """True if identical; a divergence must be a measured float near-tie (warned), else the test fails."""
     if got == want:
         return True
-    _, tie, report = explain_divergence(pm.base, encode_prompt(tok, prompt), s, want, got, sorted(tok.eos_token_ids))
+    _, tie, report = explain_divergence(pm, encode_prompt(tok, prompt), s, want, got, sorted(tok.eos_token_ids))
     assert tie is not None and tie.near_tie, report
     warnings.warn(report, stacklevel=2)
     return False

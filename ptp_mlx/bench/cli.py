@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         n, same, divs = compare(bench.records, ref, other)
         eos = sorted(getattr(eng.tokenizer, "eos_token_ids", None) or [])
         for d in divs:
-            diagnose(d, bench.records, ref, eng.pm.base, sampling, eos, seeds_vary=args.seeds is not None)
+            diagnose(d, bench.records, ref, eng.pm, sampling, eos, seeds_vary=args.seeds is not None)
         check_docs.append(report.check_doc(name, ref, other, n, same, divs, fatal))
 
     settings = {

@@ -245,18 +245,18 @@ def diagnose(
     div: Divergence,
     records: list[Record],
     ref: str,
-    model,
+    pm,
     sampling: SamplingSettings | None = None,
     eos_ids=(),
     seeds_vary: bool = False,
 ) -> None:
-    """Fill in the base model's logit gaps at the divergent position (one forward pass, no cache) and classify
-    the divergence as a float near-tie or not (``ptp_mlx.ties``). An answer that ended there ended with an
-    end token: each of ``eos_ids`` is tried as its token."""
+    """Fill in the logit gaps at the divergent position (the reference decoder's own logits, replayed) and
+    classify the divergence as a float near-tie or not (``ptp_mlx.ties``). An answer that ended there ended
+    with an end token: each of ``eos_ids`` is tried as its token. ``pm`` is the engine's ``PTPModel``."""
     import mlx.core as mx
 
     from ..sampler import UniformStream
-    from ..ties import classify
+    from ..ties import classify, replay_ar_logits
 
     rec = next(
         (
@@ -268,8 +268,7 @@ def diagnose(
     )
     if rec is None or (div.ref_token is None and div.other_token is None):
         return
-    ids = rec.prompt_ids + rec.m.token_ids[: div.position]
-    logits = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
+    logits = replay_ar_logits(pm, rec.prompt_ids, rec.m.token_ids[: div.position]).astype(mx.float32)
     top2 = mx.topk(logits, 2)
     refs = [div.ref_token] if div.ref_token is not None else list(eos_ids)
     others = [div.other_token] if div.other_token is not None else list(eos_ids)
