@@ -70,6 +70,7 @@ class ChatApp(App[None]):
         self.current: ChatRequest | None = None
         self.answer: AnswerView | None = None
         self.histogram: Counter[int] = Counter()  # tokens per call -> calls, this session
+        self.sources: Counter[str] = Counter()  # accepted drafts by who proposed them ("ptp", "lookup"), session
         self._live: tuple[float | None, float | None] = (None, None)  # tok/s, tokens/call of the last answer
         self._calls: list[int] = []
         self._next_id = 0
@@ -124,7 +125,9 @@ class ChatApp(App[None]):
     def _refresh_stats(self) -> None:
         tps, mean = self._live
         mode = self.mode if self.ready else (self.requested_mode or "…")  # undecided until the adapter is known
-        self.query_one(StatsBar).show(mode, self.settings.describe(), tps, mean, dict(self.histogram))
+        self.query_one(StatsBar).show(
+            mode, self.settings.describe(), tps, mean, dict(self.histogram), dict(self.sources)
+        )
 
     async def action_quit(self) -> None:
         """Quit; an answer in progress is stopped and saved like Esc does."""
@@ -178,6 +181,8 @@ class ChatApp(App[None]):
         decided = step.accepted + 1
         await self.answer.add_block(step.text, decided)
         self.histogram[decided] += 1
+        if getattr(step, "source", None) and step.accepted:
+            self.sources[step.source] += step.accepted
         self._calls.append(decided)
         tps = step.generated / step.elapsed if step.elapsed > 0 else None
         self._live = (tps, sum(self._calls) / len(self._calls))
@@ -292,6 +297,7 @@ class ChatApp(App[None]):
         await self.query_one("#chat", VerticalScroll).remove_children()
         self.history.clear()
         self.histogram.clear()
+        self.sources.clear()
         self._live = (None, None)
         self._refresh_stats()
         self._set_status(f"chat cleared · {self.sub_title}" if self.ready else self._status_text)

@@ -145,8 +145,17 @@ class AnswerView(Vertical):
 class StatsBar(Static):
     """Mode, sampling settings, speed and the accepted-length histogram."""
 
-    def show(self, mode: str, settings: str, tps: float | None, mean: float | None, histogram: dict[int, int]) -> None:
-        """The most telling figures first, so a narrow terminal cuts the settings, not the speed."""
+    def show(
+        self,
+        mode: str,
+        settings: str,
+        tps: float | None,
+        mean: float | None,
+        histogram: dict[int, int],
+        sources: dict[str, int] | None = None,
+    ) -> None:
+        """The most telling figures first, so a narrow terminal cuts the settings, not the speed. ``sources``:
+        accepted drafts by who proposed them (shown once prompt lookup has landed some)."""
         parts = [
             mode.upper(),
             f"{tps:.1f} tok/s" if tps is not None else "– tok/s",
@@ -155,6 +164,8 @@ class StatsBar(Static):
         spark = sparkline(histogram)
         if spark:
             parts.append(f"tokens/call {spark}")
+        if sources and sources.get("lookup"):
+            parts.append("drafts " + " ".join(f"{k} {v}" for k, v in sorted(sources.items())))
         parts.append(settings)
         self.update(" │ ".join(parts))
 

@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     except ContextFull as e:
         raise UserError(str(e)) from None
     sys.stdout.write("\n")
+    sys.stdout.flush()  # the answer's last line before the summary, also when both streams share a terminal
     print(stats.summary(), file=sys.stderr)
     if mode == "ptp":
         print(stats.histogram_line(), file=sys.stderr)

@@ -472,3 +472,12 @@ async def test_real_engine_context_full(tiny_model_dir, tmp_path):
         await wait_until(pilot, lambda: app.current is None, timeout=60)
         assert any(n.startswith("context full: prompt is") for n in notes(app))
         assert app.query_one("#prompt", Input).value == "x" * 600 and not answers(app)
+
+
+def test_stats_bar_names_the_draft_sources():
+    """Once prompt lookup has landed drafts, the stats bar says who proposed the accepted drafts."""
+    bar = StatsBar()
+    bar.show("ptp", "greedy", 10.0, 2.0, {1: 2, 3: 4}, {"ptp": 3})
+    assert "drafts" not in str(bar.render())
+    bar.show("ptp", "greedy", 10.0, 2.0, {1: 2, 3: 4}, {"ptp": 3, "lookup": 5})
+    assert "drafts lookup 5 ptp 3" in str(bar.render())
