@@ -41,12 +41,27 @@ class SamplingSettings:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
 
-def filtered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
-    """Steps 1-4: softmax at temperature T, top-k, top-p, renormalised; float32, shape of ``logits``."""
-    x = logits.astype(mx.float32)
+def _work_dtype():
+    """float64 where the device has it (the CPU), else float32."""
+    return mx.float64 if mx.default_device() == mx.cpu else mx.float32
+
+
+def tempered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
+    """Step 1: softmax at temperature T, in float64 on the CPU.
+
+    In float32 the softmax of a 49,152-token vocabulary misplaces the cumulative distribution by up to about
+    1e-4 (its normaliser's rounding, measured on the default model), which moves every bin edge near the top of
+    the CDF by that much; in float64 the CDF is within about 1e-8 of exact. The logits themselves are float32
+    (the model's), converted exactly."""
+    x = logits.astype(mx.float32).astype(_work_dtype())
     if s.temperature not in (0, 1):
         x = x / s.temperature
-    p = mx.softmax(x, axis=-1, precise=True)
+    return mx.softmax(x, axis=-1, precise=True)
+
+
+def filtered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
+    """Steps 1-4: softmax at temperature T, top-k, top-p, renormalised; float64 on the CPU, else float32."""
+    p = tempered_probs(logits, s)
     V = p.shape[-1]
     k = s.top_k if 0 < s.top_k < V else 0
     if k or s.top_p < 1.0:
@@ -72,15 +87,15 @@ BLOCK = 256  # block length of the two-level float32 cumulative sum (devices wit
 def accurate_cumsum(q: mx.array) -> mx.array:
     """Cumulative sum along the last axis, far more accurate than a running float32 sum.
 
-    A float32 running sum over a 49,152-token vocabulary drifts about 1e-4 from the exact CDF (measured on the
-    default model), which shifts every bin edge by that much. On the CPU the sum runs in float64 (edges then
-    within about 1e-7 of exact); elsewhere (Metal has no float64) in two float32 levels: within blocks of
-    ``BLOCK`` tokens, plus the running sum of block totals. Either way each row is summed in the same order
-    whatever the number of rows, so a 1-row and a many-row pass differ only by their logits.
+    A float32 running sum over a 49,152-token vocabulary drifts about 3e-5 from the exact CDF, which shifts the
+    bin edges near its top by that much. On the CPU the sum runs in float64; elsewhere (Metal has no float64) in
+    two float32 levels: within blocks of ``BLOCK`` tokens, plus the running sum of block totals. Either way each
+    row is summed in the same order whatever the number of rows, so a 1-row and a many-row pass differ only by
+    their logits.
     """
     if mx.default_device() == mx.cpu:
         return mx.cumsum(q.astype(mx.float64), axis=-1)
-    return blocked_cumsum(q)
+    return blocked_cumsum(q.astype(mx.float32))
 
 
 def blocked_cumsum(q: mx.array) -> mx.array:
@@ -142,10 +157,7 @@ def _pick_top_k(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.
     renormalising, the id-ordered CDF) works on k values instead of the whole vocabulary. Non-kept tokens add
     exact zeros to the full-vocabulary CDF, so the edges are those of ``id_sorted_edges`` up to the rounding of
     the normaliser's sum."""
-    x = logits.astype(mx.float32)
-    if s.temperature not in (0, 1):
-        x = x / s.temperature
-    p = mx.softmax(x, axis=-1, precise=True)
+    p = tempered_probs(logits, s)
     k = s.top_k
     part = mx.argpartition(-p, kth=k - 1, axis=-1)[..., :k]
     ids = mx.sort(part, axis=-1)  # the k candidates in vocabulary-id order

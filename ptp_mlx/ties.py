@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .sampler import SamplingSettings
+from .sampler import SamplingSettings, filtered_probs, id_sorted_edges, tempered_probs
 
 LOGIT_TOL = 1e-3  # about 50x the logit difference measured between the two decoders
 EDGE_TOL = 1e-5  # about 10x the largest bin-edge difference measured between them
@@ -38,24 +38,6 @@ class Tie:
     def describe(self) -> str:
         verdict = "float near-tie" if self.near_tie else "NOT a near-tie"
         return f"{verdict} ({self.kind} {self.distance:.3g})"
-
-
-def _probs(logits: np.ndarray, s: SamplingSettings) -> np.ndarray:
-    x = logits.astype(np.float64) / (s.temperature if s.temperature not in (0, 1) else 1.0)
-    p = np.exp(x - x.max())
-    return p / p.sum()
-
-
-def _kept(p: np.ndarray, s: SamplingSettings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Kept mask, descending order and mass before each token in that order (sampler steps 2-3, float64)."""
-    order = np.argsort(-p, kind="stable")
-    keep = np.zeros(p.size, dtype=bool)
-    k = s.top_k if 0 < s.top_k < p.size else p.size
-    before = np.cumsum(p[order]) - p[order]
-    keep[order[:k]] = True
-    if s.top_p < 1.0:
-        keep[order[before > s.top_p]] = False
-    return keep, order, before
 
 
 def _pick(p: np.ndarray, keep: np.ndarray, u: float) -> int:
@@ -81,20 +63,25 @@ def replay_ar_logits(pm, prompt_ids, prefix) -> mx.array:
 
 def classify(logits: mx.array, ref_token: int, other_token: int, u: float, s: SamplingSettings) -> Tie:
     """Is ``other_token`` within float rounding of what ``logits`` (one pass) give at uniform ``u``?"""
-    x = np.array(logits.astype(mx.float32), dtype=np.float64).reshape(-1)
+    logits = logits.astype(mx.float32).reshape(-1)
     if s.greedy:
+        x = np.array(logits, dtype=np.float64)
         gap = float(x[ref_token] - x[other_token])
         return Tie(abs(gap) <= LOGIT_TOL, "logit gap", abs(gap))
-    p = _probs(x, s)
-    keep, order, before = _kept(p, s)
-    q = np.where(keep, p, 0.0)
-    edges = np.cumsum(q / q.sum())
+    # The sampler's own distribution and edges (what decoding compared u with), not an idealised CDF: its
+    # float rounding is shared by both decoders and is no part of their difference.
+    q_mx = filtered_probs(logits, s)
+    edges = np.array(id_sorted_edges(q_mx), dtype=np.float64)
+    keep = np.array(q_mx, dtype=np.float64) > 0
     lo = edges[other_token - 1] if other_token > 0 else 0.0
     hi = edges[other_token]
     dist = 0.0 if lo <= u < hi else float(min(abs(u - lo), abs(u - hi)))
     if keep[other_token] and dist <= EDGE_TOL:
         return Tie(True, "bin edge", dist)
     if s.top_p < 1.0:
+        p = np.array(tempered_probs(logits, s), dtype=np.float64)
+        order = np.argsort(-p, kind="stable")
+        before = np.cumsum(p[order]) - p[order]
         near = np.flatnonzero(np.abs(before - s.top_p) <= MASS_TOL)
         for j in near[:4]:
             flipped = keep.copy()
