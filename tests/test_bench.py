@@ -383,3 +383,16 @@ def test_chat_turns_carried_cache_prefills_less(tiny_model_dir, adapter_dir, pro
         carried, full = int(r[2]), int(r[4])
         assert full == int(r[1]) - 1 and (carried < full if i else carried == full)
     assert cli.main(argv + ["--chat-turns", "0"]) == 2
+
+
+def test_draft_model_baseline(tiny_model_dir, adapter_dir, prompt_file, tmp_path, capsys):
+    """``--draft-model``: mlx-lm's own speculative decoding as a method (a tiny model that shares the tokenizer;
+    here the model drafts for itself, so greedy drafts always land)."""
+    argv = ["--model", str(tiny_model_dir), "--adapter", str(adapter_dir), "--prompts", str(prompt_file)]
+    argv += ["--max-tokens", "8", "--methods", "ar,mlx-lm-draft", "--draft-model", str(tiny_model_dir)]
+    rc = cli.main(argv + ["--no-cost-curve", "--json", str(tmp_path / "d.json")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    summary = json.loads((tmp_path / "d.json").read_text())["summary"]
+    assert summary["mlx-lm-draft"][ALL]["mean_accepted"] > 1.5
+    assert summary["ar"][ALL]["mean_accepted"] == 1.0
