@@ -20,21 +20,10 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ptp_mlx.cli_common import UserError
-from ptp_mlx.conversion import (
-    FLOAT_DTYPES,
-    Mapping,
-    Summary,
-    check_output,
-    dir_size,
-    dtype_name,
-    is_float,
-    is_tensor,
-    progress,
-    read_weight_file,
-    shape_of,
-    to_mx,
-)
+from ptp_mlx.conversion import FLOAT_DTYPES, Mapping, Summary, check_output, dir_size, dtype_name, progress
 from ptp_mlx.paths import atomic_dir
+
+from .common import is_float, is_tensor, read_weight_file, shape_of, to_mx
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 QUANT_BITS = (2, 3, 4, 5, 6, 8)

@@ -22,23 +22,13 @@ from mlx.utils import tree_flatten
 
 from ptp_mlx.adapter import load_adapter, make_config, save_adapter
 from ptp_mlx.cli_common import UserError
-from ptp_mlx.conversion import (
-    Mapping,
-    Summary,
-    check_output,
-    dir_size,
-    dtype_name,
-    is_tensor,
-    load_pickle,
-    read_weight_file,
-    shape_of,
-    to_mx,
-)
+from ptp_mlx.conversion import Mapping, Summary, check_output, dir_size, dtype_name
 from ptp_mlx.layers import linear_dims, projections
 from ptp_mlx.paths import atomic_dir
 from ptp_mlx.ptp_model import U_EMBEDDING_KINDS, PTPAdapter
 
 from . import hf
+from .common import is_tensor, load_pickle, read_weight_file, shape_of, to_mx
 from .ptp_layout import Layout, TrainFacts, classify, find_train_yaml, read_train_yaml, u_embedding_kind
 
 PEFT_DEFAULT_ALPHA = 8.0

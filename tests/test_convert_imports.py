@@ -35,6 +35,7 @@ def test_no_module_level_torch_import_in_package():
 
 def test_converters_import_without_torch_at_module_level():
     import ptp_mlx.convert.cli  # noqa: F401
+    import ptp_mlx.convert.common  # noqa: F401
     import ptp_mlx.convert.hf  # noqa: F401
     import ptp_mlx.convert.ptp  # noqa: F401
 
