@@ -1,4 +1,4 @@
-"""``ptp-chat``: the Textual chat (conventions.md flags; errors inside the app are notifications)."""
+"""``ptp-chat``: the Textual chat (docs/conventions.md flags; errors inside the app are notifications)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Adapter folders: ``adapter_config.json`` + ``adapter.safetensors`` (conventions.md, "Files")."""
+"""Adapter folders: ``adapter_config.json`` + ``adapter.safetensors`` (docs/conventions.md, "Files")."""
 
 from __future__ import annotations
 

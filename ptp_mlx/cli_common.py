@@ -1,4 +1,4 @@
-"""What every command shares: the error/exit-code contract and the common flags (conventions.md)."""
+"""What every command shares: the error/exit-code contract and the common flags (docs/conventions.md)."""
 
 from __future__ import annotations
 

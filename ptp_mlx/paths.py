@@ -1,4 +1,4 @@
-"""File locations shared by every command (conventions.md, "Files")."""
+"""File locations shared by every command (docs/conventions.md, "Files")."""
 
 from __future__ import annotations
 
