@@ -70,9 +70,6 @@ class AdapterConfig:
             raise ValueError(f"rank must be >= 0 and window >= 2 (got {cfg.rank}, {cfg.window})")
         return cfg
 
-    def histogram_for(self, greedy: bool) -> tuple[float, ...] | None:
-        return self.acceptance_histograms.get("greedy" if greedy else "sampled") or self.acceptance_histogram
-
 
 def base_identity(base) -> dict:
     """What an adapter records about the base model it belongs to."""

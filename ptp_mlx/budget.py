@@ -34,6 +34,11 @@ class Plan:
         return 1 + len(self.drafts) + sum(w for _, w in self.branches)
 
 
+def reach(confidences: list[float], ratio: float = 1.0) -> np.ndarray:
+    """P(at least m drafts accepted), m = 0..n, from the drafts' confidences scaled by ``ratio``."""
+    return np.cumprod([1.0] + [min(0.99, float(c) * ratio) for c in confidences])
+
+
 def _fit(n: int, branches: list[tuple[int, int]], remaining: int, room: int, min_width: int):
     """Clip a choice to the tokens still wanted and the rows the context has left."""
     n = max(0, min(n, remaining - 1, room - 1))
@@ -190,22 +195,20 @@ class Budget:
             n, branches = self.choose(confidences, room)
             n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
         if n == 0 and not branches:
-            self.relax()
             return Plan([], [], burst=min(AR_BURST, remaining))
         return Plan(drafts[:n], branches)
 
     def choose(self, confidences: list[float], room: int) -> tuple[int, list[tuple[int, int]]]:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total."""
-        # P(at least m drafts accepted), m = 0..n, from the drafts' own confidences.
         r = self.ratio
-        reach = np.cumprod([1.0] + [min(0.99, float(c) * r) for c in confidences])
-        n = int(np.sum(reach[1:] >= self.min_prob))
+        p_reach = reach(confidences, r)
+        n = int(np.sum(p_reach[1:] >= self.min_prob))
         rows = 1 + n
         if rows > room:
             n = max(0, room - 1)
             rows = 1 + n
-        value = 1.0 + float(reach[1 : n + 1].sum())
-        p_end = [reach[d] - (reach[d + 1] if d < n else 0.0) for d in range(n + 1)]  # P(c == d)
+        value = 1.0 + float(p_reach[1 : n + 1].sum())
+        p_end = [p_reach[d] - (p_reach[d + 1] if d < n else 0.0) for d in range(n + 1)]  # P(c == d)
         widths = [0] * (n + 1)
         # Greedy allocation: add the row with the best marginal value while it improves value per cost.
         while True:
@@ -252,7 +255,4 @@ class FixedBudget:
         return Plan(drafts[:n], branches)
 
     def observe(self, confidences: list[float], accepted: int) -> None:
-        pass
-
-    def relax(self, keep: float = 0.5) -> None:
         pass

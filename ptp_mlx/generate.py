@@ -76,23 +76,27 @@ class PromptCache:
     cache: list | None = None
     tokens: list[int] = field(default_factory=list)
     reused: int = 0  # prompt tokens the last answer did not have to prefill
+    lease: list | None = field(default=None, repr=False)  # the cache the latest answer took
 
     def take(self, pm: PTPModel, prompt_ids: list[int]) -> tuple[list, int]:
         """A cache holding a prefix of ``prompt_ids[:-1]`` and that prefix's length (0: a fresh cache)."""
         cache, self.cache = self.cache, None  # invalid while a generation works on it
         if cache is None or cache[0].offset != len(self.tokens):  # (a failed call leaves rows it did not trim)
-            return pm.make_cache(), 0
-        keep = 0
-        limit = min(len(self.tokens), len(prompt_ids) - 1)
-        while keep < limit and self.tokens[keep] == prompt_ids[keep]:
-            keep += 1
-        for c in cache:  # trim: drop what the new prompt does not share (the end of the last answer, at least)
-            c.trim(c.offset - keep)
+            cache, keep = pm.make_cache(), 0
+        else:
+            keep = 0
+            limit = min(len(self.tokens), len(prompt_ids) - 1)
+            while keep < limit and self.tokens[keep] == prompt_ids[keep]:
+                keep += 1
+            for c in cache:  # trim: drop what the new prompt does not share (the end of the last answer, at least)
+                c.trim(c.offset - keep)
+        self.lease = cache
         return cache, keep
 
     def store(self, cache: list, seq: list[int]) -> None:
-        """Record ``cache`` as holding ``seq[:offset]`` (called whenever the cache is consistent)."""
-        self.cache, self.tokens = cache, seq[: cache[0].offset]
+        """Record ``cache`` as holding ``seq[:offset]``, unless a later answer has taken the cache over since."""
+        if self.lease is cache:
+            self.cache, self.tokens = cache, seq[: cache[0].offset]
 
 
 def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
@@ -150,49 +154,55 @@ def stream_generate(
     else:
         cache, reused = pm.make_cache(), 0
     _prefill(pm.base, prompt_ids[reused:-1], cache)
-    calls = _ar_calls if opts.mode == "ar" else _ptp_calls
+    if opts.mode == "ar":
+        calls = _ar_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx)
+    else:
+        calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, history=prompt_ids)
     generated = 0
-    seq = list(prompt_ids)  # every token fed or emitted; the cache always holds seq[:offset]
+    seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]
     t_gen = time.perf_counter()
     prompt_time = t_gen - t0  # prefill of all prompt tokens but the last (which every first call processes)
-    extra = {"history": prompt_ids} if opts.mode != "ar" else {}
-    for block, info in calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, **extra):
-        now = time.perf_counter()
-        seq.extend(block)
+    try:
+        for block, info in calls:
+            now = time.perf_counter()
+            seq.extend(block)
+            finish = None
+            out = []
+            for t in block:
+                if t in eos:
+                    finish = "stop"
+                    break
+                out.append(t)
+                if generated + len(out) >= max_new:
+                    finish = "length"
+                    break
+            for t in out:
+                detok.add_token(t)
+            if finish:
+                detok.finalize()
+            generated += len(out)
+            yield GenerationStep(
+                tokens=out,
+                text=detok.last_segment,
+                proposed=info.get("proposed", 0),
+                accepted=info.get("accepted", 0),
+                rows=info.get("rows", 1),
+                step_time=info.get("time", 0.0),
+                elapsed=now - t_gen,
+                generated=generated,
+                prompt_tokens=len(prompt_ids),
+                prompt_time=prompt_time,
+                finish_reason=finish or ("length" if generated >= max_new else None),
+                peak_memory=_peak_gb(),
+                source=info.get("source"),
+            )
+            if finish or generated >= max_new:
+                return
+    finally:
         if prompt_cache is not None:
+            # Stored once, at the end (normal, closed early, or failed): after a failed call the cache holds rows
+            # nobody trimmed, so its offset disagrees with the tokens and the next ``take`` starts afresh.
             prompt_cache.store(cache, seq)
-        finish = None
-        out = []
-        for t in block:
-            if t in eos:
-                finish = "stop"
-                break
-            out.append(t)
-            if generated + len(out) >= max_new:
-                finish = "length"
-                break
-        for t in out:
-            detok.add_token(t)
-        if finish:
-            detok.finalize()
-        generated += len(out)
-        yield GenerationStep(
-            tokens=out,
-            text=detok.last_segment,
-            proposed=info.get("proposed", 0),
-            accepted=info.get("accepted", 0),
-            rows=info.get("rows", 1),
-            step_time=info.get("time", 0.0),
-            elapsed=now - t_gen,
-            generated=generated,
-            prompt_tokens=len(prompt_ids),
-            prompt_time=prompt_time,
-            finish_reason=finish or ("length" if generated >= max_new else None),
-            peak_memory=_peak_gb(),
-            source=info.get("source"),
-        )
-        if finish or generated >= max_new:
-            return
 
 
 def _ar_calls(pm, cache, last, u, s: SamplingSettings, opts, max_new, ctx):
@@ -231,7 +241,12 @@ class ChainDrafter:
         self.conf: list[float] = []
 
     def plan(self, i: int, remaining: int, room: int) -> Plan:
-        return self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
+        plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
+        if plan.burst and isinstance(self.budget, Budget):
+            self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
+        elif plan.drafts:
+            plan.source = "ptp"
+        return plan
 
     def update(
         self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float], observe: bool = True
@@ -324,5 +339,5 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             emitted(block)
         last = block[-1]
         i += len(block)
-        info = {"proposed": n, "accepted": c, "rows": plan.rows, "time": time.perf_counter() - t_start}
-        yield block, {**info, "source": plan.source if n else None}
+        t = time.perf_counter() - t_start
+        yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": plan.source if n else None}

@@ -12,7 +12,7 @@ installed into the stock model object (as mlx-lm's tuner installs its LoRA layer
 - ``PTPKVCache`` replaces the layer caches: its ``make_mask`` hands the window mask (plus the sliding window, where
   the model asks for one) to attention through mlx-lm's own mask path, and it is always trimmable.
 
-With no PTP call in progress (``PTPContext.active`` false) every wrapper is a pass-through, so autoregressive
+With no PTP call in progress (``PTPContext.plan`` is None) every wrapper is a pass-through, so autoregressive
 decoding and PTP verify rows run exactly the same code: the family's own attention, norms, MLP, RoPE variant,
 embedding scaling, soft-capping and tied or untied head.
 """
@@ -38,16 +38,12 @@ class UnsupportedModel(UserError):
     """The model cannot run PTP decoding (its family or cache kind is not verified): exit code 2."""
 
 
-def unsupported_message(model_type: str | None) -> str:
-    return (
-        f"model type {model_type!r} is not supported for PTP (supported: {', '.join(SUPPORTED_MODEL_TYPES)}); "
-        "use --mode ar to decode it without PTP"
-    )
-
-
 def check_model_type(model_type: str | None) -> None:
     if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedModel(unsupported_message(model_type))
+        raise UnsupportedModel(
+            f"model type {model_type!r} is not supported for PTP (supported: {', '.join(SUPPORTED_MODEL_TYPES)}); "
+            "use --mode ar to decode it without PTP"
+        )
 
 
 @dataclass(frozen=True)
@@ -112,10 +108,6 @@ class PTPContext:
         self.aux: mx.array | None = None  # [1, n_aux, hidden] u-embedding rows
         # lora(key, x) -> delta or None; None when no LoRA runs in this call
         self.lora: Callable[[tuple[int, str], mx.array], mx.array | None] | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.plan is not None
 
     def begin(self, plan: CallPlan, aux: mx.array | None, lora) -> None:
         if self.plan is not None:

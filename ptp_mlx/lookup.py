@@ -10,7 +10,7 @@ where the lookup stops.
 
 from __future__ import annotations
 
-from .budget import Plan
+from .budget import Plan, reach
 
 NGRAMS = (4, 3, 2)
 
@@ -27,7 +27,6 @@ class LookupDrafter:
         # current position would offer only a stub of a continuation and hide the earlier, longer one)
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
-        self._last: Plan | None = None
 
     @property
     def rate(self) -> float:
@@ -55,33 +54,26 @@ class LookupDrafter:
         return []
 
     def plan(self, i: int, remaining: int, room: int) -> Plan:
-        plan = self.inner.plan(i, remaining, room)
-        plan.source = "ptp" if plan.drafts else None
         look = self.candidates()
-        if not look:
-            return plan
-        budget = self.inner.budget
-        ratio = getattr(budget, "ratio", 1.0)
-        reach, adapter = 1.0, 0.0
-        for c in self.inner.conf:
-            reach *= min(0.99, c * ratio)
-            adapter += reach
-        r = self.rate
-        lookup = sum(r**k for k in range(1, len(look) + 1))
-        if lookup <= adapter:
-            return plan
-        # The budget fits the lookup chain to this machine's cost (the confidences it sees are the hit rate).
-        alt = budget.plan(look, [min(0.99, r / ratio)] * len(look), remaining, room, self.inner.step)
-        if not alt.drafts:
-            return plan
-        alt.source = "lookup"
-        return alt
+        if look:
+            budget = self.inner.budget
+            ratio = getattr(budget, "ratio", 1.0)
+            adapter = float(reach(self.inner.conf, ratio)[1:].sum())  # expected accepted adapter drafts
+            r = self.rate
+            if sum(r**k for k in range(1, len(look) + 1)) > adapter:
+                # The budget fits the lookup chain to this machine's cost (it sees the hit rate as confidences).
+                alt = budget.plan(look, [min(0.99, r / ratio)] * len(look), remaining, room, self.inner.step)
+                if alt.drafts:
+                    alt.source = "lookup"
+                    return alt
+        return self.inner.plan(i, remaining, room)
 
     def update(self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float]) -> None:
-        if getattr(plan, "source", None) == "lookup":
+        lookup = plan.source == "lookup"
+        if lookup:
             self.hits += accepted
             self.misses += accepted < len(plan.drafts)
-        self.inner.update(plan, accepted, aux_tokens, aux_conf, observe=getattr(plan, "source", None) != "lookup")
+        self.inner.update(plan, accepted, aux_tokens, aux_conf, observe=not lookup)
 
     def emitted(self, tokens: list[int]) -> None:
         """Tokens the answer gained (every block, autoregressive bursts included)."""

@@ -152,16 +152,15 @@ class FusedLoRA:
                 for n in names:
                     self.group_of[(i, n)] = entry
         mx.eval([v for pair in self.single.values() for v in pair], [e[1:3] for e in self.group_of.values()])
-        self._memo: dict[tuple[int, str], mx.array] = {}
-        self._memo_x: mx.array | None = None
 
     def bind(self, gate: mx.array | None):
         """The ``lora(key, x)`` callable for one call with this row gate."""
-        self._memo, self._memo_x = {}, None
+        memo: dict[tuple[int, str], mx.array] = {}  # deltas of a group's later projections, for input ``seen[0]``
+        seen: list[mx.array] = []
 
         def lora(key: tuple[int, str], x: mx.array) -> mx.array | None:
-            if key in self._memo and self._memo_x is x:
-                return self._memo.pop(key)
+            if key in memo and seen and seen[0] is x:
+                return memo.pop(key)
             group = self.group_of.get(key)
             if group is not None and group[0][0] == key[1]:
                 names, At, Bt, splits = group
@@ -169,8 +168,9 @@ class FusedLoRA:
                 if gate is not None:
                     a = a * gate
                 parts = mx.split(a @ Bt, splits, axis=-1)
-                self._memo = {(key[0], n): p for n, p in zip(names[1:], parts[1:], strict=True)}
-                self._memo_x = x
+                memo.clear()
+                memo.update({(key[0], n): p for n, p in zip(names[1:], parts[1:], strict=True)})
+                seen[:] = [x]
                 return parts[0]
             pair = self.single.get(key)
             if pair is None:
@@ -207,10 +207,6 @@ class PTPModel:
         if fuse and adapter is not None:  # inference only: fused copies do not follow later weight updates
             dtype = token_embedding(base)(mx.array([0])).dtype
             self._fused = FusedLoRA(adapter, dtype)
-
-    @property
-    def adapter_config(self):
-        return self.config
 
     def make_cache(self) -> list:
         """Fresh per-layer caches: trimmable PTP caches, or mlx-lm's own for a model PTP does not support."""
