@@ -59,22 +59,33 @@ def tempered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
     return mx.softmax(x, axis=-1, precise=True)
 
 
+def _top_k(p: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
+    """Steps 2-4 for top-k: the k candidates in vocabulary-id order and their filtered, renormalised probabilities.
+
+    One partition over the vocabulary, then everything (top-p, renormalising) works on k values only."""
+    k = s.top_k
+    part = mx.argpartition(-p, kth=k - 1, axis=-1)[..., :k]
+    ids = mx.sort(part, axis=-1)
+    pk = mx.take_along_axis(p, ids, axis=-1)
+    if s.top_p < 1.0:
+        order = mx.argsort(-pk, axis=-1)  # descending probability
+        ps = mx.take_along_axis(pk, order, axis=-1)
+        keep_sorted = (mx.cumsum(ps, axis=-1) - ps) <= s.top_p  # masses of the full vocabulary (not renormalised)
+        keep = mx.put_along_axis(mx.zeros(pk.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
+        pk = mx.where(keep, pk, 0.0)
+    return ids, pk / pk.sum(axis=-1, keepdims=True)
+
+
 def filtered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
     """Steps 1-4: softmax at temperature T, top-k, top-p, renormalised; float64 on the CPU, else float32."""
     p = tempered_probs(logits, s)
-    V = p.shape[-1]
-    k = s.top_k if 0 < s.top_k < V else 0
-    if k or s.top_p < 1.0:
-        if k:
-            # Only the k largest can survive: partition, then sort just those (much cheaper than a full sort).
-            part = mx.argpartition(-p, kth=k - 1, axis=-1)[..., :k]
-            order = mx.take_along_axis(part, mx.argsort(-mx.take_along_axis(p, part, axis=-1), axis=-1), axis=-1)
-        else:
-            order = mx.argsort(-p, axis=-1)  # descending probability
+    if 0 < s.top_k < p.shape[-1]:
+        ids, qk = _top_k(p, s)
+        return mx.put_along_axis(mx.zeros_like(p), ids, qk, axis=-1)
+    if s.top_p < 1.0:
+        order = mx.argsort(-p, axis=-1)  # descending probability
         p_sorted = mx.take_along_axis(p, order, axis=-1)
-        keep_sorted = mx.ones(p_sorted.shape, dtype=mx.bool_)
-        if s.top_p < 1.0:
-            keep_sorted = keep_sorted & ((mx.cumsum(p_sorted, axis=-1) - p_sorted) <= s.top_p)
+        keep_sorted = (mx.cumsum(p_sorted, axis=-1) - p_sorted) <= s.top_p
         # Scatter the kept flags back to vocabulary-id order.
         keep = mx.put_along_axis(mx.zeros(p.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
         p = mx.where(keep, p, 0.0)
@@ -93,7 +104,7 @@ def accurate_cumsum(q: mx.array) -> mx.array:
     row is summed in the same order whatever the number of rows, so a 1-row and a many-row pass differ only by
     their logits.
     """
-    if mx.default_device() == mx.cpu:
+    if _work_dtype() == mx.float64:
         return mx.cumsum(q.astype(mx.float64), axis=-1)
     return blocked_cumsum(q.astype(mx.float32))
 
@@ -153,25 +164,12 @@ def pick(
 
 
 def _pick_top_k(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
-    """``pick`` with top-k, on the k candidates only: after one partition over the vocabulary every step (top-p,
-    renormalising, the id-ordered CDF) works on k values instead of the whole vocabulary. Non-kept tokens add
-    exact zeros to the full-vocabulary CDF, so the edges are those of ``id_sorted_edges`` up to the rounding of
-    the normaliser's sum."""
-    p = tempered_probs(logits, s)
-    k = s.top_k
-    part = mx.argpartition(-p, kth=k - 1, axis=-1)[..., :k]
-    ids = mx.sort(part, axis=-1)  # the k candidates in vocabulary-id order
-    pk = mx.take_along_axis(p, ids, axis=-1)
-    if s.top_p < 1.0:
-        order = mx.argsort(-pk, axis=-1)  # descending probability
-        ps = mx.take_along_axis(pk, order, axis=-1)
-        keep_sorted = (mx.cumsum(ps, axis=-1) - ps) <= s.top_p
-        keep = mx.put_along_axis(mx.zeros(pk.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
-        pk = mx.where(keep, pk, 0.0)
-    q = pk / pk.sum(axis=-1, keepdims=True)
+    """``pick`` with top-k on the k candidates only (``_top_k``): the CDF over k values has the same edges as the
+    full-vocabulary one of ``filtered_probs``, whose other tokens add exact zeros."""
+    ids, q = _top_k(tempered_probs(logits, s), s)
     edges = id_sorted_edges(q)
     u = mx.array(u, dtype=mx.float32).astype(edges.dtype)
-    j = mx.minimum(mx.sum(edges <= mx.expand_dims(u, -1), axis=-1), k - 1)
+    j = mx.minimum(mx.sum(edges <= mx.expand_dims(u, -1), axis=-1), s.top_k - 1)
     out = mx.take_along_axis(ids, j[..., None], axis=-1)[..., 0].astype(mx.int32)
     return out, mx.all(~mx.isnan(q), axis=-1)
 
