@@ -9,10 +9,7 @@ from .cli_common import UserError, add_model_flags, add_sampling_flags, run_cli,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="ptp-generate",
-        description="Generate text with lossless PTP decoding.",
-    )
+    p = argparse.ArgumentParser(prog="ptp-generate", description="Generate text with lossless PTP decoding.")
     p.add_argument("--prompt", required=True, help="the prompt ('-' reads it from stdin)")
     add_model_flags(p)
     add_sampling_flags(p)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
 from ..cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 from .methods import METHODS
@@ -215,7 +216,10 @@ def run(args: argparse.Namespace) -> int:
     doc = report.build_json(
         settings, report.environment(eng, draft, args.draft_model), prompts, bench, summary, check_docs, cost
     )
-    doc["draft_sources"] = {n: dict(r.by_source) for n, r in runners.items() if getattr(r, "by_source", None)}
+    sources: dict[str, Counter] = {}  # accepted drafts per method and proposer, timed answers only
+    for r in bench.records:
+        sources.setdefault(r.method, Counter()).update(r.m.by_source)
+    doc["draft_sources"] = {m: dict(c) for m, c in sources.items() if c}
     print(report.table(doc))
     for n, src in doc["draft_sources"].items():
         print(f"{n} accepted drafts by source: " + ", ".join(f"{k} {v}" for k, v in sorted(src.items())))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -34,6 +34,7 @@ class Measured:
     peak_memory: float  # GB, MLX's peak since the call started
     finish_reason: str | None
     cpu_time: float = 0.0  # process CPU seconds (all threads): robust to other load on a CPU-only machine
+    by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts per proposer ("ptp", "lookup")
 
 
 Runner = Callable[[list[int], int, SamplingSettings], Measured]
@@ -51,7 +52,6 @@ class EngineRunner:
         self.num_draft_tokens = num_draft_tokens if mode == "ptp" else None
         self.lookup = lookup
         self.name = mode if lookup or mode != "ptp" else "ptp-chain"
-        self.by_source: dict[str, int] = {}  # accepted drafts per source, over every answer
 
     def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
         mx.clear_cache()
@@ -60,6 +60,7 @@ class EngineRunner:
         first_time = 0.0
         finish = None
         peak = 0.0
+        by_source: dict[str, int] = {}
         c0, t0 = time.process_time(), time.perf_counter()
         for st in self.engine.generate(
             ids,
@@ -71,7 +72,7 @@ class EngineRunner:
             lookup=self.lookup,
         ):
             if st.source:
-                self.by_source[st.source] = self.by_source.get(st.source, 0) + st.accepted
+                by_source[st.source] = by_source.get(st.source, 0) + st.accepted
             calls += 1
             acc += st.accepted + 1
             if not toks and st.tokens:
@@ -80,7 +81,7 @@ class EngineRunner:
             finish = st.finish_reason
             peak = max(peak, st.peak_memory)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return Measured(toks, calls, acc, wall, first_time, first_tokens, peak, finish, cpu)
+        return Measured(toks, calls, acc, wall, first_time, first_tokens, peak, finish, cpu, by_source)
 
 
 class MlxLmRunner:

@@ -7,6 +7,7 @@ same argmax, so any difference is a bug or a numerical near-tie, told apart by t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -120,9 +121,7 @@ def run_bench(
             units = 0
             try:
                 for rep in range(repeats):
-                    s = sampling
-                    if seeds_vary:
-                        s = SamplingSettings(s.temperature, s.top_k, s.top_p, s.seed + rep)
+                    s = dataclasses.replace(sampling, seed=sampling.seed + rep) if seeds_vary else sampling
                     for name in order[k:] + order[:k]:  # rotation: no method always runs first (caches, heat)
                         _conversation(runners[name], name, p, rep, tokenizer, max_tokens, s, context, mine)
                         units += 1
@@ -278,9 +277,7 @@ def diagnose(
     div.top2_gap = float(mx.max(top2) - mx.min(top2))
     if sampling is None:
         return
-    s = sampling
-    if seeds_vary:
-        s = SamplingSettings(s.temperature, s.top_k, s.top_p, s.seed + div.repeat)
+    s = dataclasses.replace(sampling, seed=sampling.seed + div.repeat) if seeds_vary else sampling
     u = UniformStream(s.seed)[div.position]
     ties = [classify(logits, r, o, u, s) for r in refs for o in others]
     best = min(ties, key=lambda t: (not t.near_tie, t.distance))

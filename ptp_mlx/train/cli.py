@@ -63,6 +63,12 @@ def run(args: argparse.Namespace) -> int:
 
     if args.cmd in ("pregenerate", "train", "corpus"):
         check_ptp_model(args.model)  # refuse an unsupported family before reading data or loading weights
+    if args.cmd in ("pregenerate", "corpus"):
+        s = SamplingSettings(args.temp, args.top_k, args.top_p)
+        try:
+            s.validate()
+        except ValueError as e:
+            raise UserError(str(e)) from None
 
     if args.cmd == "prompts":
         from .corpora import build_prompts
@@ -71,11 +77,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"prompts: {n} written to {args.out}", file=sys.stderr)
         return 0
     if args.cmd == "corpus":
-        s = SamplingSettings(args.temp, args.top_k, args.top_p)
-        try:
-            s.validate()
-        except ValueError as e:
-            raise UserError(str(e)) from None
         if s.greedy:
             raise UserError("corpus records need sampled settings (--temp > 0): greedy chains come from pregenerate")
         for w in (args.chatterbot, args.gensim):
@@ -102,13 +103,8 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.cmd == "pregenerate":
-        s = SamplingSettings(args.temp, args.top_k, args.top_p)
         if args.batch_prompts < 1 or args.per_prompt < 1 or args.max_tokens < 1:
             raise UserError("--batch-prompts, --per-prompt and --max-tokens must be at least 1")
-        try:
-            s.validate()
-        except ValueError as e:
-            raise UserError(str(e)) from None
         model, tok = load(args.model)
         from .pregenerate import pregenerate
 

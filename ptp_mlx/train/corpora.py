@@ -129,28 +129,36 @@ CODE_STYLES = [
 ]
 
 
-def chatterbot_prompts(wheel: Path) -> list[str]:
-    """Opening lines of the English chatterbot dialogs (questions only, duplicates removed)."""
+def chatterbot_dialogs(wheel: Path):
+    """Every English dialog of the chatterbot wheel (a list of lines each), read in place."""
     import yaml
 
-    out: list[str] = []
     with zipfile.ZipFile(wheel) as z:
         for name in sorted(z.namelist()):
-            if not (name.startswith("chatterbot_corpus/data/english/") and name.endswith(".yml")):
-                continue
-            doc = yaml.safe_load(z.read(name)) or {}
-            for conv in doc.get("conversations") or []:
-                if conv and isinstance(conv[0], str) and len(conv[0].split()) >= 3:
-                    out.append(conv[0].strip())
+            if name.startswith("chatterbot_corpus/data/english/") and name.endswith(".yml"):
+                yield from (yaml.safe_load(z.read(name)) or {}).get("conversations") or []
+
+
+def news_paragraphs(wheel: Path) -> list[str]:
+    """The Lee news paragraphs of gensim's test data (40 words or more), read in place."""
+    with zipfile.ZipFile(wheel) as z:
+        text = z.read("gensim/test/test_data/lee_background.cor").decode("utf-8", "replace")
+    return [p.strip() for p in text.splitlines() if len(p.split()) >= 40]
+
+
+def chatterbot_prompts(wheel: Path) -> list[str]:
+    """Opening lines of the English chatterbot dialogs (questions only, duplicates removed)."""
+    out = [
+        conv[0].strip()
+        for conv in chatterbot_dialogs(wheel)
+        if conv and isinstance(conv[0], str) and len(conv[0].split()) >= 3
+    ]
     return list(dict.fromkeys(out))
 
 
 def news_prompts(wheel: Path) -> list[str]:
     """The Lee news paragraphs of gensim's test data, each wrapped in one instruction template."""
-    with zipfile.ZipFile(wheel) as z:
-        text = z.read("gensim/test/test_data/lee_background.cor").decode("utf-8", "replace")
-    paras = [p.strip() for p in text.splitlines() if len(p.split()) >= 40]
-    return [NEWS_TEMPLATES[i % len(NEWS_TEMPLATES)].format(t=p) for i, p in enumerate(paras)]
+    return [NEWS_TEMPLATES[i % len(NEWS_TEMPLATES)].format(t=p) for i, p in enumerate(news_paragraphs(wheel))]
 
 
 def build_prompts(out: Path, chatterbot: Path | None, gensim: Path | None, n_math: int = 600, seed: int = 0) -> int:

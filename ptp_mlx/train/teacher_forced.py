@@ -21,7 +21,6 @@ import json
 import sys
 import sysconfig
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from tqdm import tqdm
 
 from ..generate import encode_prompt
 from ..sampler import SamplingSettings, bins
+from .corpora import chatterbot_dialogs, news_paragraphs
 from .data import is_validation, read_records
 
 CHUNK_CHARS = 1200  # a document chunk: about 300 tokens of code or prose
@@ -70,23 +70,15 @@ def stdlib_documents() -> Iterator[tuple[str, str, str]]:
 
 def chatterbot_documents(wheel: Path) -> Iterator[tuple[str, str, str]]:
     """The English chatterbot dialogs: each opening line as the question, the reply as the answer."""
-    import yaml
-
-    with zipfile.ZipFile(wheel) as z:
-        for name in sorted(z.namelist()):
-            if name.startswith("chatterbot_corpus/data/english/") and name.endswith(".yml"):
-                for conv in (yaml.safe_load(z.read(name)) or {}).get("conversations") or []:
-                    if len(conv) >= 2 and all(isinstance(c, str) for c in conv[:2]):
-                        yield "instruction", conv[0].strip(), " ".join(c.strip() for c in conv[1:])
+    for conv in chatterbot_dialogs(wheel):
+        if len(conv) >= 2 and all(isinstance(c, str) for c in conv[:2]):
+            yield "instruction", conv[0].strip(), " ".join(str(c).strip() for c in conv[1:])
 
 
 def news_documents(wheel: Path) -> Iterator[tuple[str, str, str]]:
     """gensim's Lee news paragraphs, as answers to a request for a short news report."""
-    with zipfile.ZipFile(wheel) as z:
-        text = z.read("gensim/test/test_data/lee_background.cor").decode("utf-8", "replace")
-    for p in text.splitlines():
-        if len(p.split()) >= 40:
-            yield "instruction", "Write a short news report.", p.strip()
+    for p in news_paragraphs(wheel):
+        yield "instruction", "Write a short news report.", p
 
 
 def documents(stdlib: bool, chatterbot: Path | None, gensim: Path | None) -> Iterator[tuple[str, str, str, str]]:
@@ -119,7 +111,7 @@ def teacher_forced_record(model, tokenizer, instruction: str, text: str, s: Samp
         answer.append(int(eos))
     tokens = prefix + answer
     logits = model(mx.array(tokens[:-1])[None])[0, len(prefix) - 1 :]  # the pass that predicts each answer token
-    lo, hi = bins(logits.astype(mx.float32), mx.array(answer), s)
+    lo, hi = bins(logits, mx.array(answer), s)
     mx.eval(lo, hi)  # sync: the bins go to the file
     return {
         "tokens": tokens,

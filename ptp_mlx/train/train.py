@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from ..adapter import make_config, save_adapter
 from ..cli_common import UserError
-from ..layers import StaticKV, token_embedding
+from ..layers import StaticKV, language_model, token_embedding
 from ..ptp_model import PTPAdapter, PTPModel, Window
 from .data import read_records
 
@@ -176,10 +176,6 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--seed", type=int, default=0, help="seed of every random choice (runs resume exactly)")
 
 
-def pm_vocab(base) -> int:
-    return token_embedding(base).weight.shape[0]
-
-
 def _layer_ids(spec: str, n: int) -> list[int]:
     if spec == "all":
         return list(range(n))
@@ -224,7 +220,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
     except ValueError as e:
         raise UserError(str(e)) from None
     if a.u_embedding == "binary":  # start every auxiliary near an average token embedding
-        emb = token_embedding(base)(mx.arange(pm_vocab(base))).astype(mx.float32)
+        emb = token_embedding(base)(mx.arange(language_model(base).args.vocab_size)).astype(mx.float32)
         adapter.u_embed.u_adapter.bias = emb.mean(axis=0)
         adapter.u_embed.u_adapter.weight = adapter.u_embed.u_adapter.weight * 0.1
     pm = PTPModel(base, adapter)  # patches the base model in place (refuses unsupported families)
