@@ -73,9 +73,12 @@ class CostCurve:
 
 
 def measure_cost_curve(
-    pm, widths=PROBE_WIDTHS, context: int = 256, repeats: int = 3, aux: bool = False
+    pm, widths=PROBE_WIDTHS, context: int = 256, repeats: int = 3, aux: bool = False, time_budget: float = 8.0
 ) -> tuple[CostCurve, list[float]]:
     """Time passes of each width on top of a ``context``-token cache. Returns the curve and seconds.
+
+    Widths are probed narrow to wide; once ``time_budget`` seconds are spent (a slow machine or BLAS), the
+    wider ones are extrapolated linearly from the last two measured, so a first start never waits minutes.
 
     ``aux=False`` times plain token passes (the machine's forward cost). ``aux=True`` times what a PTP call
     of that width really costs: one token row plus ``w - 1`` auxiliary rows through the adapter, relative
@@ -87,8 +90,14 @@ def measure_cost_curve(
 
     cache = pm.make_cache()
     mx.eval(pm(mx.zeros((context,), dtype=mx.int32), cache=cache))
-    secs = []
+    secs: list[float] = []
+    start = time.perf_counter()
     for w in widths:
+        if len(secs) >= 2 and time.perf_counter() - start > time_budget:
+            w0, w1 = widths[len(secs) - 2], widths[len(secs) - 1]
+            slope = max(0.0, (secs[-1] - secs[-2]) / (w1 - w0))
+            secs.append(secs[-1] + slope * (w - w1))
+            continue
         if aux and w > 1 and pm.adapter is not None:
             args = (mx.zeros((1,), dtype=mx.int32), mx.full((w - 1,), 0.5), [Window(context + 1, w - 1)])
         else:
@@ -115,7 +124,7 @@ def cached_cost_curve(pm, key: str, cache_dir: Path, log=None) -> CostCurve:
         except (json.JSONDecodeError, KeyError):
             pass
     if log:
-        log("measuring this machine's PTP cost curve once (widths 1..64)...")
+        log("measuring this machine's PTP cost curve once (a few seconds)...")
     curve, secs = measure_cost_curve(pm, aux=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

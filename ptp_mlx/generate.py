@@ -62,6 +62,7 @@ class DecodeOptions:
     num_draft_tokens: int | None = None  # a fixed budget (mlx-lm's flag): up to N drafts every call, no AR bursts
     lookup: bool = True  # also draft by prompt lookup (ptp_mlx/lookup.py)
     drafter: object | None = None  # default: ChainDrafter (the adapter's own drafts); tests inject others
+    clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
 
 
 class ContextFull(ValueError):
@@ -269,8 +270,6 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     position; the call emits the exact tokens at positions 0..c and branch c (if present) gives the next
     drafts, its first slot being the exact token just emitted.
     """
-    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
-    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
     width = pm.config.window
     # Greedy verification ignores u, so drafts may use the adapter's reserved "argmax" u when it has one.
     greedy_u = pm.config.greedy_u if s.greedy else None
@@ -285,9 +284,11 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         if opts.lookup:
             drafter = LookupDrafter(drafter, list(history), max_draft=width - 1)
     emitted = getattr(drafter, "emitted", None)
+    clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     while i < max_new:
         t_start = time.perf_counter()
+        clock.start()
         offset = cache[0].offset
         # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
         plan = drafter.plan(i, max_new - i, ctx - offset)
@@ -301,43 +302,93 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
                 yield block, info
             i += plan.burst
             continue
-        # 2. One forward pass: verify rows then auxiliary windows.
-        n, branches = len(plan.drafts), plan.branches
-        tokens = mx.array([last] + plan.drafts)
-        windows = [Window(offset + 1 + d, w) for d, w in branches]
-        aux_u = None
-        if branches:
-            aux_u = mx.array(
-                np.full(sum(w for _, w in branches), greedy_u, np.float32)
-                if greedy_u is not None
-                else np.concatenate([u.take(i + d, w) for d, w in branches])
-            )
-        logits = pm(tokens, aux_u, windows, cache)
-        targets = pick(mx.array(u.take(i, n + 1)), logits[: n + 1], s.temperature, s.top_k, s.top_p, check=False)
-        if branches:
-            aux = logits[n + 1 :].astype(mx.float32)
-            aux_tok = mx.argmax(aux, axis=-1)
-            aux_conf = mx.exp(mx.max(aux, axis=-1) - mx.logsumexp(aux, axis=-1))
-            mx.eval(targets, aux_tok, aux_conf)  # sync: one host read per call for targets and next drafts
-            targets_l, aux_tok_l, aux_conf_l = targets.tolist(), aux_tok.tolist(), aux_conf.tolist()
-        else:
-            targets_l, aux_tok_l, aux_conf_l = targets.tolist(), [], []
-        if min(targets_l) < 0:
-            raise ValueError("cannot sample: the model produced non-finite logits")
-        # 3. Accept the leading drafts that equal the exact tokens.
-        c = 0
-        while c < n and plan.drafts[c] == targets_l[c]:
-            c += 1
-        block = targets_l[: c + 1]
-        # 4. Trim the cache back to the accepted prefix: [last, q_1..q_c] stay, the rest goes.
-        keep = offset + 1 + c
-        for layer_cache in cache:
-            layer_cache.trim(layer_cache.offset - keep)
-        # 5. The next drafts come from branch c, its first slot replaced by the exact token.
+        clock.mark("plan")
+        # 2. One call: verify, draft, accept, trim (ptp_call).
+        block, c, aux_tok_l, aux_conf_l = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock)
+        # 3. The next drafts come from branch c, its first slot replaced by the exact token.
         drafter.update(plan, c, aux_tok_l, aux_conf_l)
         if emitted:
             emitted(block)
+        clock.mark("update")
+        clock.tag("rows", plan.rows)
         last = block[-1]
         i += len(block)
         t = time.perf_counter() - t_start
+        n = len(plan.drafts)
         yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": plan.source if n else None}
+
+
+class PhaseClock:
+    """Splits each PTP call into phases (``ptp-bench --profile``): ``mark(name)`` ends the phase ``name``."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, float]] = []
+        self._t = 0.0
+
+    def start(self) -> None:
+        self.calls.append({})
+        self._t = time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.calls[-1][name] = self.calls[-1].get(name, 0.0) + now - self._t
+        self._t = now
+
+    def tag(self, key: str, value: float) -> None:
+        self.calls[-1][key] = value
+
+
+class _NoClock:
+    def start(self) -> None:
+        pass
+
+    def mark(self, name: str) -> None:
+        pass
+
+    def tag(self, key: str, value: float) -> None:
+        pass
+
+
+NO_CLOCK = _NoClock()
+
+
+def ptp_call(pm: PTPModel, cache, last: int, plan: Plan, u, i: int, s: SamplingSettings, greedy_u, clock=NO_CLOCK):
+    """One fused PTP call: verify ``plan.drafts`` after ``last`` and draft ``plan.branches``, then trim the
+    cache to the accepted prefix. Returns ``(block, accepted, aux_tokens, aux_confidences)``."""
+    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
+    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
+    offset = cache[0].offset
+    n, branches = len(plan.drafts), plan.branches
+    # 1. One forward pass: verify rows then auxiliary windows (built lazily: nothing runs yet).
+    tokens = mx.array([last] + plan.drafts)
+    windows = [Window(offset + 1 + d, w) for d, w in branches]
+    aux_u = None
+    if branches:
+        aux_u = mx.array(
+            np.full(sum(w for _, w in branches), greedy_u, np.float32)
+            if greedy_u is not None
+            else np.concatenate([u.take(i + d, w) for d, w in branches])
+        )
+    logits = pm(tokens, aux_u, windows, cache)
+    targets = pick(mx.array(u.take(i, n + 1)), logits[: n + 1], s.temperature, s.top_k, s.top_p, check=False)
+    outs = [targets]
+    if branches:
+        aux = logits[n + 1 :].astype(mx.float32)
+        outs += [mx.argmax(aux, axis=-1), mx.exp(mx.max(aux, axis=-1) - mx.logsumexp(aux, axis=-1))]
+    clock.mark("build")
+    mx.eval(*outs)  # sync: one host read per call for targets and next drafts
+    clock.mark("compute")
+    targets_l = targets.tolist()
+    aux_tok_l, aux_conf_l = (outs[1].tolist(), outs[2].tolist()) if branches else ([], [])
+    if min(targets_l) < 0:
+        raise ValueError("cannot sample: the model produced non-finite logits")
+    # 2. Accept the leading drafts that equal the exact tokens.
+    c = 0
+    while c < n and plan.drafts[c] == targets_l[c]:
+        c += 1
+    # 3. Trim the cache back to the accepted prefix: [last, q_1..q_c] stay, the rest goes.
+    keep = offset + 1 + c
+    for layer_cache in cache:
+        layer_cache.trim(layer_cache.offset - keep)
+    clock.mark("read+trim")
+    return targets_l[: c + 1], c, aux_tok_l, aux_conf_l

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from pathlib import Path
 
 from ..cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 from .methods import METHODS
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="instead of the method comparison: one N-turn chat, prefill with the carried cache vs full re-prefill",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the method comparison: where the time of one call goes (AR steps, PTP calls of several "
+        "shapes), on the first prompt",
     )
     p.add_argument("--json", default=None, help="write every raw figure and the environment to this file")
     p.add_argument("--plot", default=None, help="write a PNG plot to this file")
@@ -139,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         if not ok:
             print("error: answers with the carried cache differ from full re-prefill", file=sys.stderr)
         return 0 if ok else 1
+    if args.profile:
+        return _profile(eng, prompts[0], sampling, args)
     if methods is None:
         methods = (
             ["mlx-lm", "ar"] + (["ptp"] if eng.has_adapter else []) + (["mlx-lm-draft"] if args.draft_model else [])
@@ -254,3 +263,19 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _profile(eng, prompt, sampling, args) -> int:
+    import json
+
+    from ..generate import encode_prompt
+    from ..paths import atomic_write_bytes
+    from .profile import run_profile
+
+    ids = encode_prompt(eng.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
+    print(f"profiling on {prompt.question_id} ({len(ids)} prompt tokens)...", file=sys.stderr)
+    text, doc = run_profile(eng, ids, args.max_tokens, sampling)
+    print(text)
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps({"profile": doc}, indent=1) + "\n").encode())
+    return 0

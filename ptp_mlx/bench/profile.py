@@ -1,0 +1,174 @@
+"""``ptp-bench --profile``: where the time of one call goes, for autoregressive steps and PTP calls.
+
+Every figure comes from real decoding of a real prompt, the way ``ptp-generate`` decodes:
+- ``mlx-lm``: ``mlx_lm.stream_generate`` per token (what a user would otherwise run);
+- ``ar``: our pipelined autoregressive path per token, and the same step unpipelined, split into graph
+  building on the host, compute (``mx.eval``: the pass, waited for) and reading the token;
+- ``ptp R+A``: PTP calls of a fixed shape (R token rows: the last token and R-1 drafts; A auxiliary rows),
+  split by ``PhaseClock`` into planning, graph building, compute, reading + cache trim, and the drafter's update.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from ..budget import Plan
+from ..generate import ChainDrafter, DecodeOptions, PhaseClock, stream_generate
+from ..sampler import SamplingSettings, UniformStream, pick
+
+PHASES = ("plan", "build", "compute", "read+trim", "update")
+# (drafts verified, [(branch, width), ...]): 3+7 is the issue's reference shape (2 drafts, 7 auxiliaries).
+SHAPES: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] = (
+    (0, ((0, 2),)),
+    (1, ((0, 2), (1, 3))),
+    (2, ((0, 2), (1, 2), (2, 3))),
+    (3, ((0, 2), (1, 3), (2, 3), (3, 4))),
+    (5, ((0, 2), (1, 2), (2, 2), (3, 3), (4, 3), (5, 4))),
+)
+
+
+@dataclass
+class ProfileRow:
+    name: str
+    rows: int
+    calls: int
+    phases: dict[str, float]  # median milliseconds per call
+    total: float  # median milliseconds per call, all phases
+    tokens_per_call: float
+
+    def to_json(self) -> dict:
+        return {**self.__dict__}
+
+
+class ShapeDrafter:
+    """The adapter's own drafts, verified in a fixed call shape (as far as the drafts in hand allow)."""
+
+    def __init__(self, drafts: int, branches: Sequence[tuple[int, int]], width: int):
+        self.n, self.branches = drafts, list(branches)
+        self.chain = ChainDrafter(_NeverBudget(), "fused")
+        self.width = width
+
+    def plan(self, i: int, remaining: int, room: int) -> Plan:
+        n = min(self.n, len(self.chain.drafts), remaining - 1)
+        branches = [(d, min(w, self.width)) for d, w in self.branches if d <= n]
+        return Plan(self.chain.drafts[:n], branches, source="ptp" if n else None)
+
+    def update(self, plan: Plan, accepted: int, aux_tokens, aux_conf) -> None:
+        self.chain.update(plan, accepted, aux_tokens, aux_conf, observe=False)
+
+
+class _NeverBudget:
+    def observe(self, *a) -> None:
+        pass
+
+
+def _describe(s: SamplingSettings) -> str:
+    return "greedy" if s.greedy else f"T {s.temperature:g}, top-k {s.top_k}, top-p {s.top_p:g}, seed {s.seed}"
+
+
+def _median_ms(xs: list[float]) -> float:
+    return 1000.0 * statistics.median(xs) if xs else 0.0
+
+
+def profile_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> ProfileRow:
+    import mlx_lm
+
+    times, last = [], None
+    for _ in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=max_tokens):
+        now = time.perf_counter()
+        if last is not None:
+            times.append(now - last)
+        last = now
+    return ProfileRow("mlx-lm", 1, len(times), {}, _median_ms(times), 1.0)
+
+
+def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> list[ProfileRow]:
+    """Our pipelined AR step per token, then the same step unpipelined, split into phases."""
+    steps = [st.step_time for st in eng.generate(ids, mode="ar", sampling=s, max_tokens=max_tokens)][1:]
+    rows = [ProfileRow("ar (pipelined)", 1, len(steps), {}, _median_ms(steps), 1.0)]
+    pm, u = eng.pm, UniformStream(s.seed)
+    cache = pm.make_cache()
+    mx.eval(pm.base(mx.array([ids[:-1]]), cache=cache))
+    tok, ph = mx.array([ids[-1]]), {k: [] for k in ("build", "compute", "read+trim")}
+    for i in range(max_tokens):
+        t0 = time.perf_counter()
+        logits = pm.base(tok.reshape(1, 1), cache=cache)[0, -1]
+        nxt = pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False)
+        t1 = time.perf_counter()
+        mx.eval(nxt)  # sync: unpipelined, to see the parts
+        t2 = time.perf_counter()
+        tok = mx.array([int(nxt.item())])
+        t3 = time.perf_counter()
+        for k, a, b in (("build", t0, t1), ("compute", t1, t2), ("read+trim", t2, t3)):
+            ph[k].append(b - a)
+    med = {k: _median_ms(v) for k, v in ph.items()}
+    rows.append(ProfileRow("ar (unpipelined)", 1, max_tokens, med, sum(med.values()), 1.0))
+    return rows
+
+
+def profile_ptp(eng, ids: list[int], max_tokens: int, s: SamplingSettings, shapes=SHAPES) -> list[ProfileRow]:
+    """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape."""
+    out = []
+    width = eng.pm.config.window
+    for n, branches in shapes:
+        clock = PhaseClock()
+        opts = DecodeOptions(
+            mode="ptp", max_tokens=max_tokens, sampling=s, drafter=ShapeDrafter(n, branches, width), clock=clock
+        )
+        steps = list(stream_generate(eng.pm, eng.tokenizer, ids, opts))
+        rows = 1 + n + sum(w for _, w in branches)
+        full = [c for c in clock.calls if c.get("rows") == rows]
+        if not full:
+            continue
+        med = {k: _median_ms([c.get(k, 0.0) for c in full]) for k in PHASES}
+        total = _median_ms([sum(c.get(k, 0.0) for k in PHASES) for c in full])
+        tpc = sum(len(st.tokens) for st in steps) / max(1, len(steps))
+        out.append(ProfileRow(f"ptp {1 + n}+{rows - 1 - n}", rows, len(full), med, total, tpc))
+    return out
+
+
+def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:
+    """The fixed-format table: one line per kind of call, milliseconds per call, and the ratio to an AR step."""
+    cols = ["call", "rows", "calls"] + list(PHASES) + ["total ms", "x ar step", "tokens/call"]
+    lines = [header, "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        ph = [f"{r.phases[k]:.2f}" if k in r.phases else "" for k in PHASES]
+        lines.append(
+            "| "
+            + " | ".join(
+                [r.name, str(r.rows), str(r.calls)]
+                + ph
+                + [f"{r.total:.2f}", f"{r.total / ar_ms:.2f}", f"{r.tokens_per_call:.2f}"]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def run_profile(eng, ids: list[int], max_tokens: int, s: SamplingSettings, rounds: int = 2) -> tuple[str, dict]:
+    """Profile everything ``rounds`` times, interleaved (noise hits all kinds alike); keep each kind's best round."""
+    best: dict[str, ProfileRow] = {}
+    order: list[str] = []
+    for _ in range(rounds):
+        rows = [profile_mlx_lm(eng.pm.base, eng.tokenizer, ids, max_tokens)]
+        rows += profile_ar(eng, ids, max_tokens, s)
+        if eng.has_adapter:
+            rows += profile_ptp(eng, ids, max_tokens, s)
+        for r in rows:
+            if r.name not in best:
+                order.append(r.name)
+            if r.name not in best or r.total < best[r.name].total:
+                best[r.name] = r
+    rows = [best[k] for k in order]
+    ar_ms = best["ar (pipelined)"].total
+    header = (
+        f"ptp-bench --profile | {len(ids)} prompt tokens | {max_tokens} new tokens | {_describe(s)} | "
+        f"median ms per call, best of {rounds} interleaved rounds | ar step {ar_ms:.2f} ms | "
+        f"mlx-lm step {best['mlx-lm'].total:.2f} ms"
+    )
+    return profile_table(rows, ar_ms, header), {"ar_step_ms": ar_ms, "rows": [r.to_json() for r in rows]}
