@@ -6,7 +6,6 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 
 from textual import events
 from textual.app import App, ComposeResult
@@ -14,6 +13,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 
+from .conversations import ConversationsScreen
 from .engine_thread import (
     AnswerFailed,
     AnswerFinished,
@@ -26,12 +26,13 @@ from .engine_thread import (
     GenSettings,
     Loader,
 )
-from .history import ChatHistory, default_history_path
+from .history import Conversation, ConversationStore, store_for_model
 from .widgets import AnswerView, HelpScreen, StatsBar, UserMessage, split_blocks
 
 
 class ChatApp(App[None]):
-    """``ptp-chat``. ``loader`` builds the engine inside the engine thread (a fake one in tests)."""
+    """``ptp-chat``. ``loader`` builds the engine inside the engine thread (a fake one in tests); ``store``: the
+    model's saved chats (default: the default model's)."""
 
     CSS_PATH = "chat.tcss"
     TITLE = "ptp-chat"
@@ -41,7 +42,8 @@ class ChatApp(App[None]):
         Binding("ctrl+t", "toggle_mode", "PTP/AR"),
         Binding("ctrl+b", "toggle_blocks", "Blocks"),
         Binding("ctrl+y", "copy_answer", "Copy"),
-        Binding("ctrl+l", "clear_chat", "Clear"),
+        Binding("ctrl+l", "new_chat", "New chat"),
+        Binding("ctrl+o", "conversations", "Chats"),
         Binding("f1", "help", "Help"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
@@ -51,7 +53,7 @@ class ChatApp(App[None]):
         loader: Loader,
         settings: GenSettings | None = None,
         mode: str | None = None,
-        history_path: Path | None = None,
+        store: ConversationStore | None = None,
         clock: Callable[[], float] = time.monotonic,
         system: str | None = None,
     ) -> None:
@@ -61,7 +63,8 @@ class ChatApp(App[None]):
         self.settings = settings or GenSettings()
         self.requested_mode = mode
         self.mode = mode or "ar"
-        self.history = ChatHistory(history_path or default_history_path())
+        self.store = store or store_for_model(None)
+        self.history: Conversation = self.store.new()  # the open chat; the newest saved one once mounted
         self.clock = clock
         self.ready = False
         self.has_adapter = False
@@ -69,10 +72,9 @@ class ChatApp(App[None]):
         self.engine_thread: EngineThread | None = None
         self.current: ChatRequest | None = None
         self.answer: AnswerView | None = None
-        self.histogram: Counter[int] = Counter()  # tokens per call -> calls, this session
-        self.sources: Counter[str] = Counter()  # accepted drafts by who proposed them ("ptp", "lookup"), session
+        self.histogram: Counter[int] = Counter()  # tokens per call -> calls, in the open chat
+        self.sources: Counter[str] = Counter()  # accepted drafts by who proposed them ("ptp", "lookup"), open chat
         self._live: tuple[float | None, float | None] = (None, None)  # tok/s, tokens/call of the last answer
-        self._calls: list[int] = []
         self._next_id = 0
         self._status_text = "starting"
         self._load_started = 0.0
@@ -88,17 +90,10 @@ class ChatApp(App[None]):
         yield Footer()
 
     async def on_mount(self) -> None:
-        chat = self.query_one("#chat", VerticalScroll)
-        chat.anchor()
-        warning = self.history.load()
-        if warning:
-            self.notify(warning, title="history", severity="warning")
-        for turn in self.history.turns:
-            if turn["role"] == "user":
-                await chat.mount(UserMessage(turn["content"]))
-            else:
-                blocks = split_blocks(turn["content"], turn.get("blocks"))
-                await chat.mount(AnswerView(turn.get("mode", "ar"), blocks, turn.get("stopped", False), finished=True))
+        self.query_one("#chat", VerticalScroll).anchor()
+        saved = self._saved_chats()
+        if saved:  # the chat goes on where it was left
+            await self._show(saved[0])
         self.query_one("#prompt", Input).focus()
         self._refresh_stats()
         # The model loads in the engine thread, so the screen is up at once and shows progress.
@@ -179,13 +174,13 @@ class ChatApp(App[None]):
         # Tokens per call: accepted drafts + the exact token (1 in AR mode). The header and the stats bar both
         # count these, so an end-of-answer token counts in both although it is not shown.
         decided = step.accepted + 1
-        await self.answer.add_block(step.text, decided)
+        source = getattr(step, "source", None)
+        await self.answer.add_block(step.text, decided, source)
         self.histogram[decided] += 1
-        if getattr(step, "source", None) and step.accepted:
-            self.sources[step.source] += step.accepted
-        self._calls.append(decided)
+        if source and step.accepted:
+            self.sources[source] += step.accepted
         tps = step.generated / step.elapsed if step.elapsed > 0 else None
-        self._live = (tps, sum(self._calls) / len(self._calls))
+        self._live = (tps, self.answer.tokens / self.answer.calls)
         self._refresh_stats()
 
     async def on_answer_finished(self, msg: AnswerFinished) -> None:
@@ -218,15 +213,25 @@ class ChatApp(App[None]):
         if answer is None:
             return
         await answer.finish(stopped, note)
-        self.history.add_answer(answer.text, answer.mode, [len(b) for b in answer.blocks], stopped)
+        # Saved with what its header and the stats bar show, so a reopened chat reads as it did live.
+        self.history.add_answer(
+            answer.text,
+            answer.mode,
+            [len(b) for b in answer.blocks],
+            stopped,
+            calls=answer.sizes,
+            sources=answer.sources,
+            tps=self._live[0],
+            note=note,
+        )
         self._save()
         self._set_status("stopped · the partial answer is kept" if stopped else f"ready · {self.sub_title}")
 
     def _save(self) -> None:
         try:
-            self.history.save()
+            self.store.save(self.history)
         except OSError as e:
-            self.notify(f"could not save the chat history: {e}", severity="warning")
+            self.notify(f"could not save the chat: {e}", severity="warning")
 
     # ----- user input and keys -----
 
@@ -250,8 +255,8 @@ class ChatApp(App[None]):
         await chat.mount_all([UserMessage(text), self.answer])
         self._next_id += 1
         system = [{"role": "system", "content": self.system}] if self.system else []
-        self.current = ChatRequest(self._next_id, system + self.history.messages(), self.mode, self.settings)
-        self._calls = []
+        messages = system + self.history.messages()
+        self.current = ChatRequest(self._next_id, messages, self.mode, self.settings, self.history.id)
         self._live = (None, None)
         self._set_status("answering … (esc stops)")
         assert self.engine_thread is not None
@@ -289,19 +294,72 @@ class ChatApp(App[None]):
         self.copy_to_clipboard(text)
         self.notify(f"copied the last answer ({len(text)} characters)")
 
-    async def action_clear_chat(self) -> None:
-        if self.current is not None and self.answer is not None:
-            self.current.stop.set()
-            await self.answer.finish(stopped=True)  # ends its Markdown stream before the widget goes
-            self.current = self.answer = None
-        await self.query_one("#chat", VerticalScroll).remove_children()
-        self.history.clear()
+    async def action_new_chat(self) -> None:
+        """Start a new chat; the open one (with an answer in progress stopped and kept) stays in the list."""
+        await self.action_stop()
+        await self._show(self.store.new())
+        self._set_status(f"new chat · {self.sub_title}" if self.ready else self._status_text)
+        self.notify("new chat · the previous one is kept (ctrl+o lists them)")
+
+    async def action_conversations(self) -> None:
+        """Ctrl+o: the saved chats of this model, to reopen or delete."""
+        if isinstance(self.screen, ConversationsScreen):
+            return
+        self.push_screen(ConversationsScreen(self._saved_chats(), self.history.id, self.delete_chat), self._reopen)
+
+    async def _reopen(self, cid: str | None) -> None:
+        if cid is None or cid == self.history.id:
+            return
+        conv = next((c for c in self._saved_chats() if c.id == cid), None)
+        if conv is None:
+            self.notify("that chat is gone (deleted, or its file could not be read)", severity="warning")
+            return
+        await self.action_stop()
+        await self._show(conv)
+        self._set_status(f"reopened · {self.sub_title}" if self.ready else self._status_text)
+
+    async def delete_chat(self, cid: str) -> str:
+        """Delete a saved chat; deleting the open one starts a new chat. Returns the open chat's id."""
+        if cid == self.history.id:
+            await self.action_stop()  # (it saves the partial answer: the file goes next)
+            await self._show(self.store.new())
+        try:
+            self.store.delete(cid)
+        except OSError as e:
+            self.notify(f"could not delete the chat: {e}", severity="warning")
+        else:
+            self.notify("chat deleted")
+        return self.history.id
+
+    def _saved_chats(self) -> list[Conversation]:
+        chats, warnings = self.store.list()
+        for warning in warnings:
+            self.notify(warning, title="saved chats", severity="warning", timeout=15)
+        return chats
+
+    async def _show(self, conv: Conversation) -> None:
+        """Make ``conv`` the open chat: its turns on screen (answers as they looked live) and its stats."""
+        chat = self.query_one("#chat", VerticalScroll)
+        await chat.remove_children()
+        self.history = conv
         self.histogram.clear()
         self.sources.clear()
         self._live = (None, None)
+        widgets = []
+        for turn in conv.turns:
+            if turn["role"] == "user":
+                widgets.append(UserMessage(turn["content"]))
+                continue
+            # (the store hands over turns with every field present and of its type)
+            blocks = split_blocks(turn["content"], turn["blocks"])
+            view = AnswerView(turn["mode"], blocks, turn["stopped"], True, turn["calls"], turn["note"])
+            widgets.append(view)
+            self.histogram.update(view.sizes)
+            self.sources.update(turn["sources"])
+            self._live = (turn["tps"], view.tokens / view.calls if view.calls else None)
+        if widgets:
+            await chat.mount_all(widgets)
         self._refresh_stats()
-        self._set_status(f"chat cleared · {self.sub_title}" if self.ready else self._status_text)
-        self.notify("chat and saved history cleared")
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

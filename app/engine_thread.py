@@ -62,12 +62,14 @@ Loader = Callable[[LogFn], EngineLike]
 
 @dataclass
 class ChatRequest:
-    """One answer to produce. ``stop`` is set by the UI (Esc, clear, quit) and read between blocks."""
+    """One answer to produce. ``stop`` is set by the UI (Esc, new chat, quit) and read between blocks.
+    ``conversation``: the id of the chat it belongs to (the engine thread keeps one prompt cache per chat)."""
 
     request_id: int
     messages: list[dict]
     mode: str
     settings: GenSettings
+    conversation: str = ""
     stop: threading.Event = field(default_factory=threading.Event)
 
 
@@ -126,7 +128,7 @@ def describe_error(e: BaseException) -> str:
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     name = type(e).__name__
     if name == "ContextFull":
-        return f"context full: {msg}. Clear the chat (ctrl+l) to start a new conversation."
+        return f"context full: {msg}. Start a new chat with ctrl+l."
     if isinstance(e, UserError):
         return msg or name
     return f"{name}: {msg}" if msg else name
@@ -161,9 +163,11 @@ class EngineThread(threading.Thread):
         self._post = post
         self._requests: queue.Queue[ChatRequest | None] = queue.Queue()
         self._current: ChatRequest | None = None
-        # The conversation's KV cache, carried between answers: each turn prefills only what is new (a new chat
-        # shares less with it, and the cache is trimmed to whatever prefix the prompts still share).
+        # The conversation's KV cache, carried between answers: each turn prefills only what is new (the cache is
+        # trimmed to whatever prefix the prompts still share). One cache, for the chat answered last: another
+        # chat (a new one, or one reopened from the list) starts a fresh one and the old one's memory goes.
         self._prompt_cache = None
+        self._cache_conversation: str | None = None
 
     def submit(self, request: ChatRequest) -> None:
         self._requests.put(request)
@@ -210,7 +214,9 @@ class EngineThread(threading.Thread):
         try:
             kw = {}
             if hasattr(engine, "new_prompt_cache"):  # the real engine (test fakes have no cache)
-                self._prompt_cache = self._prompt_cache or engine.new_prompt_cache()
+                if self._prompt_cache is None or self._cache_conversation != req.conversation:
+                    self._prompt_cache = engine.new_prompt_cache()
+                    self._cache_conversation = req.conversation
                 kw["prompt_cache"] = self._prompt_cache
             if s.num_draft_tokens:
                 kw["num_draft_tokens"] = s.num_draft_tokens

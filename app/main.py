@@ -25,12 +25,13 @@ def run(args: argparse.Namespace) -> int:
 
     from .chat import ChatApp
     from .engine_thread import GenSettings, engine_loader
+    from .history import store_for_model
 
     sampling_from_args(args)
     settings = GenSettings(args.temp, args.top_k, args.top_p, args.seed, args.max_tokens, args.num_draft_tokens)
     # Missing model or bad adapter folders are reported inside the app (the model loads there).
     loader = engine_loader(args.model, args.adapter, measure_cost=not args.no_measure)
-    app = ChatApp(loader, settings, args.mode, system=args.system)
+    app = ChatApp(loader, settings, args.mode, store=store_for_model(args.model), system=args.system)
     app.run()
     return 1 if app.load_error else 0  # the model never loaded: a failure while running
 

@@ -18,9 +18,10 @@ KEYS = [
     ("enter", "send the message"),
     ("esc", "stop the answer (the partial answer is kept)"),
     ("ctrl+t", "switch PTP / AR decoding for the next answer"),
-    ("ctrl+b", "show accepted blocks (alternating shading, one shade per model call)"),
+    ("ctrl+b", "show accepted blocks (one shade per model call)"),
     ("ctrl+y", "copy the last answer to the clipboard"),
-    ("ctrl+l", "clear the chat and its saved history"),
+    ("ctrl+l", "new chat (the open one stays in the list)"),
+    ("ctrl+o", "saved chats of this model: enter reopens, d deletes"),
     ("f1", "this help"),
     ("ctrl+q", "quit"),
 ]
@@ -85,17 +86,33 @@ class AnswerView(Vertical):
     """One answer: a header (mode, counts), the Markdown view and the block view (shown by ctrl+b)."""
 
     def __init__(
-        self, mode: str, blocks: list[str] | None = None, stopped: bool = False, finished: bool = False
+        self,
+        mode: str,
+        blocks: list[str] | None = None,
+        stopped: bool = False,
+        finished: bool = False,
+        sizes: list[int] | None = None,
+        note: str = "",
     ) -> None:
+        """A live answer (``AnswerView(mode)``) or a restored one: its blocks, tokens decided per call
+        (``sizes``), stop and note as saved, so its header reads as it did live."""
         super().__init__(classes="answer")
         self.mode = mode
         self.blocks: list[str] = list(blocks or [])
-        self.tokens = 0
-        self.calls = 0
+        self.sizes: list[int] = list(sizes or [])  # tokens decided per model call (accepted drafts + 1)
+        self.sources: dict[str, int] = {}  # accepted drafts by who proposed them
         self.stopped = stopped
         self.finished = finished
-        self.note = ""
+        self.note = note
         self._stream: MarkdownStream | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def calls(self) -> int:
+        return len(self.sizes)
 
     @property
     def text(self) -> str:
@@ -108,10 +125,8 @@ class AnswerView(Vertical):
 
     def _header(self) -> str:
         parts = [self.mode.upper()]
-        if self.calls:
+        if self.calls:  # (answers saved by earlier versions have no counts: the mode alone)
             parts.append(f"{self.tokens} tokens in {self.calls} calls")
-        elif self.finished and self.blocks:
-            parts.append(f"{len(self.blocks)} blocks")
         if not self.finished:
             parts.append("answering…")
         if self.stopped:
@@ -120,11 +135,13 @@ class AnswerView(Vertical):
             parts.append(self.note)
         return " · ".join(parts)
 
-    async def add_block(self, text: str, tokens: int) -> None:
-        """Show one accepted block: appended to the Markdown (streamed) and to the block view."""
+    async def add_block(self, text: str, tokens: int, source: str | None = None) -> None:
+        """Show one accepted block (``tokens`` decided by its call, drafts from ``source``): appended to the
+        Markdown (streamed) and to the block view."""
         self.blocks.append(text)
-        self.tokens += tokens
-        self.calls += 1
+        self.sizes.append(tokens)
+        if source and tokens > 1:
+            self.sources[source] = self.sources.get(source, 0) + tokens - 1
         if self._stream is None:
             self._stream = Markdown.get_stream(self.query_one(Markdown))
         await self._stream.write(text)

@@ -15,11 +15,17 @@ from ptp_mlx.generate import ContextFull, GenerationStep
 pytest.importorskip("textual")
 
 from ptp_mlx.app.chat import ChatApp  # noqa: E402
+from ptp_mlx.app.conversations import ConversationsScreen  # noqa: E402
 from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
-from ptp_mlx.app.history import ChatHistory, default_history_path  # noqa: E402
+from ptp_mlx.app.history import (  # noqa: E402
+    ConversationStore,
+    default_history_path,
+    model_key,
+    store_for_model,
+)
 from ptp_mlx.app.main import main  # noqa: E402
 from ptp_mlx.app.widgets import AnswerView, BlocksView, HelpScreen, StatsBar, UserMessage, sparkline, split_blocks  # noqa: E402
-from textual.widgets import Input, Markdown  # noqa: E402
+from textual.widgets import Input, Markdown, OptionList  # noqa: E402
 from textual.widgets._markdown import MarkdownFence  # noqa: E402
 
 from ptp_mlx.cli_common import UserError  # noqa: E402
@@ -47,6 +53,7 @@ class FakeEngine:
         error: Exception | None = None,
         sizes: list[int] | None = None,
         eos: bool = False,
+        sources: list[str | None] | None = None,
     ):
         self.blocks = list(blocks)
         self.sizes = sizes or [len(b) for b in blocks]  # tokens per PTP block
@@ -58,6 +65,7 @@ class FakeEngine:
         self.adapter_path = "fake-adapter" if has_adapter else None
         self.closed = threading.Event()
         self.eos = eos  # the last PTP call also decided an end-of-answer token (counted, not shown)
+        self.sources = sources or ["ptp"] * len(self.blocks)  # who proposed each PTP block's drafts
 
     @property
     def has_adapter(self) -> bool:
@@ -74,13 +82,14 @@ class FakeEngine:
 
     def _steps(self, mode):
         if mode == "ptp":
-            blocks, sizes = self.blocks, self.sizes
+            blocks, sizes, sources = self.blocks, self.sizes, self.sources
         else:
             blocks = list("".join(self.blocks))
             sizes = [1] * len(blocks)
+            sources = [None] * len(blocks)
         generated = 0
         try:
-            for i, (text, n) in enumerate(zip(blocks, sizes, strict=True)):
+            for i, (text, n, source) in enumerate(zip(blocks, sizes, sources, strict=True)):
                 if self.gate is not None and not self.gate.acquire(timeout=10):
                     return
                 generated += n
@@ -93,6 +102,7 @@ class FakeEngine:
                     generated=generated,
                     elapsed=0.1 * (i + 1),
                     finish_reason="stop" if last else None,
+                    source=source,
                 )
         finally:
             self.closed.set()
@@ -100,7 +110,7 @@ class FakeEngine:
 
 def make_app(engine=None, tmp_path=None, **kw) -> ChatApp:
     engine = engine or FakeEngine()
-    kw.setdefault("history_path", tmp_path / "history.json" if tmp_path else None)
+    kw.setdefault("store", ConversationStore(tmp_path / "chats") if tmp_path else None)
     return ChatApp(lambda log: engine, GenSettings(max_tokens=64), **kw)
 
 
@@ -123,6 +133,11 @@ async def send(pilot, text: str) -> None:
     await wait_until(pilot, lambda: app.ready or app.load_error)
     app.query_one("#prompt", Input).value = text
     await pilot.press("enter")
+
+
+def saved_chats(tmp_path) -> list[list[dict]]:
+    """The turns of every saved chat under ``tmp_path/chats``, oldest file name first."""
+    return [json.loads(f.read_text())["turns"] for f in sorted((tmp_path / "chats").glob("*.json"))]
 
 
 def answers(app) -> list[AnswerView]:
@@ -171,13 +186,17 @@ async def test_escape_stops_and_keeps_partial_answer(tmp_path):
         assert answer.blocks == BLOCKS[:2]
         assert answer.query_one(Markdown).source == "".join(BLOCKS[:2])
         assert "stopped" in str(app.query_one("#status").render())
-    saved = json.loads((tmp_path / "history.json").read_text())["turns"]
+    [saved] = saved_chats(tmp_path)
     assert saved[-1] == {
         "role": "assistant",
         "content": "Hello there",
         "mode": "ptp",
         "blocks": [5, 6],
+        "calls": [5, 6],
+        "sources": {"ptp": 9},
+        "tps": 11 / 0.2,
         "stopped": True,
+        "note": "",
     }
 
 
@@ -190,7 +209,7 @@ async def test_quit_while_answering_saves_the_partial_answer(tmp_path):
         await wait_until(pilot, lambda: len(answers(app)[0].blocks) == 1)
         threading.Timer(0.3, gate.release, args=(10,)).start()  # unblocks the engine thread after the quit
         await pilot.press("ctrl+q")
-    turns = json.loads((tmp_path / "history.json").read_text())["turns"]
+    [turns] = saved_chats(tmp_path)
     assert turns[0]["content"] == "hi" and turns[1]["stopped"] and turns[1]["content"].startswith("Hello")
 
 
@@ -227,13 +246,12 @@ async def test_mode_switch_without_adapter_warns(tmp_path):
         assert any("adapter" in n for n in notes(app))
 
 
-async def test_history_saved_reloaded_and_cleared(tmp_path):
+async def test_history_saved_reloaded_and_new_chat_keeps_it(tmp_path):
     app = make_app(FakeEngine(), tmp_path)
     async with app.run_test() as pilot:
         await send(pilot, "first question")
         await wait_answered(pilot, app)
-    path = tmp_path / "history.json"
-    turns = json.loads(path.read_text())["turns"]
+    [turns] = saved_chats(tmp_path)
     assert [t["role"] for t in turns] == ["user", "assistant"]
     assert turns[1]["content"] == "".join(BLOCKS) and turns[1]["blocks"] == [len(b) for b in BLOCKS]
 
@@ -241,7 +259,7 @@ async def test_history_saved_reloaded_and_cleared(tmp_path):
     app = make_app(engine, tmp_path)
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.ready)
-        assert [m.text for m in app.query(UserMessage)] == ["first question"]
+        assert [m.text for m in app.query(UserMessage)] == ["first question"]  # the newest chat goes on
         old = answers(app)[0]
         assert old.blocks == BLOCKS and old.query_one(Markdown).source == "".join(BLOCKS)
         await send(pilot, "second")
@@ -254,10 +272,16 @@ async def test_history_saved_reloaded_and_cleared(tmp_path):
         await pilot.press("ctrl+l")
         await pilot.pause()
         assert not answers(app) and not list(app.query(UserMessage))
-    assert not path.exists()
+        assert "previous one is kept" in notes(app)[-1]
+        assert len(saved_chats(tmp_path)) == 1  # a new chat gets a file with its first answer, not before
+        await send(pilot, "third")
+        await wait_answered(pilot, app)
+        assert [m["content"] for m in engine.calls[-1]["messages"]] == ["third"]
+    chats = {c[0]["content"]: [t["content"] for t in c if t["role"] == "user"] for c in saved_chats(tmp_path)}
+    assert chats == {"first question": ["first question", "second"], "third": ["third"]}
 
 
-async def test_clear_while_answering(tmp_path):
+async def test_new_chat_while_answering_keeps_the_partial_answer(tmp_path):
     gate = threading.Semaphore(0)
     engine = FakeEngine(gate=gate)
     app = make_app(engine, tmp_path)
@@ -270,20 +294,215 @@ async def test_clear_while_answering(tmp_path):
         await asyncio.get_running_loop().run_in_executor(None, engine.closed.wait, 10)
         await pilot.pause(0.1)
         assert app.current is None and not answers(app) and app.history.turns == []
+        [old] = saved_chats(tmp_path)
+        assert old[1]["content"] == BLOCKS[0] and old[1]["stopped"]
         await send(pilot, "again")  # the chat goes on
         await wait_answered(pilot, app)
         assert answers(app)[0].text == "".join(BLOCKS)
         assert [m["content"] for m in engine.calls[-1]["messages"]] == ["again"]
 
 
-async def test_unreadable_history_is_set_aside(tmp_path):
-    path = tmp_path / "history.json"
-    path.write_text("{not json")
-    app = make_app(FakeEngine(), tmp_path)
+async def test_unreadable_files_are_set_aside(tmp_path):
+    legacy = tmp_path / "chat_history.json"
+    legacy.write_text("{not json")
+    chats = tmp_path / "chats"
+    chats.mkdir()
+    (chats / "bad.json").write_text('{"turns": 3}')
+    damaged = {"role": "assistant", "content": "Fine", "mode": 7, "blocks": "x", "calls": [1, "2"], "sources": 3}
+    (chats / "damaged.json").write_text(json.dumps({"turns": [{"role": "user", "content": "q"}, damaged]}))
+    app = make_app(FakeEngine(), store=ConversationStore(chats, legacy=legacy))
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.ready)
         assert any("could not read the chat history" in n for n in notes(app))
-    assert (tmp_path / "history.json.unreadable").read_text() == "{not json"
+        assert any("could not read the saved chat bad.json" in n for n in notes(app))
+        # Damaged fields of a readable chat fall back to empty values: it still opens.
+        assert [a.text for a in answers(app)] == ["Fine"]
+        assert str(answers(app)[0].query_one(".answer-header").render()) == "AR · 1 tokens in 1 calls"
+    assert (tmp_path / "chat_history.json.unreadable").read_text() == "{not json"
+    assert (chats / "bad.json.unreadable").read_text() == '{"turns": 3}'
+
+
+async def test_old_history_file_moves_into_the_default_models_list_once():
+    legacy = default_history_path()
+    old_turns = [
+        {"role": "user", "content": "old question"},
+        {"role": "assistant", "content": "Old answer", "mode": "ptp", "blocks": [3, 7], "stopped": False},
+    ]
+    legacy.parent.mkdir(parents=True, exist_ok=True)
+    legacy.write_text(json.dumps({"version": 1, "turns": old_turns}))
+    for _ in range(2):  # the second start finds it in the list, and once only
+        app = make_app(FakeEngine(), store=store_for_model(None))
+        async with app.run_test() as pilot:
+            await wait_until(pilot, lambda app=app: app.ready)
+            assert [m.text for m in app.query(UserMessage)] == ["old question"]
+            assert answers(app)[0].blocks == ["Old", " answer"]
+            assert str(answers(app)[0].query_one(".answer-header").render()) == "PTP"  # no counts were saved
+        chats, warnings = store_for_model(None).list()
+        assert [[(t["role"], t["content"]) for t in c.turns] for c in chats] == [
+            [(t["role"], t["content"]) for t in old_turns]
+        ]
+        assert not warnings
+    assert not legacy.exists() and legacy.with_name("chat_history.json.migrated").exists()
+    assert store_for_model("org/other-model").legacy is None  # other models' lists start empty
+
+
+async def test_history_is_kept_per_model(tmp_path):
+    assert model_key(None) == "SmolLM2-135M-Instruct"
+    assert model_key("org/Some Model") == "org--Some_Model"
+    one, two = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    one.mkdir(parents=True)
+    two.mkdir(parents=True)
+    assert model_key(str(one)).startswith("model-") and model_key(str(one)) != model_key(str(two))
+
+    async def chat(model, question=None) -> list[str]:
+        app = make_app(FakeEngine(), store=store_for_model(model))
+        async with app.run_test() as pilot:
+            await wait_until(pilot, lambda: app.ready)
+            if question:
+                await send(pilot, question)
+                await wait_answered(pilot, app)
+            await pilot.press("ctrl+o")
+            await pilot.pause()
+            listed = app.screen.query_one(OptionList).option_count if app.history.turns else 0
+            return [m.text for m in app.query(UserMessage)] + [f"{listed} listed"]
+
+    assert await chat(None, "for the default model") == ["for the default model", "1 listed"]
+    assert await chat(str(one)) == ["0 listed"]  # another model: its own, empty list
+    assert await chat(str(one), "for model one") == ["for model one", "1 listed"]
+    assert await chat(None) == ["for the default model", "1 listed"]
+    assert await chat(str(two)) == ["0 listed"]
+    assert store_for_model(None).folder.parent == store_for_model(str(one)).folder.parent
+
+
+class CachingEngine(FakeEngine):
+    """A fake with the real engine's prompt-cache surface: records the cache each answer got."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.caches: list[object] = []
+
+    def new_prompt_cache(self):
+        return object()
+
+    def generate(self, prompt, mode=None, sampling=None, max_tokens=256, prompt_cache=None):
+        self.caches.append(prompt_cache)
+        return super().generate(prompt, mode, sampling, max_tokens)
+
+
+def option_labels(screen) -> list[str]:
+    options = screen.query_one(OptionList)
+    return [str(options.get_option_at_index(i).prompt) for i in range(options.option_count)]
+
+
+async def test_chat_list_reopens_and_deletes(tmp_path):
+    engine = CachingEngine()
+    clock = iter(range(1_000_000, 2_000_000, 60))  # a minute per save: a fixed order
+    app = make_app(engine, store=ConversationStore(tmp_path / "chats", now=lambda: next(clock)))
+    async with app.run_test(size=(100, 30)) as pilot:
+        for question in ["alpha", "alpha again", None, "beta"]:
+            if question is None:
+                await pilot.press("ctrl+l")
+                continue
+            await send(pilot, question)
+            await wait_answered(pilot, app)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert isinstance(app.screen, ConversationsScreen)
+        labels = option_labels(app.screen)
+        # Newest first; the open chat is marked.
+        assert labels[0].startswith("● beta  ·  1 question ·") and labels[1].startswith("  alpha  ·  2 questions ·")
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConversationsScreen)
+        assert [m.text for m in app.query(UserMessage)] == ["alpha", "alpha again"]
+        assert [a.text for a in answers(app)] == ["".join(BLOCKS)] * 2
+        await send(pilot, "alpha third")
+        await wait_answered(pilot, app)
+        assert [m["content"] for m in engine.calls[-1]["messages"] if m["role"] == "user"] == [
+            "alpha",
+            "alpha again",
+            "alpha third",
+        ]
+        # One prompt cache per chat: kept within a chat, fresh for a new one and for a reopened one.
+        a1, a2, b, a3 = engine.caches
+        assert a1 is a2 and b is not a1 and a3 is not a1 and a3 is not b
+
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert option_labels(app.screen)[0].startswith("● alpha")
+        await pilot.press("down", "d")  # beta, not the open one
+        await pilot.pause()
+        assert [c[0]["content"] for c in saved_chats(tmp_path)] == ["alpha"]
+        assert [m.text for m in app.query(UserMessage)] == ["alpha", "alpha again", "alpha third"]
+        assert len(option_labels(app.screen)) == 1 and "chat deleted" in notes(app)
+        await pilot.press("d")  # the open one: its file goes and a new chat opens
+        await pilot.pause()
+        assert saved_chats(tmp_path) == [] and app.history.turns == [] and not answers(app)
+        assert option_labels(app.screen) == ["no saved chats yet"]
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConversationsScreen)
+        await send(pilot, "gamma")  # the chat goes on
+        await wait_answered(pilot, app)
+        assert [c[0]["content"] for c in saved_chats(tmp_path)] == ["gamma"]
+
+
+def screen_lines(app, widget) -> list[str]:
+    """The text the screen shows in ``widget``'s region."""
+    region = widget.region
+    strips = app.screen._compositor.render_strips()
+    return [strips[y].text[region.x : region.right] for y in range(region.y, region.bottom)]
+
+
+async def test_restored_answers_look_like_live_ones(tmp_path):
+    blocks = [" Sure", ", here", " it is."]  # the model's first token starts with a space
+    engine = FakeEngine(blocks=blocks, sizes=[2, 3, 3], eos=True, sources=["ptp", "lookup", "ptp"])
+
+    async def screen(question=None):
+        app = make_app(engine, tmp_path)
+        async with app.run_test(size=(80, 30)) as pilot:
+            if question:
+                await send(pilot, question)
+                await wait_answered(pilot, app)
+                await pilot.press("ctrl+t")  # the next one in AR mode
+                await send(pilot, question + " again")
+                await wait_answered(pilot, app)
+            await wait_until(pilot, lambda: app.ready)
+            app.clear_notifications()
+            await pilot.pause()
+            views = answers(app)
+            headers = [str(a.query_one(".answer-header").render()) for a in views]
+            markdown = [screen_lines(app, a.query_one(Markdown)) for a in views]
+            stats = str(app.query_one(StatsBar).render()).split(" │ ", 1)[1]  # (the mode is the session's)
+            return headers, [screen_lines(app, a) for a in views], markdown, stats
+
+    live = await screen("Hi")
+    restored = await screen()
+    assert live[0] == ["PTP · 9 tokens in 3 calls", "AR · 18 tokens in 18 calls"]
+    assert restored == live  # headers, what the answers show, the stats bar
+    assert restored[2][0][0].startswith("Sure, here it is.")  # no leading space
+    assert "drafts lookup 2 ptp 4" in restored[3]
+
+
+async def test_notices_stay_above_the_bottom_bars(tmp_path):
+    from textual.widgets._toast import Toast
+
+    app = make_app(FakeEngine(), tmp_path)
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:  # (tests show no toasts by default)
+        await wait_until(pilot, lambda: app.ready)
+        for i in range(3):
+            app.notify(f"notice {i}: " + "a long line " * 12, severity="warning")
+        await wait_until(pilot, lambda: len(app.screen.query(Toast)) == 3)
+        await pilot.pause()
+        toasts = list(app.screen.query(Toast))
+        assert all(t.region.area for t in toasts)
+        bars = [app.query_one(StatsBar), app.query_one("#prompt"), app.query_one("#status")]
+        for toast in toasts:
+            assert not any(toast.region.overlaps(bar.region) for bar in bars), (toast.region, bars)
+        stats = app.query_one(StatsBar).region
+        assert all(
+            app.screen.get_widget_at(x, stats.y)[0] is app.query_one(StatsBar) for x in range(stats.x, stats.right)
+        )
 
 
 def failing_loader(log):
@@ -292,7 +511,7 @@ def failing_loader(log):
 
 
 async def test_load_error_is_a_notification(tmp_path):
-    app = ChatApp(failing_loader, history_path=tmp_path / "h.json")
+    app = ChatApp(failing_loader, store=ConversationStore(tmp_path / "chats"))
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.load_error is not None)
         assert notes(app) == ["model folder not found: /nowhere"]
@@ -311,7 +530,7 @@ async def test_loader_progress_shows_in_status_line(tmp_path):
         release.wait(10)
         return FakeEngine()
 
-    app = ChatApp(slow_loader, history_path=tmp_path / "h.json", clock=lambda: 0.0)
+    app = ChatApp(slow_loader, store=ConversationStore(tmp_path / "chats"), clock=lambda: 0.0)
     async with app.run_test() as pilot:
         status = app.query_one("#status")
         try:
@@ -389,10 +608,13 @@ def test_helpers():
     assert GenSettings().describe() == "greedy · seed 0 · max 256"
     assert GenSettings(0.7, 40, 0.9, 3, 10).describe() == "T 0.7 · top-k 40 · top-p 0.9 · seed 3 · max 10"
     assert default_history_path().name == "chat_history.json"
-    h = ChatHistory(default_history_path())
-    h.add_user("q")
-    h.save()
-    assert json.loads(default_history_path().read_text())["turns"] == [{"role": "user", "content": "q"}]
+    store = store_for_model(None)
+    conv = store.new()
+    conv.add_user("q " * 40)
+    store.save(conv)
+    saved = json.loads(store.path(conv.id).read_text())
+    assert saved["turns"] == [{"role": "user", "content": "q " * 40}]
+    assert saved["title"] == "q " * 29 + "q…" and len(saved["title"]) == 60
 
 
 @pytest.mark.parametrize(
@@ -447,7 +669,7 @@ async def test_real_engine_text_equals_generator_text(mode, tiny_model_dir, tiny
         engine_loader(str(tiny_model_dir), adapter, measure_cost=False),
         settings,
         mode,
-        history_path=tmp_path / "h.json",
+        store=ConversationStore(tmp_path / "chats"),
     )
     async with app.run_test() as pilot:
         await send(pilot, "Hi there")
@@ -466,7 +688,9 @@ async def test_real_engine_text_equals_generator_text(mode, tiny_model_dir, tiny
 async def test_real_engine_context_full(tiny_model_dir, tmp_path):
     from ptp_mlx.app.engine_thread import engine_loader
 
-    app = ChatApp(engine_loader(str(tiny_model_dir), "none", measure_cost=False), history_path=tmp_path / "h.json")
+    app = ChatApp(
+        engine_loader(str(tiny_model_dir), "none", measure_cost=False), store=ConversationStore(tmp_path / "chats")
+    )
     async with app.run_test() as pilot:
         await send(pilot, "x" * 600)  # byte tokenizer: 600+ tokens, the tiny model's context is 512
         await wait_until(pilot, lambda: app.current is None, timeout=60)

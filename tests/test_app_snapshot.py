@@ -7,6 +7,7 @@ SVGs under ``tests/__snapshots__/``.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ pytest.importorskip("pytest_textual_snapshot")
 
 from ptp_mlx.app.chat import ChatApp  # noqa: E402
 from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
+from ptp_mlx.app.history import ConversationStore  # noqa: E402
 from test_app import FakeEngine, wait_until  # noqa: E402
 from textual.widgets import Input  # noqa: E402
 
@@ -35,12 +37,12 @@ ANSWER = [
 SIZES = [2, 3, 2, 3, 1, 3, 5, 2, 4, 2, 2, 1]  # tokens per block
 
 
-def chat_app(tmp_path, engine=None, loader=None) -> ChatApp:
+def chat_app(tmp_path, engine=None, loader=None, store=None) -> ChatApp:
     engine = engine or FakeEngine(blocks=ANSWER, sizes=SIZES)
     return ChatApp(
         loader or (lambda log: engine),
         GenSettings(temperature=0.7, top_k=40, seed=1, max_tokens=64),
-        history_path=tmp_path / "history.json",
+        store=store or ConversationStore(tmp_path / "chats"),
         clock=lambda: 0.0,
     )
 
@@ -98,3 +100,41 @@ def test_help_screen(snap_compare, tmp_path):
         await pilot.press("f1")
 
     assert snap_compare(chat_app(tmp_path), terminal_size=SIZE, run_before=run_before)
+
+
+def test_notice_above_the_stats_bar(snap_compare, tmp_path):
+    """A notice (here: the mode switch) stacks above the status line, input and stats bar, never over them."""
+
+    async def run_before(pilot):
+        await one_exchange(pilot)
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+
+    assert snap_compare(chat_app(tmp_path), terminal_size=SIZE, run_before=run_before)
+
+
+def test_chat_list(snap_compare, tmp_path, monkeypatch):
+    """Ctrl+o: the model's saved chats, newest first, the open one marked."""
+    monkeypatch.setenv("TZ", "UTC")  # the list shows local times
+    time.tzset()
+    clock = iter(range(1_750_000_000, 1_760_000_000, 3600))
+    store = ConversationStore(tmp_path / "chats", now=lambda: next(clock))
+    for questions in (["What is PTP?", "And is it lossless?"], ["Write a haiku about caches"]):
+        conv = store.new()
+        for q in questions:
+            conv.add_user(q)
+            conv.add_answer("Yes.", "ptp", [4], False, calls=[2])
+        store.save(conv)
+    app = chat_app(tmp_path, store=store)
+
+    async def run_before(pilot):
+        steady_cursor(pilot.app)
+        await wait_until(pilot, lambda: pilot.app.ready)
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+
+    try:
+        assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
