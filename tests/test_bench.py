@@ -67,7 +67,30 @@ def test_prompts_round_robin_categories_and_messages(prompt_file):
 def test_bundled_prompts_are_spec_bench_and_held_out():
     ps = load_prompts()
     assert len(ps) == 24 and {p.category for p in ps} == {"instruction", "math_reasoning", "coding"}
-    assert all(p.question_id[-1] in "05" for p in ps)
+    from ptp_mlx.bench.prompts import default_prompts_path
+
+    lines = [json.loads(x) for x in default_prompts_path().read_text().splitlines()]
+    for d in lines:  # permissive licences only, each line naming its origin (ptp_mlx/data/README.md)
+        assert "MIT" in d["source"] or "Apache-2.0" in d["source"], d
+        assert "alpaca" not in d["source"].lower()
+        # Taken from public sets: ids in the dev prompts' validation split; written here: never trained on.
+        assert d["question_id"][-1] in "05" or d["source"].startswith("written for ptp-mlx"), d
+
+
+def test_profile_splits_real_calls_into_phases(engine, prompt_file):
+    from ptp_mlx.bench.profile import PHASES, run_profile
+    from ptp_mlx.sampler import SamplingSettings
+
+    ids = engine.encode([{"role": "user", "content": "1 2 3 4"}])
+    text, doc = run_profile(engine, ids, 12, SamplingSettings(), rounds=1)
+    names = [r["name"] for r in doc["rows"]]
+    assert names[:3] == ["mlx-lm", "ar (pipelined)", "ar (unpipelined)"]
+    ptp = [r for r in doc["rows"] if r["name"].startswith("ptp ")]
+    assert ptp and all(set(r["phases"]) == set(PHASES) and r["calls"] > 0 for r in ptp)
+    for r in ptp:  # the phases add up to about the whole call (medians of sums vs sums of medians)
+        assert r["total"] > 0 and sum(r["phases"].values()) <= 1.5 * r["total"] + 0.5
+    assert text.splitlines()[0].startswith("ptp-bench --profile") and "| ptp 3+" in text
+    assert doc["diverged"] == [] and "every PTP shape == ar" in text  # padded drafts included: still exact
 
 
 @pytest.mark.parametrize(

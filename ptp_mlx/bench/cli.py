@@ -278,4 +278,7 @@ def _profile(eng, prompt, sampling, args) -> int:
     print(text)
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps({"profile": doc}, indent=1) + "\n").encode())
+    if doc["diverged"]:
+        print(f"error: PTP output differs from ar in {', '.join(doc['diverged'])}", file=sys.stderr)
+        return 1
     return 0

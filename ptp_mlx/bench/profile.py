@@ -40,13 +40,14 @@ class ProfileRow:
     phases: dict[str, float]  # median milliseconds per call
     total: float  # median milliseconds per call, all phases
     tokens_per_call: float
+    tokens: list[int] | None = None  # what the calls emitted (PTP rows: compared with AR, a free lossless check)
 
     def to_json(self) -> dict:
         return {**self.__dict__}
 
 
 class ShapeDrafter:
-    """The adapter's own drafts, verified in a fixed call shape (as far as the drafts in hand allow)."""
+    """The adapter's own drafts, verified in a fixed call shape."""
 
     def __init__(self, drafts: int, branches: Sequence[tuple[int, int]], width: int):
         self.n, self.branches = drafts, list(branches)
@@ -54,9 +55,12 @@ class ShapeDrafter:
         self.width = width
 
     def plan(self, i: int, remaining: int, room: int) -> Plan:
-        n = min(self.n, len(self.chain.drafts), remaining - 1)
+        n = max(0, min(self.n, remaining - 1))
+        # Short of drafts (a narrow branch was taken), pad with the last one: verification rejects what is
+        # wrong, exactly as ever, and every call keeps the shape being profiled.
+        drafts = (self.chain.drafts + [self.chain.drafts[-1] if self.chain.drafts else 0] * n)[:n]
         branches = [(d, min(w, self.width)) for d, w in self.branches if d <= n]
-        return Plan(self.chain.drafts[:n], branches, source="ptp" if n else None)
+        return Plan(drafts, branches, source="ptp" if n else None)
 
     def update(self, plan: Plan, accepted: int, aux_tokens, aux_conf) -> None:
         self.chain.update(plan, accepted, aux_tokens, aux_conf, observe=False)
@@ -89,8 +93,10 @@ def profile_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> Profile
 
 def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> list[ProfileRow]:
     """Our pipelined AR step per token, then the same step unpipelined, split into phases."""
-    steps = [st.step_time for st in eng.generate(ids, mode="ar", sampling=s, max_tokens=max_tokens)][1:]
-    rows = [ProfileRow("ar (pipelined)", 1, len(steps), {}, _median_ms(steps), 1.0)]
+    steps = list(eng.generate(ids, mode="ar", sampling=s, max_tokens=max_tokens))
+    toks = [t for st in steps for t in st.tokens]
+    times = [st.step_time for st in steps][1:]
+    rows = [ProfileRow("ar (pipelined)", 1, len(times), {}, _median_ms(times), 1.0, toks)]
     pm, u = eng.pm, UniformStream(s.seed)
     cache = pm.make_cache()
     mx.eval(pm.base(mx.array([ids[:-1]]), cache=cache))
@@ -128,7 +134,8 @@ def profile_ptp(eng, ids: list[int], max_tokens: int, s: SamplingSettings, shape
         med = {k: _median_ms([c.get(k, 0.0) for c in full]) for k in PHASES}
         total = _median_ms([sum(c.get(k, 0.0) for k in PHASES) for c in full])
         tpc = sum(len(st.tokens) for st in steps) / max(1, len(steps))
-        out.append(ProfileRow(f"ptp {1 + n}+{rows - 1 - n}", rows, len(full), med, total, tpc))
+        toks = [t for st in steps for t in st.tokens]
+        out.append(ProfileRow(f"ptp {1 + n}+{rows - 1 - n}", rows, len(full), med, total, tpc, toks))
     return out
 
 
@@ -166,9 +173,13 @@ def run_profile(eng, ids: list[int], max_tokens: int, s: SamplingSettings, round
                 best[r.name] = r
     rows = [best[k] for k in order]
     ar_ms = best["ar (pipelined)"].total
+    want = best["ar (pipelined)"].tokens
+    diverged = [r.name for r in rows if r.name.startswith("ptp ") and r.tokens != want]
     header = (
         f"ptp-bench --profile | {len(ids)} prompt tokens | {max_tokens} new tokens | {_describe(s)} | "
         f"median ms per call, best of {rounds} interleaved rounds | ar step {ar_ms:.2f} ms | "
         f"mlx-lm step {best['mlx-lm'].total:.2f} ms"
     )
-    return profile_table(rows, ar_ms, header), {"ar_step_ms": ar_ms, "rows": [r.to_json() for r in rows]}
+    text = profile_table(rows, ar_ms, header)
+    text += "\nlossless: " + (f"DIFFERS from ar: {', '.join(diverged)}" if diverged else "every PTP shape == ar")
+    return text, {"ar_step_ms": ar_ms, "rows": [r.to_json() for r in rows], "diverged": diverged}
