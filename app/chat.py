@@ -13,6 +13,8 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 
+from ptp_mlx import blas
+
 from .conversations import ConversationsScreen
 from .engine_thread import (
     AnswerFailed,
@@ -121,7 +123,7 @@ class ChatApp(App[None]):
         tps, mean = self._live
         mode = self.mode if self.ready else (self.requested_mode or "…")  # undecided until the adapter is known
         self.query_one(StatsBar).show(
-            mode, self.settings.describe(), tps, mean, dict(self.histogram), dict(self.sources)
+            mode, self.settings.describe(), tps, mean, dict(self.histogram), dict(self.sources), blas.is_slow()
         )
 
     async def action_quit(self) -> None:

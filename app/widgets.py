@@ -170,14 +170,18 @@ class StatsBar(Static):
         mean: float | None,
         histogram: dict[int, int],
         sources: dict[str, int] | None = None,
+        slow_blas: bool = False,
     ) -> None:
         """The most telling figures first, so a narrow terminal cuts the settings, not the speed. ``sources``:
-        accepted drafts by who proposed them (shown once prompt lookup has landed some)."""
+        accepted drafts by who proposed them (shown once prompt lookup has landed some). ``slow_blas``: MLX
+        runs on its reference BLAS (Linux), which is why PTP rarely drafts; said here for as long as it lasts."""
         parts = [
             mode.upper(),
             f"{tps:.1f} tok/s" if tps is not None else "– tok/s",
             f"{mean:.2f} tok/call" if mean is not None else "– tok/call",
         ]
+        if slow_blas:
+            parts.append("SLOW BLAS: pip install mkl")
         spark = sparkline(histogram)
         if spark:
             parts.append(f"tokens/call {spark}")

@@ -169,6 +169,19 @@ async def test_streams_blocks_in_order(tmp_path):
         assert app.query_one("#prompt", Input).value == ""
 
 
+async def test_slow_blas_is_said_in_the_stats_bar(tmp_path, monkeypatch):
+    from ptp_mlx import blas
+
+    app = make_app(FakeEngine(eos=True), tmp_path)
+    async with app.run_test(size=(120, 30)) as pilot:
+        await pilot.pause()
+        assert "SLOW BLAS" not in str(app.query_one(StatsBar).render()) or blas.is_slow()
+        monkeypatch.setitem(blas.state, "blas", "reference")
+        await send(pilot, "hi")
+        await wait_answered(pilot, app)
+        assert "SLOW BLAS: pip install mkl" in str(app.query_one(StatsBar).render())
+
+
 async def test_escape_stops_and_keeps_partial_answer(tmp_path):
     gate = threading.Semaphore(0)
     engine = FakeEngine(gate=gate)
