@@ -70,6 +70,15 @@ class CallPlan:
             r += w.n
         self.rows = r
         self._masks: dict[int | None, mx.array] = {}
+        self._positions: mx.array | None = None
+
+    @property
+    def positions(self) -> mx.array:
+        """RoPE position of every row (int32, built once per call and shared by all layers)."""
+        if self._positions is None:
+            pos = np.concatenate([p + np.arange(e - s) for s, e, p in self.segments])
+            self._positions = mx.array(pos.astype(np.int32))
+        return self._positions
 
     def mask(self, window_size: int | None) -> mx.array:
         """Boolean mask [rows, offset + rows]: token rows causal; an auxiliary row sees the real tokens before
@@ -166,14 +175,21 @@ class GatedLoRALinear(nn.Module):
         return y if d is None else y + d.astype(y.dtype)
 
 
+# RoPE modules whose ``__call__`` hands ``offset`` straight to ``mx.fast.rope`` (which takes one offset per batch
+# entry): for them every row can get its own position in one call. Others (e.g. dynamic NTK, whose base depends
+# on the offset) are applied per contiguous segment of rows.
+_BATCHED_ROPE = ("RoPE", "Llama3RoPE", "SuScaledRoPE", "YarnRoPE")
+
+
 class RowRoPE(nn.Module):
-    """The module's own RoPE applied per segment of rows at the call's positions (one call per contiguous
-    segment, so token rows get exactly the values a plain pass gives them)."""
+    """The module's own RoPE applied to every row at its position in the call (token rows get exactly the
+    values a plain pass gives them: same kernel, same integer positions)."""
 
     def __init__(self, rope: nn.Module, ctx: PTPContext):
         super().__init__()
         self.rope = rope
         self._ctx = ctx
+        self._batched = type(rope).__name__ in _BATCHED_ROPE
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         plan = self._ctx.plan
@@ -182,6 +198,10 @@ class RowRoPE(nn.Module):
         segs = plan.segments
         if len(segs) == 1:
             return self.rope(x, offset=segs[0][2])
+        if self._batched and x.shape[0] == 1:
+            # Rows as batch entries: [1, H, L, D] -> [L, H, 1, D], one offset per row; one kernel call per
+            # layer instead of one per segment (graph building is host time every call pays).
+            return mx.swapaxes(self.rope(mx.swapaxes(x, 0, 2), offset=plan.positions), 0, 2)
         return mx.concatenate([self.rope(x[:, :, s:e], offset=p) for s, e, p in segs], axis=2)
 
 

@@ -288,3 +288,35 @@ def test_fused_lora_matches_per_projection_lora(base, targets, layers):
     assert mx.abs(plain[2:] - fused[2:]).max().item() < ROUNDING
     no_lora = PTPModel(base, PTPAdapter(base, 3, 1.5, "binary"))(mx.array(IDS[P : P + 2]), u, windows, prefilled(base))
     assert mx.abs(no_lora[2:] - fused[2:]).max().item() > 100 * ROUNDING  # the adapter does move them
+
+
+def test_row_rope_in_one_call_equals_per_segment_rope_bit_for_bit():
+    """RowRoPE gives every row its position in one kernel call (rows as batch entries); that must equal the
+    per-segment calls, and token rows must equal a plain pass, bit for bit, for every RoPE class it batches."""
+    import mlx.nn as nn
+    from mlx_lm.models.rope_utils import Llama3RoPE, SuScaledRoPE, YarnRoPE
+
+    from ptp_mlx.layers import _BATCHED_ROPE, CallPlan, RowRoPE, Window
+
+    llama3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    ropes = [
+        nn.RoPE(16, traditional=False, base=10000),
+        nn.RoPE(16, traditional=True, base=500000, scale=0.5),
+        Llama3RoPE(16, max_position_embeddings=2048, traditional=False, base=500000, scaling_config=llama3),
+        SuScaledRoPE(16, max_position_embeddings=4096, original_max_position_embeddings=64, long_factor=2.0),
+        YarnRoPE(16, scaling_factor=4.0, original_max_position_embeddings=64),
+    ]
+    assert {type(r).__name__ for r in ropes} == set(_BATCHED_ROPE)
+
+    class Ctx:
+        plan = None
+
+    for rope in ropes:
+        ctx = Ctx()
+        row = RowRoPE(rope, ctx)
+        ctx.plan = CallPlan(300, 3, [Window(301, 2), Window(302, 2), Window(303, 3)])
+        x = mx.random.normal((1, 3, ctx.plan.rows, 16), key=mx.random.key(1))
+        got = row(x)
+        want = mx.concatenate([rope(x[:, :, s:e], offset=p) for s, e, p in ctx.plan.segments], axis=2)
+        assert mx.array_equal(got, want).item(), type(rope).__name__
+        assert mx.array_equal(got[:, :, :3], rope(x[:, :, :3], offset=300)).item(), type(rope).__name__
