@@ -1,0 +1,285 @@
+"""Requests in, response bodies out: the OpenAI wire format, validated by hand so every bad field gets an
+OpenAI-style error body (``{"error": {"message", "type", "param", "code"}}``) with status 400, not a framework's
+422."""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..sampler import SamplingSettings
+
+MAX_STOPS = 4
+ROLES = ("system", "developer", "user", "assistant")
+
+
+class APIError(Exception):
+    """An error answered as an OpenAI error body with HTTP status ``status``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The server's sampling flags: what a request gets for each field it leaves out."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    max_tokens: int = 256
+
+
+@dataclass
+class GenRequest:
+    """One validated generation request (chat or plain completion)."""
+
+    kind: str  # "chat" or "completion"
+    model: str
+    sampling: SamplingSettings
+    max_tokens: int
+    messages: list[dict] | None = None  # chat
+    prompt: str | list[int] | None = None  # completion: text or token ids
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+
+
+# --- field checks -------------------------------------------------------------------------------------------------
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise bad(f"'{name}' must be a number, got {v!r}", name, "invalid_type")
+    return float(v)
+
+
+def _int(body: dict, name: str, default: int) -> int:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(f"'{name}' must be an integer, got {v!r}", name, "invalid_type")
+    return v
+
+
+def _bool(body: dict, name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad(f"'{name}' must be a boolean, got {v!r}", name, "invalid_type")
+    return v
+
+
+def _stops(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad("'stop' must be a string or a list of strings", "stop", "invalid_type")
+    if len(stops) > MAX_STOPS:
+        raise bad(f"'stop' takes at most {MAX_STOPS} strings, got {len(stops)}", "stop")
+    if any(s == "" for s in stops):
+        raise bad("'stop' strings must not be empty", "stop")
+    return list(dict.fromkeys(stops))
+
+
+def _common(body: Any, served: str, defaults: Defaults) -> dict:
+    """Fields both endpoints share: model, sampling, length, stop, stream."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object", None, "invalid_type")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"'model' must be a string, got {model!r}", "model", "invalid_type")
+    if model is not None and model != served:
+        raise APIError(
+            404,
+            f"The model '{model}' does not exist (this server serves '{served}')",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
+    n = _int(body, "n", 1)
+    if n != 1:
+        raise bad("only 'n' = 1 is supported", "n")
+    temperature = _number(body, "temperature", defaults.temperature)
+    top_p = _number(body, "top_p", defaults.top_p)
+    top_k = _int(body, "top_k", defaults.top_k)  # an extension (llama.cpp, vLLM and mlx-lm take it too)
+    seed = _int(body, "seed", defaults.seed)
+    # max_completion_tokens is the newer name for max_tokens; either is accepted.
+    max_tokens = _int(body, "max_tokens", _int(body, "max_completion_tokens", defaults.max_tokens))
+    if temperature < 0:
+        raise bad(f"'temperature' must be >= 0, got {temperature:g}", "temperature")
+    if not 0 < top_p <= 1:
+        raise bad(f"'top_p' must be in (0, 1], got {top_p:g}", "top_p")
+    if top_k < 0:
+        raise bad(f"'top_k' must be >= 0, got {top_k}", "top_k")
+    if not 0 <= seed < 2**63:
+        raise bad(f"'seed' must be a non-negative 64-bit integer, got {seed}", "seed")
+    if max_tokens < 1:
+        name = "max_tokens" if "max_tokens" in body else "max_completion_tokens"
+        raise bad(f"'{name}' must be at least 1, got {max_tokens}", name)
+    stream = _bool(body, "stream")
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad("'stream_options' must be an object", "stream_options", "invalid_type")
+    include_usage = _bool(opts or {}, "include_usage")
+    return {
+        "model": served,
+        "sampling": SamplingSettings(temperature, top_k, top_p, seed),
+        "max_tokens": max_tokens,
+        "stop": _stops(body),
+        "stream": stream,
+        "include_usage": include_usage,
+    }
+
+
+def _content(v: Any, i: int) -> str:
+    """A message's content: a string, or a list of text parts (joined), as the OpenAI API allows."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list):
+        parts = []
+        for p in v:
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise bad("only text content parts are supported", f"messages[{i}].content", "invalid_type")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise bad(
+        "a message's 'content' must be a string or a list of text parts", f"messages[{i}].content", "invalid_type"
+    )
+
+
+def parse_chat(body: Any, served: str, defaults: Defaults) -> GenRequest:
+    """``POST /v1/chat/completions``: ``APIError`` on the first bad field."""
+    common = _common(body, served, defaults)
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise bad("'messages' must be a non-empty list of messages", "messages", "invalid_type")
+    messages = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise bad("each message must be an object with 'role' and 'content'", f"messages[{i}]", "invalid_type")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(f"'role' must be one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
+        # "developer" is the newer name of "system"; chat templates know the latter.
+        messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i)})
+    return GenRequest(kind="chat", messages=messages, **common)
+
+
+def parse_completion(body: Any, served: str, defaults: Defaults) -> GenRequest:
+    """``POST /v1/completions``: one prompt, text or token ids, without the chat template."""
+    common = _common(body, served, defaults)
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch of one
+    if isinstance(p, str):
+        prompt: str | list[int] = p
+    elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        prompt = list(p)
+    elif isinstance(p, list) and len(p) > 1 and all(isinstance(t, (str, list)) for t in p):
+        raise bad("only one prompt per request is supported", "prompt")
+    else:
+        raise bad("'prompt' must be a string or a list of token ids", "prompt", "invalid_type")
+    return GenRequest(kind="completion", prompt=prompt, **common)
+
+
+# --- responses ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Usage:
+    """Token counts plus PTP's figures (the ``ptp`` extension field)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prompt cache, not prefilled
+    mode: str = "ar"
+    calls: int = 0
+    tokens_per_call: float = 0.0  # as ptp-generate's summary: accepted drafts + 1, per model call
+    drafts_proposed: int = 0
+    drafts_accepted: int = 0
+    accepted_by_source: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "ptp": {
+                "mode": self.mode,
+                "calls": self.calls,
+                "tokens_per_call": round(self.tokens_per_call, 4),
+                "drafts_proposed": self.drafts_proposed,
+                "drafts_accepted": self.drafts_accepted,
+                "accepted_by_source": dict(self.accepted_by_source),
+            },
+        }
+
+
+class Shaper:
+    """Builds the response objects of one request (one id and timestamp for all its chunks)."""
+
+    def __init__(self, req: GenRequest) -> None:
+        self.req = req
+        chat = req.kind == "chat"
+        self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _head(self, obj: str) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.req.model}
+
+    def full(self, text: str, finish_reason: str | None, usage: Usage) -> dict:
+        """The non-streamed answer."""
+        if self.req.kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None}
+        choice["finish_reason"] = finish_reason
+        return {**self._head(self.object), "choices": [choice], "usage": usage.as_dict()}
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
+        """One streamed chunk: a text delta, or the closing one with ``finish_reason``."""
+        if self.req.kind == "chat":
+            delta: dict = {"role": "assistant", "content": ""} if first else {}
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            out = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            out = {**self._head("text_completion"), "choices": [choice]}
+        if self.req.include_usage:
+            out["usage"] = None  # as OpenAI: null on every chunk but the last
+        return out
+
+    def usage_chunk(self, usage: Usage) -> dict:
+        obj = "chat.completion.chunk" if self.req.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage.as_dict()}
