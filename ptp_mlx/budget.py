@@ -80,13 +80,19 @@ def measure_cost_curve(
     Widths are probed narrow to wide; once ``time_budget`` seconds are spent (a slow machine or BLAS), the
     wider ones are extrapolated linearly from the last two measured, so a first start never waits minutes.
 
-    ``aux=False`` times plain token passes (the machine's forward cost). ``aux=True`` times what a PTP call
-    of that width really costs: one token row plus ``w - 1`` auxiliary rows through the adapter, relative
-    to a plain one-token step, so the budget also pays for the LoRA and auxiliary overhead.
+    ``aux=False`` times plain token passes (the machine's forward cost). ``aux=True`` times real calls the
+    way decoding makes them, so the budget pays what decoding pays: width 1 is a pipelined autoregressive
+    step (graph building hidden behind the previous pass), wider ones are whole PTP calls (``ptp_call``: one
+    token row plus ``w - 1`` auxiliary rows through the adapter, the pick, the drafts' argmax and
+    confidence, the host read and the cache trim).
     """
     import mlx.core as mx
 
-    from .ptp_model import Window
+    from .generate import _ar_calls, ptp_call
+    from .sampler import SamplingSettings, UniformStream
+
+    real = aux and pm.adapter is not None
+    greedy, u = SamplingSettings(), UniformStream(0)
 
     cache = pm.make_cache()
     mx.eval(pm(mx.zeros((context,), dtype=mx.int32), cache=cache))
@@ -98,17 +104,21 @@ def measure_cost_curve(
             slope = max(0.0, (secs[-1] - secs[-2]) / (w1 - w0))
             secs.append(secs[-1] + slope * (w - w1))
             continue
-        if aux and w > 1 and pm.adapter is not None:
-            args = (mx.zeros((1,), dtype=mx.int32), mx.full((w - 1,), 0.5), [Window(context + 1, w - 1)])
-        else:
-            args = (mx.zeros((w,), dtype=mx.int32),)
         best = float("inf")
-        for _ in range(repeats + 1):
+        if real and w == 1:
+            steps = list(_ar_calls(pm, cache, 0, u, greedy, None, repeats + 3, 1 << 30))
+            best = min(info["time"] for _, info in steps[1:-1])  # the first and last steps are not pipelined
+        for _ in range(repeats + 1 if not (real and w == 1) else 0):
             t0 = time.perf_counter()
-            mx.eval(pm(*args, cache=cache))  # sync: we are timing the pass
+            if real:
+                ptp_call(pm, cache, 0, Plan([], [(0, w - 1)]), u, 0, greedy, pm.config.greedy_u)
+            else:
+                mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
             best = min(best, time.perf_counter() - t0)
             for c in cache:
                 c.trim(c.offset - context)
+        for c in cache:  # the AR steps left their tokens in the cache
+            c.trim(c.offset - context)
         secs.append(best)
     rel = [s / secs[0] for s in secs]
     return CostCurve(list(widths), rel), secs

@@ -93,7 +93,7 @@ class Engine:
                 c.rank,
                 list(c.layers) if c.layers is not None else None,
                 list(c.target_modules) if c.target_modules is not None else None,
-                "ptp-call-v3-stock",  # bump when the cost of a PTP call changes (v3: the stock model, patched)
+                "ptp-call-v4-real",  # bump when the cost of a PTP call changes (v4: real calls, pipelined AR step)
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", log=self.log)

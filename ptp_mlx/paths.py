@@ -21,7 +21,11 @@ def cache_root() -> Path:
 
 
 def data_root() -> Path:
-    """Where user data (chat history) lives: ``$PTP_MLX_HOME/data`` or the platform's user data dir."""
+    """Where user data (saved chats) lives: ``$PTP_MLX_DATA``, else ``$PTP_MLX_HOME/data``, else the platform's
+    user data dir."""
+    data = os.environ.get("PTP_MLX_DATA")
+    if data:
+        return Path(data).expanduser()
     env = os.environ.get("PTP_MLX_HOME")
     return Path(env).expanduser() / "data" if env else Path(platformdirs.user_data_dir("ptp-mlx"))
 

@@ -35,3 +35,5 @@ def _isolated_home(tmp_path, monkeypatch, request):
     # Tests that do not use the real default model get their own cache root, so nothing leaks.
     if "default_model_dir" not in request.fixturenames and not os.environ.get("PTP_MLX_HOME"):
         monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
+    # User data (saved chats) always: a test never reads or writes the user's own, even with PTP_MLX_HOME set.
+    monkeypatch.setenv("PTP_MLX_DATA", str(tmp_path / "data"))
