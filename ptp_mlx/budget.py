@@ -28,10 +28,13 @@ class Plan:
     branches: list[tuple[int, int]]
     burst: int = 0
     source: str | None = None  # who proposed the drafts: "ptp" (the adapter) or "lookup" (prompt lookup)
+    # Token tree: alternatives to the first draft, verified as sibling strands in the same call, each
+    # ``(token, width)`` with an auxiliary branch of ``width`` rows (0: none) for the drafts after it.
+    alts: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
-        return 1 + len(self.drafts) + sum(w for _, w in self.branches)
+        return 1 + len(self.drafts) + sum(w for _, w in self.branches) + len(self.alts) + sum(w for _, w in self.alts)
 
 
 def reach(confidences: list[float], ratio: float = 1.0) -> np.ndarray:
@@ -201,10 +204,20 @@ class Budget:
         r = self.ratio if r is None else r
         return min(1.0, s * r**k)  # k drafts in a row: the per-draft ratio k times
 
-    def plan(self, drafts: list[int], confidences: list[float], remaining: int, room: int, step: str = "fused") -> Plan:
+    def plan(
+        self,
+        drafts: list[int],
+        confidences: list[float],
+        remaining: int,
+        room: int,
+        step: str = "fused",
+        second: tuple[int, float] | None = None,
+    ) -> Plan:
         """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
 
-        ``step="simple"`` alternates a drafting call (one branch) and a verifying call (no branch).
+        ``step="simple"`` alternates a drafting call (one branch) and a verifying call (no branch). ``second``:
+        the adapter's runner-up for the first draft and its confidence; verified as a sibling strand when the
+        expected tokens it adds are worth its rows at this machine's cost.
         """
         room = min(room, self.max_rows)
         if step == "simple":
@@ -215,7 +228,28 @@ class Budget:
             n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
         if n == 0 and not branches:
             return Plan([], [], burst=min(AR_BURST, remaining))
-        return Plan(drafts[:n], branches)
+        plan = Plan(drafts[:n], branches)
+        if second is not None and n >= 1 and step == "fused" and remaining >= 2:
+            plan.alts = self._alternative(plan, confidences, second, room)
+        return plan
+
+    def _alternative(self, plan: Plan, confidences: list[float], second: tuple[int, float], room: int):
+        """``[(token, width)]`` for the runner-up of the first draft, or ``[]`` when its rows do not pay."""
+        r = self.ratio
+        p1 = min(0.99, float(confidences[0]) * r)
+        p_alt = min(1.0 - p1, float(second[1]) * r)  # the first draft wrong and its runner-up right
+        if second[0] == plan.drafts[0] or p_alt <= 0.0:
+            return []
+        p_reach = reach(confidences[: len(plan.drafts)], r)
+        value = 1.0 + float(p_reach[1:].sum())
+        rows = plan.rows
+        if rows + 1 > room or (value + p_alt) / self.curve(rows + 1) <= value / self.curve(rows):
+            return []
+        value, rows, width = value + p_alt, rows + 1, 0
+        gain = p_alt * self._s(1, r)  # a branch after it: drafts for the next call when it lands
+        if rows + 2 <= room and (value + gain) / self.curve(rows + 2) > value / self.curve(rows):
+            width = 2
+        return [(int(second[0]), width)]
 
     def choose(self, confidences: list[float], room: int) -> tuple[int, list[tuple[int, int]]]:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total."""

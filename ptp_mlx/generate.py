@@ -236,13 +236,17 @@ class ChainDrafter:
     next drafts from the call's auxiliary outputs. Tests inject other drafters (``ptp_mlx.testing``).
     """
 
-    def __init__(self, budget: Budget | FixedBudget, step: str = "fused"):
-        self.budget, self.step = budget, step
+    def __init__(self, budget: Budget | FixedBudget, step: str = "fused", trees: bool = True):
+        self.budget, self.step, self.trees = budget, step, trees
         self.drafts: list[int] = []
         self.conf: list[float] = []
+        self.second: tuple[int, float] | None = None  # runner-up of the first draft (a sibling strand candidate)
 
     def plan(self, i: int, remaining: int, room: int) -> Plan:
-        plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
+        if self.trees and self.second is not None and isinstance(self.budget, Budget):
+            plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step, second=self.second)
+        else:
+            plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
         if plan.burst and isinstance(self.budget, Budget):
             self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
         elif plan.drafts:
@@ -250,16 +254,32 @@ class ChainDrafter:
         return plan
 
     def update(
-        self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float], observe: bool = True
+        self,
+        plan: Plan,
+        accepted: int,
+        aux_tokens: list[int],
+        aux_conf: list[float],
+        observe: bool = True,
+        alt: int | None = None,
+        second: list[tuple[int, float]] | None = None,
     ) -> None:
-        if observe:  # the budget calibrates on the adapter's own drafts only
+        if observe and alt is None:  # the budget calibrates on the adapter's own chain drafts only
             self.budget.observe(self.conf[: len(plan.drafts)], accepted)
-        self.drafts, self.conf = [], []
-        r = 0
+        self.drafts, self.conf, self.second = [], [], None
+        r, rows = 0, None
         for d, w in plan.branches:
-            if d == accepted:  # slot 0 predicts the exact token just emitted: the drafts start at slot 1
-                self.drafts, self.conf = aux_tokens[r + 1 : r + w], aux_conf[r + 1 : r + w]
+            if d == accepted and alt is None:
+                rows = (r, w)
             r += w
+        for k, (_, w) in enumerate(plan.alts):
+            if k == alt and w:
+                rows = (r, w)
+            r += w
+        if rows is not None:  # slot 0 predicts the exact token just emitted: the drafts start at slot 1
+            r, w = rows
+            self.drafts, self.conf = aux_tokens[r + 1 : r + w], aux_conf[r + 1 : r + w]
+            if second and w > 1:
+                self.second = second[r + 1]
 
 
 def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history=()):
@@ -304,9 +324,10 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             continue
         clock.mark("plan")
         # 2. One call: verify, draft, accept, trim (ptp_call).
-        block, c, aux_tok_l, aux_conf_l = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock)
-        # 3. The next drafts come from branch c, its first slot replaced by the exact token.
-        drafter.update(plan, c, aux_tok_l, aux_conf_l)
+        out = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock)
+        block, c = out.block, out.accepted
+        # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
+        drafter.update(plan, c, out.aux_tokens, out.aux_conf, alt=out.alt, second=out.second)
         if emitted:
             emitted(block)
         clock.mark("update")
@@ -314,8 +335,9 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         last = block[-1]
         i += len(block)
         t = time.perf_counter() - t_start
-        n = len(plan.drafts)
-        yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": plan.source if n else None}
+        n = len(plan.drafts) + len(plan.alts)
+        source = "alt" if out.alt is not None else plan.source if n else None
+        yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": source}
 
 
 class PhaseClock:
@@ -352,43 +374,79 @@ class _NoClock:
 NO_CLOCK = _NoClock()
 
 
+@dataclass
+class CallOut:
+    """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (the alternative counts as
+    one), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences, and the index of
+    the alternative strand that landed (None: the chain)."""
+
+    block: list[int]
+    accepted: int
+    aux_tokens: list[int]
+    aux_conf: list[float]
+    second: list[tuple[int, float]]
+    alt: int | None = None
+
+
 def ptp_call(pm: PTPModel, cache, last: int, plan: Plan, u, i: int, s: SamplingSettings, greedy_u, clock=NO_CLOCK):
-    """One fused PTP call: verify ``plan.drafts`` after ``last`` and draft ``plan.branches``, then trim the
-    cache to the accepted prefix. Returns ``(block, accepted, aux_tokens, aux_confidences)``."""
+    """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
+    ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
+    in the cache. Returns a ``CallOut``."""
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
     # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
     offset = cache[0].offset
-    n, branches = len(plan.drafts), plan.branches
-    # 1. One forward pass: verify rows then auxiliary windows (built lazily: nothing runs yet).
-    tokens = mx.array([last] + plan.drafts)
+    n, branches, alts = len(plan.drafts), plan.branches, plan.alts
+    # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
+    tokens = mx.array([last] + plan.drafts + [a for a, _ in alts])
+    parents = list(range(-1, n)) + [0] * len(alts) if alts else None  # alternatives follow ``last`` like q_1
     windows = [Window(offset + 1 + d, w) for d, w in branches]
+    windows += [Window(offset + 2, w, via=n + 1 + k) for k, (_, w) in enumerate(alts) if w]
+    widths = [(d, w) for d, w in branches] + [(1, w) for _, w in alts if w]  # (depth, rows) of each window
     aux_u = None
-    if branches:
+    if windows:
         aux_u = mx.array(
-            np.full(sum(w for _, w in branches), greedy_u, np.float32)
+            np.full(sum(w for _, w in widths), greedy_u, np.float32)
             if greedy_u is not None
-            else np.concatenate([u.take(i + d, w) for d, w in branches])
+            else np.concatenate([u.take(i + d, w) for d, w in widths])
         )
-    logits = pm(tokens, aux_u, windows, cache)
-    targets = pick(mx.array(u.take(i, n + 1)), logits[: n + 1], s.temperature, s.top_k, s.top_p, check=False)
+    logits = pm(tokens, aux_u, windows, cache, parents=parents)
+    n_tok = n + 1 + len(alts)
+    row_u = u.take(i, n + 1)
+    if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
+        row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
+    targets = pick(mx.array(row_u), logits[:n_tok], s.temperature, s.top_k, s.top_p, check=False)
     outs = [targets]
-    if branches:
-        aux = logits[n + 1 :].astype(mx.float32)
-        outs += [mx.argmax(aux, axis=-1), mx.exp(mx.max(aux, axis=-1) - mx.logsumexp(aux, axis=-1))]
+    if windows:
+        aux = logits[n_tok:].astype(mx.float32)
+        top = mx.argmax(aux, axis=-1)
+        lse = mx.logsumexp(aux, axis=-1)
+        rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # runner-up: max of the rest
+        outs += [top, mx.exp(mx.max(aux, axis=-1) - lse), mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
     clock.mark("build")
     mx.eval(*outs)  # sync: one host read per call for targets and next drafts
     clock.mark("compute")
     targets_l = targets.tolist()
-    aux_tok_l, aux_conf_l = (outs[1].tolist(), outs[2].tolist()) if branches else ([], [])
+    aux_l = [o.tolist() for o in outs[1:]] if windows else [[], [], [], []]
     if min(targets_l) < 0:
         raise ValueError("cannot sample: the model produced non-finite logits")
-    # 2. Accept the leading drafts that equal the exact tokens.
+    # 2. Accept the leading drafts that equal the exact tokens; if the first draft fell, an alternative may stand.
     c = 0
     while c < n and plan.drafts[c] == targets_l[c]:
         c += 1
-    # 3. Trim the cache back to the accepted prefix: [last, q_1..q_c] stay, the rest goes.
-    keep = offset + 1 + c
+    keep, block, alt = offset + 1 + c, targets_l[: c + 1], None
+    if c == 0 and alts:
+        hit = [k for k, (a, _) in enumerate(alts) if a == targets_l[0]]
+        if hit:
+            alt = hit[0]
+            block, keep = [targets_l[0], targets_l[n + 1 + alt]], offset + 2
+            # Compact: the alternative's K/V row moves next to ``last``; the other strands are trimmed below.
+            src = offset + n + 1 + alt
+            for layer_cache in cache:
+                layer_cache.keys[..., offset + 1, :] = layer_cache.keys[..., src, :]
+                layer_cache.values[..., offset + 1, :] = layer_cache.values[..., src, :]
+    # 3. Trim the cache back to the accepted path: [last, q_1..q_c] (or [last, alternative]) stay.
     for layer_cache in cache:
         layer_cache.trim(layer_cache.offset - keep)
     clock.mark("read+trim")
-    return targets_l[: c + 1], c, aux_tok_l, aux_conf_l
+    second = list(zip(aux_l[2], aux_l[3], strict=True))
+    return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt)

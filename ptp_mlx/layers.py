@@ -51,24 +51,44 @@ class Window:
     """A run of ``n`` auxiliary rows that sees the first ``ctx_len`` real tokens (absolute count).
 
     Its auxiliary ``j`` predicts the token at absolute position ``ctx_len + j`` and sits at RoPE position
-    ``ctx_len + j - 1``.
+    ``ctx_len + j - 1``. ``via``: in a token tree, the token row whose path (its ancestors and itself) the window
+    sees instead of the first token rows; ``ctx_len`` is then the cache length plus that path's length.
     """
 
     ctx_len: int
     n: int
+    via: int | None = None
 
 
 class CallPlan:
-    """The rows of one PTP pass: ``n_tok`` token rows at ``offset..``, then the auxiliary ``windows``."""
+    """The rows of one PTP pass: ``n_tok`` token rows at ``offset..``, then the auxiliary ``windows``.
 
-    def __init__(self, offset: int, n_tok: int, windows: list[Window]):
+    Token rows form a chain, or a tree when ``parents`` is given (``parents[j]`` is the row that token row ``j``
+    follows; row 0, the last emitted token, has parent -1): a row sees the cache and its own path, and sits at
+    the RoPE position of its depth.
+    """
+
+    def __init__(self, offset: int, n_tok: int, windows: list[Window], parents: list[int] | None = None):
         self.offset, self.n_tok, self.windows = offset, n_tok, windows
-        self.segments = [(0, n_tok, offset)] if n_tok else []
-        r = n_tok
+        self.parents = list(parents) if parents is not None else [j - 1 for j in range(n_tok)]
+        if len(self.parents) != n_tok or any(not -1 <= p < j for j, p in enumerate(self.parents)):
+            raise ValueError("token-row parents must point to an earlier row (-1 for the first)")
+        depth = np.zeros(n_tok, dtype=np.int64)
+        for j, p in enumerate(self.parents):
+            depth[j] = depth[p] + 1 if p >= 0 else 0
+        pos = [offset + depth]
         for w in windows:
-            self.segments.append((r, r + w.n, w.ctx_len - 1))
-            r += w.n
-        self.rows = r
+            pos.append(w.ctx_len - 1 + np.arange(w.n))
+        self.pos = np.concatenate(pos) if pos else np.zeros(0, dtype=np.int64)
+        self.rows = int(self.pos.shape[0])
+        # Runs of consecutive positions (RoPE modules that take one offset per call are applied run by run).
+        self.segments: list[tuple[int, int, int]] = []
+        for r in range(self.rows):
+            if self.segments and self.segments[-1][1] == r and self.pos[r] == self.pos[r - 1] + 1:
+                s0, _, p0 = self.segments[-1]
+                self.segments[-1] = (s0, r + 1, p0)
+            else:
+                self.segments.append((r, r + 1, int(self.pos[r])))
         self._masks: dict[int | None, mx.array] = {}
         self._positions: mx.array | None = None
 
@@ -76,34 +96,45 @@ class CallPlan:
     def positions(self) -> mx.array:
         """RoPE position of every row (int32, built once per call and shared by all layers)."""
         if self._positions is None:
-            pos = np.concatenate([p + np.arange(e - s) for s, e, p in self.segments])
-            self._positions = mx.array(pos.astype(np.int32))
+            self._positions = mx.array(self.pos.astype(np.int32))
         return self._positions
 
+    def path(self, j: int) -> list[int]:
+        """Token row ``j`` and its ancestors."""
+        out = []
+        while j >= 0:
+            out.append(j)
+            j = self.parents[j]
+        return out
+
     def mask(self, window_size: int | None) -> mx.array:
-        """Boolean mask [rows, offset + rows]: token rows causal; an auxiliary row sees the real tokens before
-        its window and its own window causally; with ``window_size``, only keys within that many positions."""
+        """Boolean mask [rows, offset + rows]: a token row sees the cache and its path; an auxiliary row sees the
+        real tokens before its window (or the path of its ``via`` row) and its own window causally; with
+        ``window_size``, only keys within that many positions."""
         if window_size in self._masks:
             return self._masks[window_size]
         off, n_tok, rows = self.offset, self.n_tok, self.rows
         local = np.zeros((rows, rows), dtype=bool)
-        local[:n_tok, :n_tok] = np.tril(np.ones((n_tok, n_tok), dtype=bool))
-        vis = np.empty(rows, dtype=np.int64)  # how many cached real-token columns each row sees
-        vis[:n_tok] = off + 1 + np.arange(n_tok)
-        pos = np.empty(rows, dtype=np.int64)  # RoPE position of each row
-        for s, e, p in self.segments:
-            pos[s:e] = p + np.arange(e - s)
+        for j in range(n_tok):
+            local[j, self.path(j)] = True
         r = n_tok
         for w in self.windows:
-            vis[r : r + w.n] = w.ctx_len
+            if w.via is not None:
+                local[r : r + w.n, self.path(w.via)] = True
+            else:
+                local[r : r + w.n, : max(0, min(n_tok, w.ctx_len - off))] = True
             local[r : r + w.n, r : r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
             r += w.n
-        cols = np.arange(off + n_tok)
-        full = np.concatenate([cols[None, :] < vis[:, None], np.zeros((rows, rows - n_tok), dtype=bool)], axis=1)
-        full[:, off:] |= local
+        cache_cols = np.zeros((rows, off), dtype=bool)
+        cache_cols[:n_tok] = True
+        r = n_tok
+        for w in self.windows:
+            cache_cols[r : r + w.n, : min(off, w.ctx_len)] = True
+            r += w.n
+        full = np.concatenate([cache_cols, local], axis=1)
         if window_size is not None:
-            col_pos = np.concatenate([np.arange(off), pos])
-            full &= col_pos[None, :] > pos[:, None] - window_size
+            col_pos = np.concatenate([np.arange(off), self.pos])
+            full &= col_pos[None, :] > self.pos[:, None] - window_size
         m = mx.array(full)
         self._masks[window_size] = m
         return m
@@ -193,7 +224,7 @@ class RowRoPE(nn.Module):
 
     def __call__(self, x: mx.array, offset=0) -> mx.array:
         plan = self._ctx.plan
-        if plan is None or not plan.windows:
+        if plan is None:
             return self.rope(x, offset=offset)
         segs = plan.segments
         if len(segs) == 1:
@@ -218,7 +249,7 @@ class PTPKVCache(KVCache):
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
         plan = self._ctx.plan
-        if plan is not None and plan.windows:
+        if plan is not None:
             return plan.mask(window_size)
         return super().make_mask(N, window_size=window_size, return_array=return_array)
 

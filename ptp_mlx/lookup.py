@@ -68,12 +68,12 @@ class LookupDrafter:
                     return alt
         return self.inner.plan(i, remaining, room)
 
-    def update(self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float]) -> None:
+    def update(self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float], **kw) -> None:
         lookup = plan.source == "lookup"
         if lookup:
             self.hits += accepted
             self.misses += accepted < len(plan.drafts)
-        self.inner.update(plan, accepted, aux_tokens, aux_conf, observe=not lookup)
+        self.inner.update(plan, accepted, aux_tokens, aux_conf, observe=not lookup, **kw)
 
     def emitted(self, tokens: list[int]) -> None:
         """Tokens the answer gained (every block, autoregressive bursts included)."""

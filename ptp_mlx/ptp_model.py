@@ -223,15 +223,27 @@ class PTPModel:
         windows: list[Window] | None = None,
         cache=None,
         adapter: PTPAdapter | None = None,
+        parents: list[int] | None = None,
     ) -> mx.array:
         """Logits [rows, vocab] for ``tokens`` (1-D) followed by the auxiliaries of ``windows``.
 
-        ``u`` holds one uniform per auxiliary row, in window order. The cache (from ``make_cache``) receives
-        every row; callers trim what was not accepted.
+        ``u`` holds one uniform per auxiliary row, in window order. ``parents`` makes the token rows a tree
+        (``layers.CallPlan``; default a chain). The cache (from ``make_cache``) receives every row; callers trim
+        (and, after a tree, compact) what was not accepted.
         """
         windows = list(windows or [])
         if cache is None:
             cache = self.make_cache()
+        tree = parents is not None and list(parents) != list(range(-1, len(parents) - 1))
+        if tree and (self.ctx is None or not all(isinstance(c, PTPKVCache) for c in cache)):
+            raise ValueError("token trees need the caches of PTPModel.make_cache()")
+        if not windows and tree:
+            plan = CallPlan(cache[0].offset, int(tokens.shape[0]), [], parents)
+            self.ctx.begin(plan, None, None)
+            try:
+                return self.base(tokens[None], cache=cache)[0]
+            finally:
+                self.ctx.end()
         if not windows:
             return self.base(tokens[None], cache=cache)[0]
         adapter = adapter or self.adapter
@@ -240,7 +252,7 @@ class PTPModel:
         if self.ctx is None or not all(isinstance(c, PTPKVCache) for c in cache):
             raise ValueError("auxiliary rows need the caches of PTPModel.make_cache()")
         n_tok = int(tokens.shape[0])
-        plan = CallPlan(cache[0].offset, n_tok, windows)
+        plan = CallPlan(cache[0].offset, n_tok, windows, parents)
         aux = adapter.u_embed(u)[None]
         # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows (in rank space). Adding
         # an exact zero leaves token rows bit-identical to the base model.

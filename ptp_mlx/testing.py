@@ -154,8 +154,52 @@ class OracleDrafter:
         n = max(0, min(self.width - 1, remaining - 1, room - 1))
         return Plan(self.tokens[i : i + n], [])
 
-    def update(self, plan, accepted: int, aux_tokens, aux_conf) -> None:
+    def update(self, plan, accepted: int, aux_tokens, aux_conf, **kw) -> None:
         pass
+
+
+class TreeDrafter:
+    """A test drafter of random token trees: each call verifies a random chain (each draft the teacher's own
+    token ``tokens[g]`` with probability ``p_right``, else a random one), random alternatives to its first draft
+    (sometimes the right token), and random auxiliary branches for the chain's outcomes and for each
+    alternative. Drafts ignore the auxiliary outputs; the rows still run, so masks, positions and the cache
+    compaction after an alternative lands are all exercised."""
+
+    def __init__(self, tokens, width: int = 4, seed: int = 0, p_right: float = 0.5, vocab: int = 256):
+        self.tokens, self.width, self.p_right, self.vocab = [int(t) for t in tokens], width, p_right, vocab
+        self.rng = np.random.default_rng(seed)
+        self.alt_hits = 0
+
+    def _token(self, g: int, right: bool) -> int:
+        if right and g < len(self.tokens):
+            return self.tokens[g]
+        return int(self.rng.integers(3, self.vocab))
+
+    def plan(self, i: int, remaining: int, room: int):
+        from .budget import Plan
+
+        rng = self.rng
+        n = int(rng.integers(0, min(self.width, remaining, room)))
+        drafts = [self._token(i + k, rng.random() < self.p_right) for k in range(n)]
+        rows = 1 + n
+        branches = []
+        for d in range(n + 1):
+            w = int(rng.integers(0, 4))
+            if w >= 2 and rows + w <= room:
+                branches.append((d, w))
+                rows += w
+        alts = []
+        if n >= 1 and remaining >= 2:
+            for _ in range(int(rng.integers(0, 3))):
+                w = int(rng.choice([0, 2, 3]))
+                if rows + 1 + w > room:
+                    break
+                alts.append((self._token(i, rng.random() < 0.5), w))
+                rows += 1 + w
+        return Plan(drafts, branches, alts=alts)
+
+    def update(self, plan, accepted: int, aux_tokens, aux_conf, alt=None, **kw) -> None:
+        self.alt_hits += alt is not None
 
 
 def randomize_adapter(adapter, scale: float = 0.05, seed: int = 0) -> None:

@@ -23,7 +23,7 @@ from ptp_mlx.generate import ChainDrafter, ContextFull, DecodeOptions, encode_pr
 from ptp_mlx.layers import token_embedding
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins
-from ptp_mlx.testing import OracleDrafter, explain_divergence, randomize_adapter
+from ptp_mlx.testing import OracleDrafter, TreeDrafter, explain_divergence, randomize_adapter
 
 WINDOW = 4
 PROMPTS = ["hello there", "The quick brown fox", "12345", "zz"]
@@ -473,3 +473,72 @@ def test_lookup_strands_are_exact(pm_sticky, varied, name):
         for st in steps:
             sources[st.source] += st.accepted
     assert sources["lookup"] > 20, sources
+
+
+@pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])
+def test_random_token_trees_are_exact(varied, pm_sticky, pm_random, name):
+    """Random tree shapes (chains, alternatives to the first draft with and without their own branches, chain
+    branches), token for token against autoregressive decoding; alternatives land and the cache is compacted."""
+    _, tok = varied
+    hits = 0
+    for k, prompt in enumerate(PROMPTS[:3]):
+        s = with_seed(SETTINGS[name], 11 + k)
+        ids = encode_prompt(tok, prompt)
+        for pm in (pm_sticky, pm_random):
+            want = ar(pm, tok, ids, s, 24)
+            for seed in range(3):
+                drafter = TreeDrafter(want[0], width=WINDOW, seed=seed)
+                steps = assert_same(pm, tok, ids, s, 24, {"drafter": drafter}, want=want)
+                assert sum(st.source == "alt" for st in steps) == drafter.alt_hits
+                hits += drafter.alt_hits
+    assert hits >= 5  # alternatives really landed (and the K/V compaction after them was exercised)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3])
+def test_trees_with_eos_and_max_tokens_inside_a_strand(varied, pm_sticky, max_tokens):
+    _, tok = varied
+    s = with_seed(SETTINGS["T1.0"], 5)
+    ids = encode_prompt(tok, PROMPTS[1])
+    full = ar(pm_sticky, tok, ids, s, 20)[0]
+    for seed in range(4):  # max tokens inside a strand (an alternative's block is 2 tokens)
+        steps = assert_same(pm_sticky, tok, ids, s, max_tokens, {"drafter": TreeDrafter(full, WINDOW, seed, 0.3)})
+        assert steps[-1].finish_reason == "length" and [t for st in steps for t in st.tokens] == full[:max_tokens]
+    k = first_new(full, 1, set())  # an EOS that an alternative's second token or a chain can reach
+    eos = {full[k]}
+    want = ar(pm_sticky, tok, ids, s, 20, eos=eos)
+    for seed in range(4):
+        steps = assert_same(
+            pm_sticky, tok, ids, s, 20, {"drafter": TreeDrafter(full, WINDOW, seed, 0.3)}, eos=eos, want=want
+        )
+        assert steps[-1].finish_reason == "stop"
+
+
+def test_the_budget_verifies_the_runner_up_when_rows_are_cheap(varied, pm_sticky):
+    """With free rows the adaptive budget adds the adapter's runner-up for the first draft as a sibling strand;
+    output is still exactly autoregressive, and the next drafts come from the branch of the strand that stood."""
+    _, tok = varied
+    for name in ("greedy", "T1.0"):
+        s = with_seed(SETTINGS[name], 3)
+        ids = encode_prompt(tok, PROMPTS[0])
+        budget = Budget(CostCurve([1, 64], [1.0, 1.0]), max_width=WINDOW)
+        steps = assert_same(pm_sticky, tok, ids, s, 32, {"budget": budget})
+        assert sum(st.rows > 1 + st.proposed for st in steps)  # branches ran
+        assert any(st.proposed > 0 for st in steps)
+
+
+def test_drafts_after_an_alternative_come_from_its_branch():
+    from ptp_mlx.budget import Plan
+    from ptp_mlx.generate import ChainDrafter
+
+    d = ChainDrafter(Budget(CostCurve(), max_width=4))
+    plan = Plan([7, 8], [(0, 2), (2, 3)], alts=[(9, 0), (5, 3)])
+    aux = [10, 11, 20, 21, 22, 50, 51, 52]  # branch 0 | branch 2 | alternative 1's branch (alternative 0 has none)
+    second = [(t + 100, 0.1) for t in aux]
+    d.update(plan, 1, aux, [0.5] * 8, alt=1, second=second)
+    assert d.drafts == [51, 52] and d.second == (151, 0.1)
+    d.update(plan, 0, aux, [0.5] * 8, alt=None, second=second)
+    assert d.drafts == [11] and d.second == (111, 0.1)
+    d.update(plan, 2, aux, [0.5] * 8, second=second)
+    assert d.drafts == [21, 22]
+    d.update(plan, 1, aux, [0.5] * 8, alt=0, second=second)
+    assert d.drafts == [] and d.second is None  # an alternative without a branch leaves no drafts

@@ -62,8 +62,8 @@ class ShapeDrafter:
         branches = [(d, min(w, self.width)) for d, w in self.branches if d <= n]
         return Plan(drafts, branches, source="ptp" if n else None)
 
-    def update(self, plan: Plan, accepted: int, aux_tokens, aux_conf) -> None:
-        self.chain.update(plan, accepted, aux_tokens, aux_conf, observe=False)
+    def update(self, plan: Plan, accepted: int, aux_tokens, aux_conf, **kw) -> None:
+        self.chain.update(plan, accepted, aux_tokens, aux_conf, observe=False, **kw)
 
 
 class _NeverBudget:
