@@ -134,12 +134,13 @@ class Engine:
         num_draft_tokens: int | None = None,
         prompt_cache: PromptCache | None = None,
         lookup: bool = True,
+        trees: bool = True,
     ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids.
 
         ``num_draft_tokens`` fixes the draft budget (default: the adaptive budget); ``prompt_cache`` (one per
         conversation) lets a follow-up prefill only its new tokens; ``lookup=False`` turns prompt-lookup drafts
-        off (the adapter's chain only)."""
+        off; ``trees=False`` verifies chains only (no sibling strands)."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
             raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
@@ -158,5 +159,6 @@ class Engine:
             budget=self.budget_for(sampling),
             num_draft_tokens=num_draft_tokens,
             lookup=lookup,
+            trees=trees,
         )
         return stream_generate(self.pm, self.tokenizer, ids, opts, prompt_cache=prompt_cache)

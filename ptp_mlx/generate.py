@@ -49,7 +49,7 @@ class GenerationStep:
     prompt_time: float = 0.0  # seconds of prefill
     finish_reason: str | None = None  # "stop" (EOS), "length" (max tokens / context) or None
     peak_memory: float = 0.0  # GB
-    source: str | None = None  # who proposed the verified drafts: "ptp" (adapter), "lookup"; None: no drafts
+    source: str | None = None  # who proposed the accepted drafts: "ptp" (chain), "alt" (sibling), "lookup"; None: none
 
 
 @dataclass
@@ -61,6 +61,7 @@ class DecodeOptions:
     budget: Budget | None = None  # default: a flat cost curve with the adapter's width
     num_draft_tokens: int | None = None  # a fixed budget (mlx-lm's flag): up to N drafts every call, no AR bursts
     lookup: bool = True  # also draft by prompt lookup (ptp_mlx/lookup.py)
+    trees: bool = True  # let the adaptive budget verify the runner-up of the first draft as a sibling strand
     drafter: object | None = None  # default: ChainDrafter (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
 
@@ -300,7 +301,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             budget = FixedBudget(opts.num_draft_tokens, width)
         else:
             budget = opts.budget or Budget(CostCurve(), max_width=width)
-        drafter = ChainDrafter(budget, opts.step)
+        drafter = ChainDrafter(budget, opts.step, trees=opts.trees)
         if opts.lookup:
             drafter = LookupDrafter(drafter, list(history), max_draft=width - 1)
     emitted = getattr(drafter, "emitted", None)

@@ -100,6 +100,8 @@ def ensure_default_model(dtype: str = "auto", log=None) -> Path:
     gguf = default_gguf(log)
     log(f"converting {gguf.name} to an MLX folder ({dtype}) at {out} ...")
     convert_gguf(gguf, out, dtype=dtype, overwrite=True)
+    if os.environ.get("PTP_MLX_KEEP_GGUF", "") not in ("1", "true", "yes"):
+        gguf.unlink(missing_ok=True)  # the MLX folder is all that runs (93 MB less); PTP_MLX_KEEP_GGUF=1 keeps it
     return out
 
 

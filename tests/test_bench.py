@@ -419,3 +419,23 @@ def test_draft_model_baseline(tiny_model_dir, adapter_dir, prompt_file, tmp_path
     summary = json.loads((tmp_path / "d.json").read_text())["summary"]
     assert summary["mlx-lm-draft"][ALL]["mean_accepted"] > 1.5
     assert summary["ar"][ALL]["mean_accepted"] == 1.0
+
+
+def test_cli_free_rows_prices_rows_at_nothing(tiny_model_dir, adapter_dir, prompt_file, tmp_path, capsys, monkeypatch):
+    from ptp_mlx.engine import Engine
+
+    seen = []
+    real_load = Engine.load
+
+    def load(*a, **k):
+        eng = real_load(*a, **k)
+        seen.append(eng)
+        return eng
+
+    monkeypatch.setattr(Engine, "load", load)
+    rc = cli.main(_argv(tiny_model_dir, adapter_dir, prompt_file, tmp_path, "--free-rows", "--methods", "ar,ptp"))
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert "lossless (ptp == ar): 4/4 answers identical: ok" in out
+    budgets = [seen[0].budget, *seen[0].mode_budgets.values()]
+    assert all(b.curve(1) == b.curve(64) == 1.0 for b in budgets if b is not None)

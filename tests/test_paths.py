@@ -34,3 +34,29 @@ def test_failed_atomic_dir_leaves_nothing(tmp_path):
         with atomic_dir(tmp_path / "d"):
             pass
     assert (tmp_path / "d" / "a").read_text() == "1"
+
+
+@pytest.mark.parametrize("keep", [None, "1"])
+def test_the_default_models_gguf_is_dropped_after_conversion_unless_asked(tmp_path, monkeypatch, keep):
+    from ptp_mlx import gguf as gguf_mod
+    from ptp_mlx import models
+
+    src = tmp_path / "home" / "downloads" / "SmolLM2.gguf"
+    src.parent.mkdir(parents=True)
+    src.write_bytes(b"GGUF")
+    monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
+    if keep:
+        monkeypatch.setenv("PTP_MLX_KEEP_GGUF", keep)
+    else:
+        monkeypatch.delenv("PTP_MLX_KEEP_GGUF", raising=False)
+    monkeypatch.setattr(models, "default_gguf", lambda log: src)
+
+    def convert(g, out, dtype, overwrite):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"")
+
+    monkeypatch.setattr(gguf_mod, "convert_gguf", convert)
+    out = models.ensure_default_model("float32", log=lambda m: None)
+    assert (out / "config.json").exists()
+    assert src.exists() == bool(keep)

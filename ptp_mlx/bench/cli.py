@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cost-curve", action="store_true", help="skip the cost-curve probe")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up answers")
     p.add_argument(
+        "--free-rows",
+        action="store_true",
+        help="price every row of a call at nothing (the flat cost curve of a GPU): shows the tokens per call the "
+        "budget's widest useful shapes reach; wall-clock figures on a CPU then say nothing",
+    )
+    p.add_argument(
         "--chat-turns",
         type=int,
         default=None,
@@ -137,6 +143,12 @@ def run(args: argparse.Namespace) -> int:
     from .run import BenchRun, compare, diagnose, probe_cost_curve, run_bench
 
     eng = Engine.load(args.model, args.adapter)
+    if args.free_rows:
+        from ..budget import CostCurve
+
+        for b in [eng.budget, *eng.mode_budgets.values()]:
+            if b is not None:
+                b.curve = CostCurve([1, 64], [1.0, 1.0])
     if args.chat_turns:
         from .conversation import chat_table
 

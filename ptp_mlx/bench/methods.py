@@ -18,7 +18,8 @@ import mlx.core as mx
 
 from ..sampler import SamplingSettings
 
-METHODS = ("mlx-lm", "ar", "ptp", "ptp-chain", "mlx-lm-draft")  # ptp-chain: PTP without prompt lookup
+# ptp-chain: PTP with the adapter's chain only (no prompt lookup, no sibling strands)
+METHODS = ("mlx-lm", "ar", "ptp", "ptp-chain", "mlx-lm-draft")
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Measured:
     peak_memory: float  # GB, MLX's peak since the call started
     finish_reason: str | None
     cpu_time: float = 0.0  # process CPU seconds (all threads): robust to other load on a CPU-only machine
-    by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts per proposer ("ptp", "lookup")
+    by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts per proposer ("ptp", "alt", "lookup")
 
 
 Runner = Callable[[list[int], int, SamplingSettings], Measured]
@@ -70,6 +71,7 @@ class EngineRunner:
             step=self.step,
             num_draft_tokens=self.num_draft_tokens,
             lookup=self.lookup,
+            trees=self.lookup,  # ptp-chain turns both off
         ):
             if st.source:
                 by_source[st.source] = by_source.get(st.source, 0) + st.accepted
