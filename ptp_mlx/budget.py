@@ -16,6 +16,7 @@ import numpy as np
 
 PROBE_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
+MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget doubles up to this)
 
 
 @dataclass
@@ -167,6 +168,8 @@ class Budget:
     prior_weight: float = 8.0  # pseudo-drafts at ratio 1 before any observation
     hits: float = 0.0  # verified drafts accepted (each given that the drafts before it were)
     expected: float = 0.0  # sum of those drafts' confidences
+    burst_len: int = AR_BURST  # the next burst's length (calibrating budgets back off when probes fail)
+    landed: bool = True  # some draft was accepted since the last burst
 
     @property
     def ratio(self) -> float:
@@ -183,6 +186,8 @@ class Budget:
         for j, c in enumerate(confidences[: accepted + 1]):  # drafts after the first miss tell nothing
             self.expected += float(c)
             self.hits += 1.0 if j < accepted else 0.0
+        if accepted > 0:
+            self.landed, self.burst_len = True, AR_BURST
 
     @classmethod
     def from_histogram(cls, curve: CostCurve, hist: list[float] | None, max_width: int, **kw) -> Budget:
@@ -195,7 +200,13 @@ class Budget:
 
     def relax(self, keep: float = 0.5) -> None:
         """Fade the observations (called once per autoregressive burst), so a budget that stopped drafting
-        drifts back towards its prior and probes again instead of never drafting for the rest of a session."""
+        drifts back towards its prior and probes again instead of never drafting for the rest of a session.
+        Probes cost (a call that only primes drafts is dearer than a plain step), so when no draft landed since
+        the last burst the next burst is twice as long (up to ``MAX_BURST``): text where drafts fail is re-probed
+        rarely, and the first accepted draft resets the length."""
+        if self.calibrate and not self.landed:
+            self.burst_len = min(MAX_BURST, 2 * self.burst_len)
+        self.landed = False
         self.hits *= keep
         self.expected *= keep
 
@@ -227,7 +238,7 @@ class Budget:
             n, branches = self.choose(confidences, room)
             n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
         if n == 0 and not branches:
-            return Plan([], [], burst=min(AR_BURST, remaining))
+            return Plan([], [], burst=min(self.burst_len if self.calibrate else AR_BURST, remaining))
         plan = Plan(drafts[:n], branches)
         if second is not None and n >= 1 and step == "fused" and remaining >= 2:
             plan.alts = self._alternative(plan, confidences, second, room)

@@ -242,14 +242,26 @@ class ChainDrafter:
         self.drafts: list[int] = []
         self.conf: list[float] = []
         self.second: tuple[int, float] | None = None  # runner-up of the first draft (a sibling strand candidate)
+        # Realized pace of the adapter's calls since the last burst: tokens and cost (in plain steps, from the
+        # budget's measured curve). Predictions can be optimistic; this is what the calls really delivered.
+        self.episode = [0, 0.0, 0]  # tokens, cost, calls
 
     def plan(self, i: int, remaining: int, room: int) -> Plan:
+        calibrating = isinstance(self.budget, Budget) and self.budget.calibrate
+        tokens, cost, calls = self.episode
+        if calibrating and calls >= 3 and tokens < cost:
+            # Three or more drafting calls delivered fewer tokens than plain steps would have in the same time:
+            # decode plainly for a while, whatever the predictions say.
+            self.budget.relax()
+            self.episode = [0, 0.0, 0]
+            return Plan([], [], burst=min(self.budget.burst_len, remaining))
         if self.trees and self.second is not None and isinstance(self.budget, Budget):
             plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step, second=self.second)
         else:
             plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
         if plan.burst and isinstance(self.budget, Budget):
             self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
+            self.episode = [0, 0.0, 0]
         elif plan.drafts:
             plan.source = "ptp"
         return plan
@@ -266,6 +278,9 @@ class ChainDrafter:
     ) -> None:
         if observe and alt is None:  # the budget calibrates on the adapter's own chain drafts only
             self.budget.observe(self.conf[: len(plan.drafts)], accepted)
+        if observe and isinstance(self.budget, Budget):  # the adapter's calls (not lookup's): their real pace
+            e = self.episode
+            self.episode = [e[0] + accepted + 1, e[1] + self.budget.curve(plan.rows), e[2] + 1]
         self.drafts, self.conf, self.second = [], [], None
         r, rows = 0, None
         for d, w in plan.branches:
@@ -316,12 +331,23 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         if plan.burst:
             # Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive
             # burst instead. Same uniforms, same tokens; the cache again ends just before the last token.
-            for block, info in _ar_calls(pm, cache, last, _Shifted(u, i), s, opts, plan.burst, ctx):
+            ready = getattr(drafter, "ready", None)  # prompt lookup may end the burst early
+            burst = _ar_calls(pm, cache, last, _Shifted(u, i), s, opts, plan.burst, ctx)
+            done = 0
+            for block, info in burst:
                 last = block[-1]
+                done += 1
                 if emitted:
                     emitted(block)
                 yield block, info
-            i += plan.burst
+                if ready is not None and done < plan.burst and ready():
+                    # The next step is already queued and has fed ``last`` into the cache: trim it so the
+                    # cache again ends just before ``last`` (the lookup call feeds it at the same position).
+                    burst.close()
+                    for layer_cache in cache:
+                        layer_cache.trim(1)
+                    break
+            i += done
             continue
         clock.mark("plan")
         # 2. One call: verify, draft, accept, trim (ptp_call).

@@ -27,6 +27,7 @@ class LookupDrafter:
         # current position would offer only a stub of a continuation and hide the earlier, longer one)
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
+        self.pace = [0.0, 0.0, 0]  # lookup calls' tokens, cost in plain steps (wasted burst steps included), calls
 
     @property
     def rate(self) -> float:
@@ -53,6 +54,19 @@ class LookupDrafter:
                     return h[start + n : start + n + self.max_draft]
         return []
 
+    def ready(self, worth: float = 0.9) -> bool:
+        """A lookup chain expected to land at least ``worth`` drafts is in hand: reason to end an autoregressive
+        burst early (which wastes the step already queued, and the call costs more than a plain step)."""
+        tokens, cost, calls = self.pace
+        if calls >= 3 and tokens < cost:
+            return False  # lookup calls have delivered less than plain steps in this answer: let bursts run
+        look = self.candidates()
+        r = self.rate
+        if look and sum(r**k for k in range(1, len(look) + 1)) >= worth:
+            self.pace[1] += 1.0  # the queued step the caller now discards is charged to lookup
+            return True
+        return False
+
     def plan(self, i: int, remaining: int, room: int) -> Plan:
         look = self.candidates()
         if look:
@@ -73,6 +87,12 @@ class LookupDrafter:
         if lookup:
             self.hits += accepted
             self.misses += accepted < len(plan.drafts)
+            curve = getattr(self.inner.budget, "curve", None)
+            self.pace = [
+                self.pace[0] + accepted + 1,
+                self.pace[1] + (curve(plan.rows) if curve else 1.0),
+                self.pace[2] + 1,
+            ]
         self.inner.update(plan, accepted, aux_tokens, aux_conf, observe=not lookup, **kw)
 
     def emitted(self, tokens: list[int]) -> None:

@@ -526,6 +526,26 @@ def test_the_budget_verifies_the_runner_up_when_rows_are_cheap(varied, pm_sticky
         assert any(st.proposed > 0 for st in steps)
 
 
+def test_bursts_back_off_while_probes_fail_and_reset_when_a_draft_lands():
+    from ptp_mlx.budget import AR_BURST, MAX_BURST
+
+    b = Budget(CostCurve(), max_width=4, calibrate=True)
+    lens = []
+    for _ in range(5):
+        b.relax()  # a burst ran
+        lens.append(b.burst_len)
+        b.observe([0.9], 0)  # the probe after it: its draft fell
+    assert lens == [AR_BURST, 2 * AR_BURST, 4 * AR_BURST, MAX_BURST, MAX_BURST]
+    b.observe([0.9, 0.9], 1)
+    assert b.burst_len == AR_BURST
+    b.relax()
+    assert b.burst_len == AR_BURST  # drafts landed since the last burst: no back-off
+    fixed = Budget(CostCurve(), max_width=4)
+    for _ in range(3):
+        fixed.relax()
+    assert fixed.burst_len == AR_BURST  # budgets that do not calibrate keep the fixed burst
+
+
 def test_drafts_after_an_alternative_come_from_its_branch():
     from ptp_mlx.budget import Plan
     from ptp_mlx.generate import ChainDrafter
@@ -542,3 +562,50 @@ def test_drafts_after_an_alternative_come_from_its_branch():
     assert d.drafts == [21, 22]
     d.update(plan, 1, aux, [0.5] * 8, alt=0, second=second)
     assert d.drafts == [] and d.second is None  # an alternative without a branch leaves no drafts
+
+
+class _AlwaysBurst:
+    """An inner drafter whose budget never drafts: every plan is a 16-token autoregressive burst."""
+
+    def __init__(self, width):
+        self.budget, self.conf, self.step, self.drafts = Budget(CostCurve(), max_width=width), [], "fused", []
+
+    def plan(self, i, remaining, room):
+        from ptp_mlx.budget import Plan
+
+        return Plan([], [], burst=min(16, remaining))
+
+    def update(self, *a, **kw):
+        pass
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+def test_a_ready_lookup_chain_ends_a_burst_early_and_stays_exact(varied, pm_sticky, name):
+    from ptp_mlx.lookup import LookupDrafter
+
+    _, tok = varied
+    s = with_seed(SETTINGS[name], 4)
+    interrupted = 0
+    for prompt in PROMPTS:
+        ids = encode_prompt(tok, prompt * 6)  # a repetitive prompt: lookup chains appear inside bursts
+        want = ar(pm_sticky, tok, ids, s, 48)
+        drafter = LookupDrafter(_AlwaysBurst(WINDOW), ids, max_draft=WINDOW - 1, prior=(9.0, 1.0))
+        steps = assert_same(pm_sticky, tok, ids, s, 48, {"drafter": drafter}, want=want)
+        interrupted += sum(st.source == "lookup" for st in steps)  # only reachable by ending a burst early
+    assert interrupted > 0
+
+
+def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
+    from ptp_mlx.budget import Plan
+    from ptp_mlx.generate import ChainDrafter
+
+    budget = Budget(CostCurve([1, 64], [1.0, 64.0]), max_width=4, calibrate=True, survival=[1.0, 0.99, 0.98, 0.97])
+    d = ChainDrafter(budget)
+    d.drafts, d.conf = [5, 6], [0.99, 0.99]
+    assert not d.plan(0, 100, 100).burst  # the prediction says drafting pays
+    plan = Plan([5, 6], [(0, 2), (1, 2), (2, 2)])
+    for _ in range(3):  # three calls of 9 rows (cost 9 plain steps each) that delivered 1 token each
+        d.update(plan, 0, [1] * 6, [0.99] * 6)
+        d.drafts, d.conf = [5, 6], [0.99, 0.99]
+    assert d.plan(3, 100, 100).burst  # what was delivered overrules the prediction
+    assert d.episode == [0, 0.0, 0]  # and the next episode starts afresh
