@@ -77,3 +77,17 @@ def test_cost_curve_stops_probing_when_its_time_is_spent(tiny_model_dir):
     assert len(secs) == len(PROBE_WIDTHS) and curve.rel[0] == 1.0
     assert len(calls) == 1 + 2 * 2  # the context prefill, then two widths timed (2 passes each); the rest inferred
     assert all(b >= a for a, b in zip(secs[1:], secs[2:], strict=False))  # extrapolation never decreases cost
+
+
+@linux_cpu_wheel
+def test_training_commands_say_it_too(monkeypatch, tmp_path):
+    monkeypatch.setenv("PTP_MLX_BLAS", str(tmp_path / "nope.so"))
+    cmd = [sys.executable, "-m", "ptp_mlx.train.cli", "pregenerate", "--prompts", str(tmp_path / "p.jsonl")]
+    out = subprocess.run(cmd + ["--out", str(tmp_path / "t.jsonl")], capture_output=True, text=True, timeout=120)
+    from ptp_mlx import blas
+
+    if blas.state["blas"] == "default":
+        pytest.skip("this MLX does not use the reference BLAS")
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and sum("slow reference BLAS" in x for x in lines) == 1, out.stderr
+    assert lines[-1].startswith("error:")  # then the bad input is still reported as usual

@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     from ..sampler import SamplingSettings
 
     if args.cmd in ("pregenerate", "train", "corpus"):
+        from .. import blas
+
+        blas.warn_if_slow()  # these run the model: say once if MLX is on its slow reference BLAS
         check_ptp_model(args.model)  # refuse an unsupported family before reading data or loading weights
     if args.cmd in ("pregenerate", "corpus"):
         s = SamplingSettings(args.temp, args.top_k, args.top_p)
