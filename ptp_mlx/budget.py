@@ -38,6 +38,26 @@ class Plan:
         return 1 + len(self.drafts) + sum(w for _, w in self.branches) + len(self.alts) + sum(w for _, w in self.alts)
 
 
+@dataclass
+class Pace:
+    """What drafting calls really delivered: tokens, and their cost in plain steps (the measured curve).
+
+    Predictions can be optimistic (validation acceptance is higher than live acceptance); a drafter whose calls
+    are ``behind`` plain decoding after a few of them should stop drafting for a while."""
+
+    tokens: float = 0.0
+    cost: float = 0.0
+    calls: int = 0
+
+    def add(self, tokens: float, cost: float) -> None:
+        self.tokens += tokens
+        self.cost += cost
+        self.calls += 1
+
+    def behind(self, min_calls: int = 3) -> bool:
+        return self.calls >= min_calls and self.tokens < self.cost
+
+
 def reach(confidences: list[float], ratio: float = 1.0) -> np.ndarray:
     """P(at least m drafts accepted), m = 0..n, from the drafts' confidences scaled by ``ratio``."""
     return np.cumprod([1.0] + [min(0.99, float(c) * ratio) for c in confidences])
@@ -92,7 +112,8 @@ def measure_cost_curve(
     """
     import mlx.core as mx
 
-    from .generate import _ar_calls, ptp_call
+    from .call import ptp_call
+    from .generate import _ar_calls
     from .sampler import SamplingSettings, UniformStream
 
     real = aux and pm.adapter is not None
@@ -108,21 +129,22 @@ def measure_cost_curve(
             slope = max(0.0, (secs[-1] - secs[-2]) / (w1 - w0))
             secs.append(secs[-1] + slope * (w - w1))
             continue
-        best = float("inf")
         if real and w == 1:
             steps = list(_ar_calls(pm, cache, 0, u, greedy, None, repeats + 3, 1 << 30))
             best = min(info["time"] for _, info in steps[1:-1])  # the first and last steps are not pipelined
-        for _ in range(repeats + 1 if not (real and w == 1) else 0):
-            t0 = time.perf_counter()
-            if real:
-                ptp_call(pm, cache, 0, Plan([], [(0, w - 1)]), u, 0, greedy, pm.config.greedy_u)
-            else:
-                mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
-            best = min(best, time.perf_counter() - t0)
-            for c in cache:
+            for c in cache:  # the steps left their tokens in the cache
                 c.trim(c.offset - context)
-        for c in cache:  # the AR steps left their tokens in the cache
-            c.trim(c.offset - context)
+        else:
+            best = float("inf")
+            for _ in range(repeats + 1):
+                t0 = time.perf_counter()
+                if real:
+                    ptp_call(pm, cache, 0, Plan([], [(0, w - 1)]), u, 0, greedy, pm.config.greedy_u)
+                else:
+                    mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
+                best = min(best, time.perf_counter() - t0)
+                for c in cache:
+                    c.trim(c.offset - context)
         secs.append(best)
     rel = [s / secs[0] for s in secs]
     return CostCurve(list(widths), rel), secs
@@ -238,7 +260,7 @@ class Budget:
             n, branches = self.choose(confidences, room)
             n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
         if n == 0 and not branches:
-            return Plan([], [], burst=min(self.burst_len if self.calibrate else AR_BURST, remaining))
+            return Plan([], [], burst=min(self.burst_len, remaining))  # (only a calibrating budget backs off)
         plan = Plan(drafts[:n], branches)
         if second is not None and n >= 1 and step == "fused" and remaining >= 2:
             plan.alts = self._alternative(plan, confidences, second, room)

@@ -13,11 +13,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-import numpy as np
 
-from .budget import Budget, CostCurve, FixedBudget, Plan
+from .budget import Budget, CostCurve, FixedBudget, Pace, Plan
+from .call import NO_CLOCK, ptp_call
 from .lookup import LookupDrafter
-from .ptp_model import PTPModel, Window
+from .ptp_model import PTPModel
 from .sampler import SamplingSettings, UniformStream, pick
 
 PREFILL_CHUNK = 512
@@ -242,26 +242,27 @@ class ChainDrafter:
         self.drafts: list[int] = []
         self.conf: list[float] = []
         self.second: tuple[int, float] | None = None  # runner-up of the first draft (a sibling strand candidate)
-        # Realized pace of the adapter's calls since the last burst: tokens and cost (in plain steps, from the
-        # budget's measured curve). Predictions can be optimistic; this is what the calls really delivered.
-        self.episode = [0, 0.0, 0]  # tokens, cost, calls
+        self.pace = Pace()  # what the adapter's calls really delivered since the last burst
+
+    @property
+    def runner_up(self) -> bool:
+        """Whether calls should read the auxiliary rows' runner-ups (only the adaptive budget builds trees)."""
+        return self.trees and isinstance(self.budget, Budget)
 
     def plan(self, i: int, remaining: int, room: int) -> Plan:
-        calibrating = isinstance(self.budget, Budget) and self.budget.calibrate
-        tokens, cost, calls = self.episode
-        if calibrating and calls >= 3 and tokens < cost:
-            # Three or more drafting calls delivered fewer tokens than plain steps would have in the same time:
-            # decode plainly for a while, whatever the predictions say.
-            self.budget.relax()
-            self.episode = [0, 0.0, 0]
-            return Plan([], [], burst=min(self.budget.burst_len, remaining))
-        if self.trees and self.second is not None and isinstance(self.budget, Budget):
-            plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step, second=self.second)
+        adaptive = isinstance(self.budget, Budget)
+        if adaptive and self.budget.calibrate and self.pace.behind():
+            # Drafting calls delivered fewer tokens than plain steps would have in the same time: decode
+            # plainly for a while, whatever the predictions say.
+            plan = Plan([], [], burst=min(self.budget.burst_len, remaining))
+        elif adaptive:
+            second = self.second if self.trees else None
+            plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step, second=second)
         else:
             plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
-        if plan.burst and isinstance(self.budget, Budget):
+        if plan.burst and adaptive:
             self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
-            self.episode = [0, 0.0, 0]
+            self.pace = Pace()
         elif plan.drafts:
             plan.source = "ptp"
         return plan
@@ -279,8 +280,7 @@ class ChainDrafter:
         if observe and alt is None:  # the budget calibrates on the adapter's own chain drafts only
             self.budget.observe(self.conf[: len(plan.drafts)], accepted)
         if observe and isinstance(self.budget, Budget):  # the adapter's calls (not lookup's): their real pace
-            e = self.episode
-            self.episode = [e[0] + accepted + 1, e[1] + self.budget.curve(plan.rows), e[2] + 1]
+            self.pace.add(accepted + 1, self.budget.curve(plan.rows))
         self.drafts, self.conf, self.second = [], [], None
         r, rows = 0, None
         for d, w in plan.branches:
@@ -320,6 +320,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         if opts.lookup:
             drafter = LookupDrafter(drafter, list(history), max_draft=width - 1)
     emitted = getattr(drafter, "emitted", None)
+    runner_up = getattr(drafter, "runner_up", False)  # read runner-ups only for a drafter that builds trees
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     while i < max_new:
@@ -351,7 +352,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             continue
         clock.mark("plan")
         # 2. One call: verify, draft, accept, trim (ptp_call).
-        out = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock)
+        out = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock, runner_up)
         block, c = out.block, out.accepted
         # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
         drafter.update(plan, c, out.aux_tokens, out.aux_conf, alt=out.alt, second=out.second)
@@ -365,115 +366,3 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         n = len(plan.drafts) + len(plan.alts)
         source = "alt" if out.alt is not None else plan.source if n else None
         yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": source}
-
-
-class PhaseClock:
-    """Splits each PTP call into phases (``ptp-bench --profile``): ``mark(name)`` ends the phase ``name``."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, float]] = []
-        self._t = 0.0
-
-    def start(self) -> None:
-        self.calls.append({})
-        self._t = time.perf_counter()
-
-    def mark(self, name: str) -> None:
-        now = time.perf_counter()
-        self.calls[-1][name] = self.calls[-1].get(name, 0.0) + now - self._t
-        self._t = now
-
-    def tag(self, key: str, value: float) -> None:
-        self.calls[-1][key] = value
-
-
-class _NoClock:
-    def start(self) -> None:
-        pass
-
-    def mark(self, name: str) -> None:
-        pass
-
-    def tag(self, key: str, value: float) -> None:
-        pass
-
-
-NO_CLOCK = _NoClock()
-
-
-@dataclass
-class CallOut:
-    """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (the alternative counts as
-    one), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences, and the index of
-    the alternative strand that landed (None: the chain)."""
-
-    block: list[int]
-    accepted: int
-    aux_tokens: list[int]
-    aux_conf: list[float]
-    second: list[tuple[int, float]]
-    alt: int | None = None
-
-
-def ptp_call(pm: PTPModel, cache, last: int, plan: Plan, u, i: int, s: SamplingSettings, greedy_u, clock=NO_CLOCK):
-    """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
-    ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
-    in the cache. Returns a ``CallOut``."""
-    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
-    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
-    offset = cache[0].offset
-    n, branches, alts = len(plan.drafts), plan.branches, plan.alts
-    # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
-    tokens = mx.array([last] + plan.drafts + [a for a, _ in alts])
-    parents = list(range(-1, n)) + [0] * len(alts) if alts else None  # alternatives follow ``last`` like q_1
-    windows = [Window(offset + 1 + d, w) for d, w in branches]
-    windows += [Window(offset + 2, w, via=n + 1 + k) for k, (_, w) in enumerate(alts) if w]
-    widths = [(d, w) for d, w in branches] + [(1, w) for _, w in alts if w]  # (depth, rows) of each window
-    aux_u = None
-    if windows:
-        aux_u = mx.array(
-            np.full(sum(w for _, w in widths), greedy_u, np.float32)
-            if greedy_u is not None
-            else np.concatenate([u.take(i + d, w) for d, w in widths])
-        )
-    logits = pm(tokens, aux_u, windows, cache, parents=parents)
-    n_tok = n + 1 + len(alts)
-    row_u = u.take(i, n + 1)
-    if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
-        row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
-    targets = pick(mx.array(row_u), logits[:n_tok], s.temperature, s.top_k, s.top_p, check=False)
-    outs = [targets]
-    if windows:
-        aux = logits[n_tok:].astype(mx.float32)
-        top = mx.argmax(aux, axis=-1)
-        lse = mx.logsumexp(aux, axis=-1)
-        rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # runner-up: max of the rest
-        outs += [top, mx.exp(mx.max(aux, axis=-1) - lse), mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
-    clock.mark("build")
-    mx.eval(*outs)  # sync: one host read per call for targets and next drafts
-    clock.mark("compute")
-    targets_l = targets.tolist()
-    aux_l = [o.tolist() for o in outs[1:]] if windows else [[], [], [], []]
-    if min(targets_l) < 0:
-        raise ValueError("cannot sample: the model produced non-finite logits")
-    # 2. Accept the leading drafts that equal the exact tokens; if the first draft fell, an alternative may stand.
-    c = 0
-    while c < n and plan.drafts[c] == targets_l[c]:
-        c += 1
-    keep, block, alt = offset + 1 + c, targets_l[: c + 1], None
-    if c == 0 and alts:
-        hit = [k for k, (a, _) in enumerate(alts) if a == targets_l[0]]
-        if hit:
-            alt = hit[0]
-            block, keep = [targets_l[0], targets_l[n + 1 + alt]], offset + 2
-            # Compact: the alternative's K/V row moves next to ``last``; the other strands are trimmed below.
-            src = offset + n + 1 + alt
-            for layer_cache in cache:
-                layer_cache.keys[..., offset + 1, :] = layer_cache.keys[..., src, :]
-                layer_cache.values[..., offset + 1, :] = layer_cache.values[..., src, :]
-    # 3. Trim the cache back to the accepted path: [last, q_1..q_c] (or [last, alternative]) stay.
-    for layer_cache in cache:
-        layer_cache.trim(layer_cache.offset - keep)
-    clock.mark("read+trim")
-    second = list(zip(aux_l[2], aux_l[3], strict=True))
-    return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt)

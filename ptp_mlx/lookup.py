@@ -10,7 +10,7 @@ where the lookup stops.
 
 from __future__ import annotations
 
-from .budget import Plan, reach
+from .budget import Pace, Plan, reach
 
 NGRAMS = (4, 3, 2)
 
@@ -27,7 +27,7 @@ class LookupDrafter:
         # current position would offer only a stub of a continuation and hide the earlier, longer one)
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
-        self.pace = [0.0, 0.0, 0]  # lookup calls' tokens, cost in plain steps (wasted burst steps included), calls
+        self.pace = Pace()  # what lookup calls delivered in this answer (discarded burst steps charged too)
 
     @property
     def rate(self) -> float:
@@ -54,16 +54,19 @@ class LookupDrafter:
                     return h[start + n : start + n + self.max_draft]
         return []
 
+    @property
+    def runner_up(self) -> bool:
+        return getattr(self.inner, "runner_up", False)
+
     def ready(self, worth: float = 0.9) -> bool:
         """A lookup chain expected to land at least ``worth`` drafts is in hand: reason to end an autoregressive
         burst early (which wastes the step already queued, and the call costs more than a plain step)."""
-        tokens, cost, calls = self.pace
-        if calls >= 3 and tokens < cost:
+        if self.pace.behind():
             return False  # lookup calls have delivered less than plain steps in this answer: let bursts run
         look = self.candidates()
         r = self.rate
         if look and sum(r**k for k in range(1, len(look) + 1)) >= worth:
-            self.pace[1] += 1.0  # the queued step the caller now discards is charged to lookup
+            self.pace.cost += 1.0  # the queued step the caller now discards is charged to lookup
             return True
         return False
 
@@ -87,12 +90,8 @@ class LookupDrafter:
         if lookup:
             self.hits += accepted
             self.misses += accepted < len(plan.drafts)
-            curve = getattr(self.inner.budget, "curve", None)
-            self.pace = [
-                self.pace[0] + accepted + 1,
-                self.pace[1] + (curve(plan.rows) if curve else 1.0),
-                self.pace[2] + 1,
-            ]
+            curve = getattr(self.inner.budget, "curve", None)  # (a fixed budget has none: a call costs a step)
+            self.pace.add(accepted + 1, curve(plan.rows) if curve else 1.0)
         self.inner.update(plan, accepted, aux_tokens, aux_conf, observe=not lookup, **kw)
 
     def emitted(self, tokens: list[int]) -> None:

@@ -596,7 +596,7 @@ def test_a_ready_lookup_chain_ends_a_burst_early_and_stays_exact(varied, pm_stic
 
 
 def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
-    from ptp_mlx.budget import Plan
+    from ptp_mlx.budget import Pace, Plan
     from ptp_mlx.generate import ChainDrafter
 
     budget = Budget(CostCurve([1, 64], [1.0, 64.0]), max_width=4, calibrate=True, survival=[1.0, 0.99, 0.98, 0.97])
@@ -608,4 +608,4 @@ def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
         d.update(plan, 0, [1] * 6, [0.99] * 6)
         d.drafts, d.conf = [5, 6], [0.99, 0.99]
     assert d.plan(3, 100, 100).burst  # what was delivered overrules the prediction
-    assert d.episode == [0, 0.0, 0]  # and the next episode starts afresh
+    assert d.pace == Pace()  # and the next episode starts afresh

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..budget import Plan
-from ..generate import ChainDrafter, DecodeOptions, PhaseClock, stream_generate
+from ..call import PhaseClock
+from ..generate import ChainDrafter, DecodeOptions, stream_generate
 from ..sampler import SamplingSettings, UniformStream, pick
 
 PHASES = ("plan", "build", "compute", "read+trim", "update")
