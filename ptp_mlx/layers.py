@@ -114,24 +114,20 @@ class CallPlan:
         if window_size in self._masks:
             return self._masks[window_size]
         off, n_tok, rows = self.offset, self.n_tok, self.rows
-        local = np.zeros((rows, rows), dtype=bool)
+        full = np.zeros((rows, off + rows), dtype=bool)  # columns: the cache, then this call's rows
+        full[:n_tok, :off] = True
         for j in range(n_tok):
-            local[j, self.path(j)] = True
+            full[j, off + np.array(self.path(j))] = True
         r = n_tok
         for w in self.windows:
+            sees = full[r : r + w.n]
+            sees[:, : min(off, w.ctx_len)] = True
             if w.via is not None:
-                local[r : r + w.n, self.path(w.via)] = True
+                sees[:, off + np.array(self.path(w.via))] = True
             else:
-                local[r : r + w.n, : max(0, min(n_tok, w.ctx_len - off))] = True
-            local[r : r + w.n, r : r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
+                sees[:, off : off + max(0, min(n_tok, w.ctx_len - off))] = True
+            sees[:, off + r : off + r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
             r += w.n
-        cache_cols = np.zeros((rows, off), dtype=bool)
-        cache_cols[:n_tok] = True
-        r = n_tok
-        for w in self.windows:
-            cache_cols[r : r + w.n, : min(off, w.ctx_len)] = True
-            r += w.n
-        full = np.concatenate([cache_cols, local], axis=1)
         if window_size is not None:
             col_pos = np.concatenate([np.arange(off), self.pos])
             full &= col_pos[None, :] > self.pos[:, None] - window_size

@@ -235,35 +235,28 @@ class PTPModel:
         if cache is None:
             cache = self.make_cache()
         tree = parents is not None and list(parents) != list(range(-1, len(parents) - 1))
-        if tree and (self.ctx is None or not all(isinstance(c, PTPKVCache) for c in cache)):
-            raise ValueError("token trees need the caches of PTPModel.make_cache()")
-        if not windows and tree:
-            plan = CallPlan(cache[0].offset, int(tokens.shape[0]), [], parents)
-            self.ctx.begin(plan, None, None)
-            try:
-                return self.base(tokens[None], cache=cache)[0]
-            finally:
-                self.ctx.end()
-        if not windows:
+        if not windows and not tree:
             return self.base(tokens[None], cache=cache)[0]
-        adapter = adapter or self.adapter
-        if adapter is None:
-            raise ValueError("auxiliary rows need a PTP adapter")
         if self.ctx is None or not all(isinstance(c, PTPKVCache) for c in cache):
-            raise ValueError("auxiliary rows need the caches of PTPModel.make_cache()")
+            raise ValueError("auxiliary rows and token trees need the caches of PTPModel.make_cache()")
         n_tok = int(tokens.shape[0])
         plan = CallPlan(cache[0].offset, n_tok, windows, parents)
-        aux = adapter.u_embed(u)[None]
-        # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows (in rank space). Adding
-        # an exact zero leaves token rows bit-identical to the base model.
-        gate = (mx.arange(plan.rows) >= n_tok).astype(mx.float32)[None, :, None] if n_tok else None
-        if self._fused is not None and adapter is self.adapter:
-            lora = self._fused.bind(gate)
-        else:
+        aux, lora = None, None  # a tree of token rows alone: the plan's mask and positions, no adapter
+        if windows:
+            adapter = adapter or self.adapter
+            if adapter is None:
+                raise ValueError("auxiliary rows need a PTP adapter")
+            aux = adapter.u_embed(u)[None]
+            # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows (in rank space).
+            # Adding an exact zero leaves token rows bit-identical to the base model.
+            gate = (mx.arange(plan.rows) >= n_tok).astype(mx.float32)[None, :, None] if n_tok else None
+            if self._fused is not None and adapter is self.adapter:
+                lora = self._fused.bind(gate)
+            else:
 
-            def lora(key, x, layers=adapter.layers):
-                mod = layers[key[0]].get(key[1])
-                return None if mod is None else mod(x, gate).astype(x.dtype)
+                def lora(key, x, layers=adapter.layers):
+                    mod = layers[key[0]].get(key[1])
+                    return None if mod is None else mod(x, gate).astype(x.dtype)
 
         self.ctx.begin(plan, aux, lora)
         try:

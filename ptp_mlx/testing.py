@@ -202,6 +202,22 @@ class TreeDrafter:
         self.alt_hits += alt is not None
 
 
+def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int = 0) -> Path:
+    """A rank-4 adapter with random ``B`` (drafts are verified, some accepted) for the model in ``model_dir``,
+    saved as an adapter folder at ``out`` (tests only)."""
+    import mlx_lm
+
+    from .adapter import make_config, save_adapter
+    from .ptp_model import PTPAdapter
+
+    model, _ = mlx_lm.load(str(model_dir))
+    mx.random.seed(seed)
+    ad = PTPAdapter(model, 4, 1.0, "binary")
+    randomize_adapter(ad)
+    save_adapter(ad, make_config(model, ad, 4, 1.0, window=window), out)
+    return out
+
+
 def randomize_adapter(adapter, scale: float = 0.05, seed: int = 0) -> None:
     """Give every LoRA ``B`` random values so the adapter changes the auxiliary rows (tests only)."""
     mx.random.seed(seed)

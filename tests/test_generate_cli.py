@@ -18,7 +18,7 @@ from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.generate_cli import main
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings
-from ptp_mlx.testing import randomize_adapter
+from ptp_mlx.testing import save_random_adapter
 
 SUMMARY = re.compile(
     r"^prompt \d+\.\d tok/s \| generation \d+\.\d tok/s \| mean accepted \d+\.\d\d tokens/call \| "
@@ -44,13 +44,7 @@ def model_dir(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def adapter_dir(model_dir, tmp_path_factory):
-    model, _ = mlx_lm.load(str(model_dir))
-    mx.random.seed(0)
-    ad = PTPAdapter(model, 4, 1.0, "binary")
-    randomize_adapter(ad)
-    out = tmp_path_factory.mktemp("cli") / "adapter"
-    save_adapter(ad, make_config(model, ad, 4, 1.0, window=4), out)
-    return out
+    return save_random_adapter(model_dir, tmp_path_factory.mktemp("cli") / "adapter")
 
 
 def expected_text(model_dir, prompt: str, s: SamplingSettings, max_tokens: int) -> str:

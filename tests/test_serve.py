@@ -21,23 +21,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import mlx.core as mx
-import mlx_lm
 import psutil
 import pytest
 import uvicorn
 from openai import APIStatusError, NotFoundError, OpenAI
 
-from ptp_mlx.adapter import make_config, save_adapter
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate_cli import main as generate_main
-from ptp_mlx.ptp_model import PTPAdapter
 from ptp_mlx.serve.app import create_app
 from ptp_mlx.serve.cli import main as serve_main
 from ptp_mlx.serve.schema import Defaults
 from ptp_mlx.serve.stops import StopMatcher
 from ptp_mlx.serve.worker import EngineWorker
-from ptp_mlx.testing import make_tiny_model, randomize_adapter
+from ptp_mlx.testing import make_tiny_model, save_random_adapter
 
 MODEL_ID = "tiny"
 MAX_QUEUE = 16
@@ -52,14 +48,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def adapter_dir(model_dir, tmp_path_factory):
-    """A randomized PTP adapter (as tests/test_generate_cli.py): drafts are verified, some accepted."""
-    model, _ = mlx_lm.load(str(model_dir))
-    mx.random.seed(0)
-    ad = PTPAdapter(model, 4, 1.0, "binary")
-    randomize_adapter(ad)
-    out = tmp_path_factory.mktemp("serve") / "adapter"
-    save_adapter(ad, make_config(model, ad, 4, 1.0, window=4), out)
-    return out
+    """A randomized PTP adapter: drafts are verified, some accepted."""
+    return save_random_adapter(model_dir, tmp_path_factory.mktemp("serve") / "adapter")
 
 
 class ThreadServer:

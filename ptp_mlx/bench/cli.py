@@ -269,14 +269,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    return run_cli(run, build_parser(), argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _profile(eng, prompt, sampling, args) -> int:
     import json
 
@@ -294,3 +286,11 @@ def _profile(eng, prompt, sampling, args) -> int:
         print(f"error: PTP output differs from ar in {', '.join(doc['diverged'])}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv=None) -> int:
+    return run_cli(run, build_parser(), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

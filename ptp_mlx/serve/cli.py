@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--num-draft-tokens needs an adapter (--adapter DIR)")
         if n is not None and not 1 <= n <= eng.pm.config.window - 1:
             raise UserError(f"--num-draft-tokens must be between 1 and {eng.pm.config.window - 1} for this adapter")
-        defaults = Defaults(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed, args.max_tokens)
+        defaults = Defaults(sampling, args.max_tokens)
         model_id = args.model_id or model_name(args.model)
         app = create_app(worker, model_id, defaults, args.max_body_bytes)
         host, port = sock.getsockname()[:2]

@@ -42,10 +42,7 @@ def bad(message: str, param: str | None = None, code: str | None = "invalid_valu
 class Defaults:
     """The server's sampling flags: what a request gets for each field it leaves out."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
+    sampling: SamplingSettings = SamplingSettings()
     max_tokens: int = 256
 
 
@@ -126,10 +123,11 @@ def _common(body: Any, served: str, defaults: Defaults) -> dict:
     n = _int(body, "n", 1)
     if n != 1:
         raise bad("only 'n' = 1 is supported", "n")
-    temperature = _number(body, "temperature", defaults.temperature)
-    top_p = _number(body, "top_p", defaults.top_p)
-    top_k = _int(body, "top_k", defaults.top_k)  # an extension (llama.cpp, vLLM and mlx-lm take it too)
-    seed = _int(body, "seed", defaults.seed)
+    d = defaults.sampling
+    temperature = _number(body, "temperature", d.temperature)
+    top_p = _number(body, "top_p", d.top_p)
+    top_k = _int(body, "top_k", d.top_k)  # an extension (llama.cpp, vLLM and mlx-lm take it too)
+    seed = _int(body, "seed", d.seed)
     # max_completion_tokens is the newer name for max_tokens; either is accepted.
     max_tokens = _int(body, "max_tokens", _int(body, "max_completion_tokens", defaults.max_tokens))
     if temperature < 0:

@@ -244,7 +244,7 @@ class EngineWorker:
         finally:
             if steps is not None:
                 steps.close()  # stores the prompt cache (stream_generate's finally)
-            if pc is not None and ok and self.pool is not None:
+            if pc is not None and ok:  # (a cache is taken only from a pool)
                 self.pool.put(pc, len(job.ids))
         if job.cancel.is_set():
             return  # nobody is listening
