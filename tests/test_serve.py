@@ -324,6 +324,11 @@ def wait_for(cond, timeout=10.0):
         time.sleep(0.02)
 
 
+def queued_jobs_cancelled(server):
+    """A condition: every job waiting in the worker's queue has been cancelled (its client left)."""
+    return lambda: all(j is None or j.cancel.is_set() for j in list(server.worker._jobs.queue))
+
+
 def test_full_queue_is_refused_with_503(server):
     m = [{"role": "user", "content": "hi"}]
     with Gate(server.worker.engine) as gate, ThreadPoolExecutor(MAX_QUEUE + 1) as pool:
@@ -364,7 +369,7 @@ def test_disconnect_stops_generation_and_skips_queued_jobs(server):
             wait_for(lambda: gate.started == started + 1)
             with http.stream("POST", server.url + "/v1/chat/completions", json=body):
                 wait_for(lambda: server.worker.waiting == 1)
-            time.sleep(0.5)  # the server notices the disconnect
+            wait_for(queued_jobs_cancelled(server))  # the server noticed the disconnect (no fixed sleep: no race)
             gate.opened.set()
             blocker.join(30)
             wait_for(lambda: server.worker.waiting == 0 and server.worker._current is None)
@@ -384,7 +389,7 @@ def test_dropped_non_streamed_request_is_skipped(server):
         wait_for(lambda: gate.started == started + 1)
         with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=httpx.Timeout(30, read=0.5)) as http:
             http.post(server.url + "/v1/chat/completions", json={"messages": m, "max_tokens": 4})
-        time.sleep(0.6)  # the handler polls for the disconnect every 0.25 s
+        wait_for(queued_jobs_cancelled(server))  # the handler polls for the disconnect every 0.25 s
         gate.opened.set()
         blocker.join(30)
         wait_for(lambda: server.worker.waiting == 0 and server.worker._current is None)
