@@ -188,12 +188,41 @@ def _greedy_bins(tokens: mx.array) -> tuple[mx.array, mx.array]:
     return z, z + 1.0
 
 
-def bins(logits: mx.array, tokens: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
-    """The bin ``[F(t) - p(t), F(t))`` of each token in the id-sorted CDF (for distillation targets)."""
+CDF_ORDERS = ("id", "prob")
+
+
+def bins(logits: mx.array, tokens: mx.array, s: SamplingSettings, order: str = "id") -> tuple[mx.array, mx.array]:
+    """The bin ``[F(t) - p(t), F(t))`` of each token in the CDF (for distillation targets).
+
+    ``order="id"``: the CDF runs over the vocabulary in id order (what ``pick`` and the reference checkpoints
+    use). ``order="prob"``: over the kept tokens in descending probability (ties by lower id), so small ``u``
+    pick the likeliest tokens; a training-side study of which order is easier to learn (docs/method.md,
+    section 6)."""
     if s.greedy:
         return _greedy_bins(tokens)
-    q = filtered_probs(logits, s)
-    return _bin_of(q, id_sorted_edges(q), tokens)
+    if order == "id":
+        q = filtered_probs(logits, s)
+        return _bin_of(q, id_sorted_edges(q), tokens)
+    if order != "prob":
+        raise ValueError(f"unknown CDF order {order!r} (known: {', '.join(CDF_ORDERS)})")
+    if 0 < s.top_k < logits.shape[-1]:
+        ids, q = _top_k(tempered_probs(logits, s), s)  # k candidates only: sorting them is cheap
+    else:
+        q = filtered_probs(logits, s)
+        ids = mx.broadcast_to(mx.arange(q.shape[-1]), q.shape)
+    rank = mx.argsort(-q, axis=-1)  # stable: equal probabilities keep id order
+    qs = mx.take_along_axis(q, rank, axis=-1)
+    sorted_ids = mx.take_along_axis(ids, rank, axis=-1)
+    cdf = accurate_cumsum(qs)
+    n_kept = mx.sum(qs > 0, axis=-1, keepdims=True)
+    edges = mx.where(mx.arange(qs.shape[-1]) >= n_kept - 1, 1.0, cdf)  # the last kept edge is exactly 1
+    prev = mx.concatenate([mx.zeros_like(edges[..., :1]), edges[..., :-1]], axis=-1)
+    hit = sorted_ids == tokens[..., None]
+    found = mx.any(hit & (qs > 0), axis=-1)
+    j = mx.argmax(hit, axis=-1)[..., None]
+    right = mx.where(found, mx.take_along_axis(edges, j, axis=-1)[..., 0], 0.0)
+    left = mx.where(found, mx.take_along_axis(prev, j, axis=-1)[..., 0], 0.0)
+    return left, right  # a token outside the kept support gets the empty bin [0, 0)
 
 
 class UniformStream:

@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--temp", type=float, default=0.7, help="sampling settings whose bins are recorded")
     f.add_argument("--top-k", type=int, default=50, help="top-k of those settings (0 = untruncated)")
     f.add_argument("--top-p", type=float, default=0.95, help="top-p of those settings (1 = untruncated)")
+    e = sub.add_parser("eval", help="score an adapter on a held-out teacher file (tokens per window, slot accuracy)")
+    e.add_argument("--model", default=None, help="model folder (default: the default model)")
+    e.add_argument("--adapter", required=True, type=Path, help="adapter folder")
+    e.add_argument("--val", required=True, type=Path, help="held-out teacher JSONL")
+    e.add_argument("--window", type=int, default=8, help="window width scored")
+    e.add_argument("--seed", type=int, default=0, help="seed of the windows and their u")
+    e.add_argument("--cdf-order", choices=["id", "prob"], default=None, help="override the adapter's CDF order")
     t = sub.add_parser("train", help="O-PTP distillation of the gated LoRA and u-embedding")
     from .train import add_train_args
 
@@ -61,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..models import check_ptp_model, load
     from ..sampler import SamplingSettings
 
-    if args.cmd in ("pregenerate", "train", "corpus"):
+    if args.cmd in ("pregenerate", "train", "corpus", "eval"):
         from .. import blas
 
         blas.warn_if_slow()  # these run the model: say once if MLX is on its slow reference BLAS
@@ -126,6 +133,17 @@ def run(args: argparse.Namespace) -> int:
             greedy_only=args.greedy_only,
             batch_prompts=args.batch_prompts,
         )
+        return 0
+    if args.cmd == "eval":
+        import json
+
+        from .train import evaluate_adapter
+
+        if not args.val.is_file():
+            raise UserError(f"teacher file not found: {args.val}")
+        model, _ = load(args.model)
+        ev = evaluate_adapter(model, args.adapter, args.val, args.window, args.seed, args.cdf_order)
+        print(json.dumps(ev))
         return 0
     from .train import train_from_args
 

@@ -26,6 +26,7 @@ from ..adapter import make_config, save_adapter
 from ..cli_common import UserError
 from ..layers import StaticKV, language_model, token_embedding
 from ..ptp_model import PTPAdapter, PTPModel, Window
+from ..sampler import SamplingSettings, bins
 from .data import read_records
 
 # Sampled u lie in [0, 1); 1.0 is never drawn, so it is free to mean "draft the argmax" (greedy decoding,
@@ -33,16 +34,54 @@ from .data import read_records
 GREEDY_U = 1.0
 
 
-def teacher_kv(pm: PTPModel, tokens: list[int]) -> list[StaticKV]:
-    """The base model's K/V over ``tokens``, as constants the student's windows attend to."""
+def teacher_kv(pm: PTPModel, tokens: list[int], rec: dict | None = None, order: str = "id") -> list[StaticKV]:
+    """The base model's K/V over ``tokens``, as constants the student's windows attend to.
+
+    With ``order="prob"`` the same pass also gives the record's bins in probability order (``rebin``)."""
     cache = pm.make_cache()
-    pm.base(mx.array(tokens)[None], cache=cache)
+    logits = pm.base(mx.array(tokens)[None], cache=cache)
+    if rec is not None and order != "id":
+        rebin(rec, logits[0], order)
     kv = [
         StaticKV(pm.ctx, mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
         for c in cache
     ]
     mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student
     return kv
+
+
+def rebin(rec: dict, logits: mx.array, order: str) -> None:
+    """Replace a sampled record's bins (id order, as written) by its bins in ``order``, computed from the teacher
+    logits over its tokens under the record's own settings; done once per record (``rec["order"]`` marks it).
+    The tokens stay the same sample: only the coupling of ``u`` to tokens changes."""
+    if rec.get("greedy") or rec.get("order", "id") == order:
+        return
+    st = rec.get("settings") or {}
+    s = SamplingSettings(float(st.get("temperature", 0.7)), int(st.get("top_k", 50)), float(st.get("top_p", 0.95)))
+    start = rec["start"]
+    lo, hi = bins(logits[start - 1 : len(rec["tokens"]) - 1], mx.array(rec["tokens"][start:]), s, order)
+    mx.eval(lo, hi)  # sync: the bins are host data for make_windows
+    rec["left"] = np.array(lo, dtype=np.float64).tolist()
+    rec["right"] = np.array(hi, dtype=np.float64).tolist()
+    rec["order"] = order
+
+
+def slot_weights(spec: str | None, width: int) -> np.ndarray:
+    """Loss weight of each window slot: ``None`` (all 1), ``decay:G`` (``G**j`` at slot ``j``) or a comma list
+    (the last value repeats). Acceptance stops at the first wrong draft, so early slots count most."""
+    if not spec:
+        return np.ones(width, np.float32)
+    try:
+        if spec.startswith("decay:"):
+            w = float(spec[6:]) ** np.arange(width)
+        else:
+            vals = [float(x) for x in spec.split(",")]
+            w = np.array([vals[min(j, len(vals) - 1)] for j in range(width)])
+    except ValueError:
+        raise UserError(f"--slot-weights: expected 'decay:G' or numbers separated by commas, got {spec!r}") from None
+    if not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise UserError(f"--slot-weights: weights must be finite, non-negative and not all zero ({spec!r})")
+    return w.astype(np.float32)
 
 
 def draw_u(lo: float, hi: float, b: float) -> float | None:
@@ -98,31 +137,41 @@ def student_logits(pm: PTPModel, adapter: PTPAdapter, kv, windows, u):
     return pm(mx.zeros((0,), dtype=mx.int32), mx.array(u), windows, cache=kv, adapter=adapter)
 
 
-def loss_fn(adapter, pm, batch):
-    total, count = mx.array(0.0), 0
+def loss_fn(adapter, pm, batch, weights: np.ndarray | None = None):
+    """Mean cross-entropy over the scored slots, each slot weighted by ``weights`` (default 1)."""
+    total, count = mx.array(0.0), 0.0
     for kv, windows, u, labels, valid in batch:
         logits = student_logits(pm, adapter, kv, windows, u).astype(mx.float32)
         ce = nn.losses.cross_entropy(logits, mx.array(labels), reduction="none")
-        total = total + (ce * mx.array(valid)).sum()
-        count += int(valid.sum())
-    return total / max(count, 1)
+        w = valid * (np.tile(weights, len(windows)) if weights is not None else 1.0)
+        total = total + (ce * mx.array(w.astype(np.float32))).sum()
+        count += float(w.sum())
+    return total / max(count, 1e-9)
 
 
-def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int, n_windows: int, seed: int):
-    """Mean leading-correct drafts per window (auxiliaries 1.., slot 0 is the exact token in decoding)."""
+def evaluate(
+    pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int, n_windows: int, seed: int, order: str = "id"
+):
+    """Mean leading-correct drafts per window (auxiliaries 1.., slot 0 is the exact token in decoding), with
+    each slot's accuracy overall and for greedy and sampled records apart."""
     hist = np.zeros(width, dtype=np.int64)
     per_cat: dict[str, list[int]] = {}
     slot_hits, slot_n = np.zeros(width), np.zeros(width)
+    mode_hits = {m: np.zeros(width) for m in ("greedy", "sampled")}
+    mode_n = {m: np.zeros(width) for m in ("greedy", "sampled")}
     for i, rec in enumerate(records):
         rng = np.random.default_rng([seed, 10_000_000 + i])
+        kv = teacher_kv(pm, rec["tokens"], rec, order)  # rebins first: the windows draw u inside the bins
         windows, u, labels, valid = make_windows(rec, n_windows, width, rng, uniform=True)
         if not windows:
             continue
-        kv = teacher_kv(pm, rec["tokens"])
         pred = mx.argmax(student_logits(pm, adapter, kv, windows, u), axis=-1)
         ok = (np.array(pred) == labels) & valid
         slot_hits += ok.reshape(-1, width).sum(0)
         slot_n += valid.reshape(-1, width).sum(0)
+        mode = "greedy" if rec.get("greedy") else "sampled"
+        mode_hits[mode] += ok.reshape(-1, width).sum(0)
+        mode_n[mode] += valid.reshape(-1, width).sum(0)
         for w in range(len(windows)):
             row = ok[w * width + 1 : (w + 1) * width]
             k = int(np.argmin(row)) if not row.all() else len(row)
@@ -139,6 +188,9 @@ def evaluate(pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int,
         },
         # Accuracy of each auxiliary slot on its own (slot 0 is the exact token in decoding, never a draft).
         "slot_accuracy": [round(float(x), 4) for x in slot_hits / np.maximum(slot_n, 1)],
+        "slot_accuracy_by_mode": {
+            m: [round(float(x), 4) for x in mode_hits[m] / np.maximum(mode_n[m], 1)] for m in mode_n if mode_n[m].any()
+        },
         "per_category": {c: float(np.mean(v)) + 1.0 for c, v in per_cat.items()},
     }
 
@@ -165,6 +217,11 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
         "--u-embedding", default="binary", choices=["binary", "linear_interpolation"], help="how u is embedded"
     )
     t.add_argument("--window", type=int, default=8, help="auxiliaries per window (K)")
+    t.add_argument(
+        "--cdf-order", default="id", choices=["id", "prob"], help="CDF order the u of sampled records couple to"
+    )
+    t.add_argument("--slot-weights", default=None, help="loss weight per window slot: 'decay:G' or 'w0,w1,...'")
+    t.add_argument("--eval-window", type=int, default=8, help="window width of validation (the same for every run)")
     t.add_argument("--windows-per-seq", type=int, default=16, help="windows drawn from each teacher sequence")
     t.add_argument("--seqs-per-step", type=int, default=2, help="teacher sequences per step")
     t.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (cosine decay to a tenth)")
@@ -209,6 +266,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
     such a run is only reproducible from the same final files, not bit-identical on resume.
     """
     log = log or (lambda m: print(m, file=sys.stderr))
+    order = getattr(a, "cdf_order", "id")
     run = Path(a.run)
     run.mkdir(parents=True, exist_ok=True)
     base.freeze()
@@ -248,6 +306,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
     config_extra = {
         "sampling": {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "greedy_rows": True},
         "greedy_u": GREEDY_U,
+        "cdf_order": order,
         "training": {
             "records": len(records),
             "steps": a.steps,
@@ -258,11 +317,15 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
             "seqs_per_step": a.seqs_per_step,
             "lr": a.lr,
             "layers": a.layers,
+            "cdf_order": order,
+            "slot_weights": getattr(a, "slot_weights", None),
             "seed": a.seed,
             "init": str(a.init) if getattr(a, "init", None) else None,
         },
     }
-    grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch))
+    weights = slot_weights(getattr(a, "slot_weights", None), a.window)
+    eval_width = getattr(a, "eval_window", 8)
+    grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch, weights))
     bar = tqdm(total=a.steps, initial=state["step"], desc="train", unit="step", file=sys.stderr)
     logf = open(run / "train.log", "a")
     t_last = time.perf_counter()
@@ -276,9 +339,10 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         batch = []
         for idx in rng.choice(len(records), size=min(a.seqs_per_step, len(records)), replace=False):
             rec = records[int(idx)]
+            kv = teacher_kv(pm, rec["tokens"], rec, order)  # rebins first (probability order)
             windows, u, labels, valid = make_windows(rec, a.windows_per_seq, a.window, rng)
             if windows:
-                batch.append((teacher_kv(pm, rec["tokens"]), windows, u, labels, valid))
+                batch.append((kv, windows, u, labels, valid))
         loss, grads = grad_fn(adapter, batch)
         opt.update(adapter, grads)
         mx.eval(adapter.parameters(), opt.state, loss)  # sync: one per step
@@ -291,7 +355,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         bar.update(1)
         done = state["step"] == a.steps
         if val and (state["step"] % a.eval_every == 0 or done):
-            ev = evaluate(pm, adapter, val, a.window, 8, a.seed)
+            ev = evaluate(pm, adapter, val, eval_width, 8, a.seed, order)
             ev["step"] = state["step"]
             state["evals"].append(ev)
             logf.write(json.dumps({"eval": ev}) + "\n")
@@ -348,3 +412,26 @@ def _checkpoint(run: Path, adapter: PTPAdapter, opt, state: dict) -> None:
         mx.save_safetensors(str(tmp / "adapter.safetensors"), dict(tree_flatten(adapter.trainable_parameters())))
         mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
         (tmp / "state.json").write_text(json.dumps(state))
+
+
+def evaluate_adapter(base, adapter_dir: Path, val_path: Path, width: int = 8, seed: int = 0, order=None) -> dict:
+    """``ptp-train eval``: one adapter on a whole held-out teacher file (8 windows per record, uniform ``u``),
+    in the CDF order its config records unless ``order`` is given."""
+    from ..adapter import load_adapter
+
+    adapter, cfg = load_adapter(Path(adapter_dir), base)
+    order = order or cfg.raw.get("cdf_order", "id")
+    records = read_records(val_path)
+    if not records:
+        raise UserError(f"no teacher records in {val_path}")
+    pm = PTPModel(base, adapter)
+    t0 = time.perf_counter()
+    ev = evaluate(pm, adapter, records, width, 8, seed, order)
+    return {
+        "adapter": str(adapter_dir),
+        "val": str(val_path),
+        "records": len(records),
+        "cdf_order": order,
+        "seconds": round(time.perf_counter() - t0, 1),
+        **ev,
+    }
