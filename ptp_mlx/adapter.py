@@ -32,6 +32,7 @@ class AdapterConfig:
     target_modules: tuple[str, ...] | None = None  # None: every projection of the block
     layers: tuple[int, ...] | None = None  # None: every block
     greedy_u: float | None = None  # reserved u that drafts the argmax (greedy decoding)
+    cdf_order: str = "id"  # the sampler's CDF order the adapter was trained against (sampler.CDF_ORDERS)
     acceptance_histogram: tuple[float, ...] | None = None
     acceptance_histograms: dict[str, tuple[float, ...]] = field(default_factory=dict)  # "greedy" / "sampled"
     base_model: dict = field(default_factory=dict)
@@ -57,6 +58,7 @@ class AdapterConfig:
                 target_modules=tuple(d["target_modules"]) if d.get("target_modules") else None,
                 layers=tuple(int(i) for i in d["layers"]) if d.get("layers") is not None else None,
                 greedy_u=float(d["greedy_u"]) if d.get("greedy_u") is not None else None,
+                cdf_order=str(d.get("cdf_order") or "id"),
                 acceptance_histogram=hist(d.get("acceptance_histogram")),
                 acceptance_histograms={k: hist(v) for k, v in (d.get("acceptance_histograms") or {}).items() if v},
                 base_model=dict(d.get("base_model") or {}),
@@ -66,6 +68,8 @@ class AdapterConfig:
             raise ValueError(f"bad field: {e}") from None
         if cfg.u_embedding not in U_EMBEDDING_KINDS:
             raise ValueError(f"unknown u-embedding kind {cfg.u_embedding!r} (known: {', '.join(U_EMBEDDING_KINDS)})")
+        if cfg.cdf_order not in ("id", "prob"):
+            raise ValueError(f"unknown CDF order {cfg.cdf_order!r} (known: id, prob)")
         if cfg.rank < 0 or cfg.window < 2:  # rank 0: no LoRA (a model trained from scratch for PTP)
             raise ValueError(f"rank must be >= 0 and window >= 2 (got {cfg.rank}, {cfg.window})")
         return cfg

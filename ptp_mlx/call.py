@@ -104,7 +104,7 @@ def ptp_call(
     row_u = u.take(i, n + 1)
     if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
         row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
-    targets = pick(mx.array(row_u), logits[:n_tok], s.temperature, s.top_k, s.top_p, check=False)
+    targets = pick(mx.array(row_u), logits[:n_tok], s.temperature, s.top_k, s.top_p, check=False, order=s.order)
     outs = [targets]
     if windows:
         aux = logits[n_tok:].astype(mx.float32)

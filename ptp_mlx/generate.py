@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
@@ -134,7 +134,7 @@ def stream_generate(
     With ``prompt_cache``, the prompt continues from that cache (only the new tokens are prefilled) and the
     cache is left holding the prompt and the answer for the next turn.
     """
-    s = opts.sampling.validate()
+    s = decoding_settings(pm, opts.sampling).validate()
     prompt_ids = list(prompt_ids)
     if not prompt_ids:
         raise ValueError("empty prompt")
@@ -207,13 +207,20 @@ def stream_generate(
             prompt_cache.store(cache, seq)
 
 
+def decoding_settings(pm, s: SamplingSettings) -> SamplingSettings:
+    """``s`` in the CDF order of ``pm``'s adapter (plain and PTP decoding alike, so they agree token for token);
+    vocabulary-id order without an adapter."""
+    order = pm.config.cdf_order if pm.adapter is not None else "id"
+    return s if s.order == order else replace(s, order=order)
+
+
 def _ar_calls(pm, cache, last, u, s: SamplingSettings, opts, max_new, ctx):
     """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token."""
     base = pm.base
 
     def step(tok: mx.array, i: int) -> mx.array:
         logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
-        return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False)
+        return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
 
     tok = step(mx.array([last]), 0)
     mx.async_eval(tok)

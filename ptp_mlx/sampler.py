@@ -1,8 +1,9 @@
 """The exact sampler: a token as a pure function of a uniform ``u`` (docs/method.md, section 1).
 
-``pick(u, logits)`` returns the first kept token, in vocabulary-id order, whose cumulative probability
-exceeds ``u``. PTP's losslessness rests on drafting and verification using this same function with the same
-``u``; the shipped adapters were trained against this exact order, so do not change it.
+``pick(u, logits)`` returns the first kept token whose cumulative probability exceeds ``u``, in one of two CDF
+orders: vocabulary-id order (the reference code's, and its checkpoints') or descending probability. PTP's
+losslessness rests on drafting and verification using this same function with the same ``u``; an adapter is
+trained against one order and records it (``cdf_order`` in its config), and decoding with it uses that order.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+
+CDF_ORDERS = ("id", "prob")
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,7 @@ class SamplingSettings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
+    order: str = "id"  # CDF order: "id" (vocabulary order) or "prob" (descending probability); set by the adapter
 
     @property
     def greedy(self) -> bool:
@@ -33,6 +37,8 @@ class SamplingSettings:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.order not in CDF_ORDERS:
+            raise ValueError(f"unknown CDF order {self.order!r} (known: {', '.join(CDF_ORDERS)})")
         if not 0 <= self.seed < 2**63:
             raise ValueError(f"--seed must be a non-negative integer, got {self.seed}")
         return self
@@ -129,6 +135,25 @@ def id_sorted_edges(q: mx.array) -> mx.array:
     return mx.where(ids >= last_kept, 1.0, cdf)
 
 
+def prob_sorted_edges(q: mx.array, ids: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
+    """Step 6 in probability order: the token ids by descending probability (a stable sort: equal probabilities
+    keep id order) and their CDF, with the last kept edge forced to 1. ``ids`` names the columns of ``q`` (the
+    top-k candidates; default the whole vocabulary). Also returns the sorted probabilities."""
+    rank = mx.argsort(-q, axis=-1)
+    qs = mx.take_along_axis(q, rank, axis=-1)
+    sorted_ids = rank if ids is None else mx.take_along_axis(ids, rank, axis=-1)
+    n_kept = mx.sum(qs > 0, axis=-1, keepdims=True)
+    edges = mx.where(mx.arange(qs.shape[-1]) >= n_kept - 1, 1.0, accurate_cumsum(qs))
+    return sorted_ids, edges, qs
+
+
+def _pick_prob(u, q: mx.array, ids: mx.array | None = None) -> mx.array:
+    sorted_ids, edges, _ = prob_sorted_edges(q, ids)
+    u = mx.array(u, dtype=mx.float32).astype(edges.dtype)
+    j = mx.minimum(mx.sum(edges <= mx.expand_dims(u, -1), axis=-1), q.shape[-1] - 1)
+    return mx.take_along_axis(sorted_ids, j[..., None], axis=-1)[..., 0].astype(mx.int32)
+
+
 def pick(
     u: mx.array | float,
     logits: mx.array,
@@ -136,19 +161,27 @@ def pick(
     top_k: int = 0,
     top_p: float = 1.0,
     check: bool = True,
+    order: str = "id",
 ) -> mx.array:
     """Exact sampler, batched over leading axes of ``logits`` (``u`` has the leading shape).
+
+    ``order`` is the CDF order (``SamplingSettings.order``): ``u`` picks the first kept token in vocabulary-id
+    order, or in descending probability, whose cumulative probability exceeds it.
 
     Returns int32 token ids. Rows whose filtered distribution is empty or not finite (e.g. all logits
     ``-inf``) give ``-1``; with ``check=True`` such rows raise ``ValueError`` (this synchronises).
     """
-    s = SamplingSettings(temperature, top_k, top_p)
+    s = SamplingSettings(temperature, top_k, top_p, order=order)
     finite = mx.isfinite(mx.max(logits, axis=-1)) & mx.all(~mx.isnan(logits), axis=-1)
     if s.greedy:
         out = mx.argmax(logits, axis=-1).astype(mx.int32)
     elif 0 < s.top_k < logits.shape[-1]:
         out, ok = _pick_top_k(u, logits, s)
         finite = finite & ok
+    elif order == "prob":
+        q = filtered_probs(logits, s)
+        out = _pick_prob(u, q)
+        finite = finite & mx.all(~mx.isnan(q), axis=-1)
     else:
         q = filtered_probs(logits, s)
         edges = id_sorted_edges(q)
@@ -167,6 +200,8 @@ def _pick_top_k(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.
     """``pick`` with top-k on the k candidates only (``_top_k``): the CDF over k values has the same edges as the
     full-vocabulary one of ``filtered_probs``, whose other tokens add exact zeros."""
     ids, q = _top_k(tempered_probs(logits, s), s)
+    if s.order == "prob":
+        return _pick_prob(u, q, ids), mx.all(~mx.isnan(q), axis=-1)
     edges = id_sorted_edges(q)
     u = mx.array(u, dtype=mx.float32).astype(edges.dtype)
     j = mx.minimum(mx.sum(edges <= mx.expand_dims(u, -1), axis=-1), s.top_k - 1)
@@ -188,16 +223,15 @@ def _greedy_bins(tokens: mx.array) -> tuple[mx.array, mx.array]:
     return z, z + 1.0
 
 
-CDF_ORDERS = ("id", "prob")
-
-
-def bins(logits: mx.array, tokens: mx.array, s: SamplingSettings, order: str = "id") -> tuple[mx.array, mx.array]:
+def bins(
+    logits: mx.array, tokens: mx.array, s: SamplingSettings, order: str | None = None
+) -> tuple[mx.array, mx.array]:
     """The bin ``[F(t) - p(t), F(t))`` of each token in the CDF (for distillation targets).
 
     ``order="id"``: the CDF runs over the vocabulary in id order (what ``pick`` and the reference checkpoints
     use). ``order="prob"``: over the kept tokens in descending probability (ties by lower id), so small ``u``
-    pick the likeliest tokens; a training-side study of which order is easier to learn (docs/method.md,
-    section 6)."""
+    pick the likeliest tokens (docs/method.md, section 1). Default: ``s.order``."""
+    order = order or s.order
     if s.greedy:
         return _greedy_bins(tokens)
     if order == "id":
@@ -208,14 +242,8 @@ def bins(logits: mx.array, tokens: mx.array, s: SamplingSettings, order: str = "
     if 0 < s.top_k < logits.shape[-1]:
         ids, q = _top_k(tempered_probs(logits, s), s)  # k candidates only: sorting them is cheap
     else:
-        q = filtered_probs(logits, s)
-        ids = mx.broadcast_to(mx.arange(q.shape[-1]), q.shape)
-    rank = mx.argsort(-q, axis=-1)  # stable: equal probabilities keep id order
-    qs = mx.take_along_axis(q, rank, axis=-1)
-    sorted_ids = mx.take_along_axis(ids, rank, axis=-1)
-    cdf = accurate_cumsum(qs)
-    n_kept = mx.sum(qs > 0, axis=-1, keepdims=True)
-    edges = mx.where(mx.arange(qs.shape[-1]) >= n_kept - 1, 1.0, cdf)  # the last kept edge is exactly 1
+        q, ids = filtered_probs(logits, s), None
+    sorted_ids, edges, qs = prob_sorted_edges(q, ids)
     prev = mx.concatenate([mx.zeros_like(edges[..., :1]), edges[..., :-1]], axis=-1)
     hit = sorted_ids == tokens[..., None]
     found = mx.any(hit & (qs > 0), axis=-1)

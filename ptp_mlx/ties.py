@@ -9,7 +9,8 @@ position (``replay_ar_logits`` recomputes them exactly as autoregressive decodin
 token was that close:
 
 - greedy: the two tokens' logits are within ``LOGIT_TOL``;
-- sampled: ``u`` lies within ``EDGE_TOL`` of the other token's bin, or a token at the top-p cut-off has a
+- sampled: ``u`` lies within ``EDGE_TOL`` of the other token's bin (in probability order: or the two tokens'
+  probabilities are within ``EDGE_TOL``, so their places in the CDF may swap), or a token at the top-p cut-off has a
   probability mass before it within ``MASS_TOL`` of ``top_p`` and keeping (or dropping) it picks the other token.
 
 Anything else is a logic error: the bench's lossless check fails on it and the tests report it.
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .sampler import SamplingSettings, filtered_probs, id_sorted_edges, tempered_probs
+from .sampler import SamplingSettings, filtered_probs, id_sorted_edges, prob_sorted_edges, tempered_probs
 
 LOGIT_TOL = 1e-3  # about 50x the logit difference measured between the two decoders
 EDGE_TOL = 1e-5  # about 10x the largest bin-edge difference measured between them
@@ -40,12 +41,13 @@ class Tie:
         return f"{verdict} ({self.kind} {self.distance:.3g})"
 
 
-def _pick(p: np.ndarray, keep: np.ndarray, u: float) -> int:
+def _pick(p: np.ndarray, keep: np.ndarray, u: float, order: str = "id") -> int:
     q = np.where(keep, p, 0.0)
-    edges = np.cumsum(q / q.sum())
-    last = int(np.flatnonzero(keep)[-1])
+    ids = np.argsort(-q, kind="stable") if order == "prob" else np.arange(q.size)
+    edges = np.cumsum(q[ids] / q.sum())
+    last = int(np.flatnonzero(keep[ids])[-1])
     edges[last:] = 1.0
-    return int(np.sum(edges <= u))
+    return int(ids[min(int(np.sum(edges <= u)), q.size - 1)])
 
 
 def replay_ar_logits(pm, prompt_ids, prefix) -> mx.array:
@@ -71,10 +73,25 @@ def classify(logits: mx.array, ref_token: int, other_token: int, u: float, s: Sa
     # The sampler's own distribution and edges (what decoding compared u with), not an idealised CDF: its
     # float rounding is shared by both decoders and is no part of their difference.
     q_mx = filtered_probs(logits, s)
-    edges = np.array(id_sorted_edges(q_mx), dtype=np.float64)
-    keep = np.array(q_mx, dtype=np.float64) > 0
-    lo = edges[other_token - 1] if other_token > 0 else 0.0
-    hi = edges[other_token]
+    q = np.array(q_mx, dtype=np.float64)
+    keep = q > 0
+    if s.order == "prob":
+        # Probability order: two tokens whose probabilities are within rounding may swap places, and
+        # with them their bins.
+        diff = float(abs(q[ref_token] - q[other_token]))
+        if keep[other_token] and diff <= EDGE_TOL:
+            return Tie(True, "probability order", diff)
+        ids, edges_mx, _ = prob_sorted_edges(q_mx)
+        ids, sorted_edges = np.array(ids), np.array(edges_mx, dtype=np.float64)
+        edges = np.empty_like(sorted_edges)
+        edges[ids] = sorted_edges
+        j = int(np.flatnonzero(ids == other_token)[0])
+        lo = sorted_edges[j - 1] if j > 0 else 0.0
+        hi = edges[other_token]
+    else:
+        edges = np.array(id_sorted_edges(q_mx), dtype=np.float64)
+        lo = edges[other_token - 1] if other_token > 0 else 0.0
+        hi = edges[other_token]
     dist = 0.0 if lo <= u < hi else float(min(abs(u - lo), abs(u - hi)))
     if keep[other_token] and dist <= EDGE_TOL:
         return Tie(True, "bin edge", dist)
@@ -86,6 +103,6 @@ def classify(logits: mx.array, ref_token: int, other_token: int, u: float, s: Sa
         for j in near[:4]:
             flipped = keep.copy()
             flipped[order[j]] = not flipped[order[j]]
-            if flipped.any() and _pick(p, flipped, u) == other_token:
+            if flipped.any() and _pick(p, flipped, u, s.order) == other_token:
                 return Tie(True, "top-p cut-off", float(abs(before[j] - s.top_p)))
     return Tie(False, "bin edge", dist)

@@ -288,3 +288,60 @@ def test_teacher_files_and_prompt_splits_fail_clearly(tiny_model_dir, tmp_path, 
     data.write_text(json.dumps(good) + "\n" + json.dumps(good)[:10])  # an interrupted writer
     notes = []
     assert len(read_records(data, log=notes.append)) == 1 and "cut-off last line" in notes[0]
+
+
+def test_slot_weights_parse_and_reject_bad_specs():
+    import pytest
+
+    from ptp_mlx.cli_common import UserError
+    from ptp_mlx.train.train import slot_weights
+
+    assert slot_weights(None, 3).tolist() == [1, 1, 1]
+    assert np.allclose(slot_weights("decay:0.5", 4), [1, 0.5, 0.25, 0.125])
+    assert slot_weights("2,1", 4).tolist() == [2, 1, 1, 1]
+    for bad in ("decay:x", "1,-1", "0,0", "nan"):
+        with pytest.raises(UserError):
+            slot_weights(bad, 4)
+
+
+def test_probability_order_training_records_its_order(tiny, tmp_path):
+    """A run in probability order with slot weights: sampled records are re-binned from the teacher pass and the
+    adapter's config records the order, so decoding with it samples in that order."""
+    from ptp_mlx.adapter import read_config
+    from ptp_mlx.sampler import SamplingSettings, bins
+
+    model, _ = tiny
+    recs = _predictable_records(n=6, length=16)
+    s = SamplingSettings(1.0)
+    for r in recs:  # real id-order bins under T 1.0, as pregenerate would write them
+        logits = model(mx.array(r["tokens"])[None])[0]
+        lo, hi = bins(logits[r["start"] - 1 : -1], mx.array(r["tokens"][r["start"] :]), s)
+        r.update(left=np.array(lo).tolist(), right=np.array(hi).tolist(), settings=s.as_dict())
+    id_bins = [list(r["left"]) for r in recs]
+    a = _args(tmp_path / "run", steps=4, eval_every=4, save_every=4, cdf_order="prob", slot_weights="decay:0.7")
+    train(model, recs, recs[:2], a, log=lambda m: None)
+    cfg = read_config(tmp_path / "run" / "best")
+    assert cfg["cdf_order"] == "prob" and cfg["training"]["slot_weights"] == "decay:0.7"
+    rebinned = [r for r in recs if r.get("order") == "prob"]
+    assert rebinned and any(r["left"] != b for r, b in zip(recs, id_bins, strict=True) if r.get("order") == "prob")
+
+
+def test_ptp_train_eval_scores_an_adapter_on_a_held_out_file(tiny_model_dir, tmp_path, capsys):
+    """``ptp-train eval``: one JSON line with tokens per window and slot accuracy for greedy and sampled apart;
+    a missing file is one error line and exit 2."""
+    from ptp_mlx.testing import save_random_adapter
+    from ptp_mlx.train.cli import main
+
+    ad = save_random_adapter(tiny_model_dir, tmp_path / "ad", window=4)
+    recs = _predictable_records(n=4, length=12)
+    recs[0]["greedy"] = True
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    argv = ["eval", "--model", str(tiny_model_dir), "--adapter", str(ad), "--val", str(val), "--window", "4"]
+    assert main(argv) == 0
+    ev = json.loads(capsys.readouterr().out)
+    assert ev["records"] == 4 and ev["cdf_order"] == "id" and 1.0 <= ev["mean_accepted"] <= 4.0
+    assert set(ev["slot_accuracy_by_mode"]) == {"greedy", "sampled"} and len(ev["slot_accuracy"]) == 4
+    assert sum(ev["histogram"]) == sum(ev["histograms"]["greedy"]) + sum(ev["histograms"]["sampled"])
+    assert main([*argv[:-3], str(tmp_path / "missing.jsonl"), "--window", "4"]) == 2
+    assert "not found" in capsys.readouterr().err

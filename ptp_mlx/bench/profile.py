@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from ..budget import Plan
 from ..call import PhaseClock
-from ..generate import ChainDrafter, DecodeOptions, stream_generate
+from ..generate import ChainDrafter, DecodeOptions, decoding_settings, stream_generate
 from ..sampler import SamplingSettings, UniformStream, pick
 
 PHASES = ("plan", "build", "compute", "read+trim", "update")
@@ -99,13 +99,14 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> lis
     times = [st.step_time for st in steps][1:]
     rows = [ProfileRow("ar (pipelined)", 1, len(times), {}, _median_ms(times), 1.0, toks)]
     pm, u = eng.pm, UniformStream(s.seed)
+    s = decoding_settings(pm, s)  # the adapter's CDF order, as generate uses
     cache = pm.make_cache()
     mx.eval(pm.base(mx.array([ids[:-1]]), cache=cache))
     tok, ph = mx.array([ids[-1]]), {k: [] for k in ("build", "compute", "read+trim")}
     for i in range(max_tokens):
         t0 = time.perf_counter()
         logits = pm.base(tok.reshape(1, 1), cache=cache)[0, -1]
-        nxt = pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False)
+        nxt = pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
         t1 = time.perf_counter()
         mx.eval(nxt)  # sync: unpipelined, to see the parts
         t2 = time.perf_counter()

@@ -254,6 +254,7 @@ def diagnose(
     with an end token: each of ``eos_ids`` is tried as its token. ``pm`` is the engine's ``PTPModel``."""
     import mlx.core as mx
 
+    from ..generate import decoding_settings
     from ..sampler import UniformStream
     from ..ties import classify, replay_ar_logits
 
@@ -279,6 +280,7 @@ def diagnose(
         return
     s = dataclasses.replace(sampling, seed=sampling.seed + div.repeat) if seeds_vary else sampling
     u = UniformStream(s.seed)[div.position]
+    s = decoding_settings(pm, s)  # the CDF order decoding used
     ties = [classify(logits, r, o, u, s) for r in refs for o in others]
     best = min(ties, key=lambda t: (not t.near_tie, t.distance))
     div.near_tie, div.tie = best.near_tie, best.describe()

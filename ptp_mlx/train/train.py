@@ -221,7 +221,9 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
         "--cdf-order", default="id", choices=["id", "prob"], help="CDF order the u of sampled records couple to"
     )
     t.add_argument("--slot-weights", default=None, help="loss weight per window slot: 'decay:G' or 'w0,w1,...'")
-    t.add_argument("--eval-window", type=int, default=8, help="window width of validation (the same for every run)")
+    t.add_argument(
+        "--eval-window", type=int, default=None, help="window width scored in validation (default: --window)"
+    )
     t.add_argument("--windows-per-seq", type=int, default=16, help="windows drawn from each teacher sequence")
     t.add_argument("--seqs-per-step", type=int, default=2, help="teacher sequences per step")
     t.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (cosine decay to a tenth)")
@@ -324,7 +326,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         },
     }
     weights = slot_weights(getattr(a, "slot_weights", None), a.window)
-    eval_width = getattr(a, "eval_window", 8)
+    eval_width = getattr(a, "eval_window", None) or a.window
     grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch, weights))
     bar = tqdm(total=a.steps, initial=state["step"], desc="train", unit="step", file=sys.stderr)
     logf = open(run / "train.log", "a")
@@ -357,6 +359,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         if val and (state["step"] % a.eval_every == 0 or done):
             ev = evaluate(pm, adapter, val, eval_width, 8, a.seed, order)
             ev["step"] = state["step"]
+            ev["cpu_seconds"] = round(state["seconds"])  # training time so far (validation excluded)
             state["evals"].append(ev)
             logf.write(json.dumps({"eval": ev}) + "\n")
             log(f"step {state['step']}: val mean accepted {ev['mean_accepted']:.3f} hist {ev['histogram']}")
