@@ -345,3 +345,43 @@ def test_ptp_train_eval_scores_an_adapter_on_a_held_out_file(tiny_model_dir, tmp
     assert sum(ev["histogram"]) == sum(ev["histograms"]["greedy"]) + sum(ev["histograms"]["sampled"])
     assert main([*argv[:-3], str(tmp_path / "missing.jsonl"), "--window", "4"]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_study_tables_and_plots_runs_from_their_logs(tmp_path, capsys):
+    from ptp_mlx.train.cli import main
+
+    def ev(step, secs, g, s_):
+        return {
+            "step": step,
+            "cpu_seconds": secs,
+            "mean_accepted": 1.5,
+            "histogram": [a + b for a, b in zip(g, s_, strict=True)],
+            "histograms": {"greedy": g, "sampled": s_},
+            "slot_accuracy": [0.7, 0.4, 0.2],
+            "slot_accuracy_by_mode": {"greedy": [0.8, 0.5, 0.2], "sampled": [0.6, 0.3, 0.1]},
+        }
+
+    for name, order in (("a", "id"), ("b", "prob")):
+        run = tmp_path / "runs" / name
+        (run / "best").mkdir(parents=True)
+        lines = [
+            {"step": 1, "loss": 3.0},
+            {"eval": ev(50, 360, [5, 5, 0], [8, 2, 0])},
+            {"eval": ev(100, 720, [4, 4, 2], [6, 4, 0])},
+        ]
+        (run / "train.log").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (run / "best" / "adapter_config.json").write_text(
+            json.dumps({"rank": 16, "cdf_order": order, "training": {"window": 8}})
+        )
+    (tmp_path / "runs" / "empty").mkdir()  # a run that has not validated yet is left out
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(ev(0, 0, [5, 5, 0], [5, 5, 0])))
+    out = tmp_path / "study"
+    assert main(["study", "--runs", str(tmp_path / "runs"), "--out", str(out), "--baseline", str(base)]) == 0
+    md = (out / "study.md").read_text()
+    assert md.count("\n") == 5 and "| b | scratch | 16 | 8 | prob |" in md
+    runs = json.loads((out / "study.json").read_text())
+    assert [r["name"] for r in runs] == ["shipped", "a", "b"]
+    assert runs[1]["last"]["cpu_hours"] == 0.2 and runs[1]["last"]["tokens_per_window_greedy"] == 1.8
+    assert (out / "study.png").stat().st_size > 1000
+    assert main(["study", "--runs", str(tmp_path / "nope"), "--out", str(out)]) == 2

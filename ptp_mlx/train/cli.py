@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--window", type=int, default=8, help="window width scored")
     e.add_argument("--seed", type=int, default=0, help="seed of the windows and their u")
     e.add_argument("--cdf-order", choices=["id", "prob"], default=None, help="override the adapter's CDF order")
+    y = sub.add_parser("study", help="table and plot of training runs' validations (the recipe study)")
+    y.add_argument("--runs", required=True, type=Path, help="folder of run folders (each with train.log)")
+    y.add_argument("--out", required=True, type=Path, help="folder for study.md, study.json and study.png")
+    y.add_argument("--baseline", type=Path, default=None, help="a 'ptp-train eval' JSON shown as the starting point")
+    y.add_argument("--baseline-name", default="shipped", help="its name in the table")
     t = sub.add_parser("train", help="O-PTP distillation of the gated LoRA and u-embedding")
     from .train import add_train_args
 
@@ -133,6 +138,16 @@ def run(args: argparse.Namespace) -> int:
             greedy_only=args.greedy_only,
             batch_prompts=args.batch_prompts,
         )
+        return 0
+    if args.cmd == "study":
+        from .study import baseline_run, collect, write
+
+        if not args.runs.is_dir():
+            raise UserError(f"runs folder not found: {args.runs}")
+        base = baseline_run(args.baseline_name, args.baseline, {"init": None}) if args.baseline else None
+        runs = collect(args.runs, base)
+        write(runs, args.out)
+        print(f"study: {len(runs)} runs written to {args.out}", file=sys.stderr)
         return 0
     if args.cmd == "eval":
         import json
