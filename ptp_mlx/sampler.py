@@ -135,23 +135,37 @@ def id_sorted_edges(q: mx.array) -> mx.array:
     return mx.where(ids >= last_kept, 1.0, cdf)
 
 
-def prob_sorted_edges(q: mx.array, ids: mx.array | None = None) -> tuple[mx.array, mx.array, mx.array]:
-    """Step 6 in probability order: the token ids by descending probability (a stable sort: equal probabilities
-    keep id order) and their CDF, with the last kept edge forced to 1. ``ids`` names the columns of ``q`` (the
-    top-k candidates; default the whole vocabulary). Also returns the sorted probabilities."""
-    rank = mx.argsort(-q, axis=-1)
-    qs = mx.take_along_axis(q, rank, axis=-1)
-    sorted_ids = rank if ids is None else mx.take_along_axis(ids, rank, axis=-1)
+def _sorted_edges(qs: mx.array) -> mx.array:
+    """CDF of probabilities already in descending order, the last kept edge forced to 1."""
     n_kept = mx.sum(qs > 0, axis=-1, keepdims=True)
-    edges = mx.where(mx.arange(qs.shape[-1]) >= n_kept - 1, 1.0, accurate_cumsum(qs))
-    return sorted_ids, edges, qs
+    return mx.where(mx.arange(qs.shape[-1]) >= n_kept - 1, 1.0, accurate_cumsum(qs))
 
 
-def _pick_prob(u, q: mx.array, ids: mx.array | None = None) -> mx.array:
-    sorted_ids, edges, _ = prob_sorted_edges(q, ids)
+def prob_sorted(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array, mx.array]:
+    """Steps 2-6 in probability order: the token ids by descending probability (a stable sort: equal
+    probabilities keep id order), their CDF edges (last kept edge 1) and their filtered probabilities.
+
+    One sort: of the k candidates under top-k, else of the vocabulary, which top-p needs anyway."""
+    if 0 < s.top_k < logits.shape[-1]:
+        ids, q = _top_k(tempered_probs(logits, s), s)
+        rank = mx.argsort(-q, axis=-1)
+        qs = mx.take_along_axis(q, rank, axis=-1)
+        return mx.take_along_axis(ids, rank, axis=-1), _sorted_edges(qs), qs
+    p = tempered_probs(logits, s)
+    rank = mx.argsort(-p, axis=-1)
+    ps = mx.take_along_axis(p, rank, axis=-1)
+    if s.top_p < 1.0:
+        ps = mx.where((mx.cumsum(ps, axis=-1) - ps) <= s.top_p, ps, 0.0)  # masses of the full vocabulary
+    qs = ps / ps.sum(axis=-1, keepdims=True)
+    return rank, _sorted_edges(qs), qs
+
+
+def _pick_prob(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
+    sorted_ids, edges, qs = prob_sorted(logits, s)
     u = mx.array(u, dtype=mx.float32).astype(edges.dtype)
-    j = mx.minimum(mx.sum(edges <= mx.expand_dims(u, -1), axis=-1), q.shape[-1] - 1)
-    return mx.take_along_axis(sorted_ids, j[..., None], axis=-1)[..., 0].astype(mx.int32)
+    j = mx.minimum(mx.sum(edges <= mx.expand_dims(u, -1), axis=-1), qs.shape[-1] - 1)
+    out = mx.take_along_axis(sorted_ids, j[..., None], axis=-1)[..., 0].astype(mx.int32)
+    return out, mx.all(~mx.isnan(qs), axis=-1)
 
 
 def pick(
@@ -175,13 +189,12 @@ def pick(
     finite = mx.isfinite(mx.max(logits, axis=-1)) & mx.all(~mx.isnan(logits), axis=-1)
     if s.greedy:
         out = mx.argmax(logits, axis=-1).astype(mx.int32)
+    elif order == "prob":
+        out, ok = _pick_prob(u, logits, s)
+        finite = finite & ok
     elif 0 < s.top_k < logits.shape[-1]:
         out, ok = _pick_top_k(u, logits, s)
         finite = finite & ok
-    elif order == "prob":
-        q = filtered_probs(logits, s)
-        out = _pick_prob(u, q)
-        finite = finite & mx.all(~mx.isnan(q), axis=-1)
     else:
         q = filtered_probs(logits, s)
         edges = id_sorted_edges(q)
@@ -200,8 +213,6 @@ def _pick_top_k(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.
     """``pick`` with top-k on the k candidates only (``_top_k``): the CDF over k values has the same edges as the
     full-vocabulary one of ``filtered_probs``, whose other tokens add exact zeros."""
     ids, q = _top_k(tempered_probs(logits, s), s)
-    if s.order == "prob":
-        return _pick_prob(u, q, ids), mx.all(~mx.isnan(q), axis=-1)
     edges = id_sorted_edges(q)
     u = mx.array(u, dtype=mx.float32).astype(edges.dtype)
     j = mx.minimum(mx.sum(edges <= mx.expand_dims(u, -1), axis=-1), s.top_k - 1)
@@ -239,11 +250,7 @@ def bins(
         return _bin_of(q, id_sorted_edges(q), tokens)
     if order != "prob":
         raise ValueError(f"unknown CDF order {order!r} (known: {', '.join(CDF_ORDERS)})")
-    if 0 < s.top_k < logits.shape[-1]:
-        ids, q = _top_k(tempered_probs(logits, s), s)  # k candidates only: sorting them is cheap
-    else:
-        q, ids = filtered_probs(logits, s), None
-    sorted_ids, edges, qs = prob_sorted_edges(q, ids)
+    sorted_ids, edges, qs = prob_sorted(logits, s)
     prev = mx.concatenate([mx.zeros_like(edges[..., :1]), edges[..., :-1]], axis=-1)
     hit = sorted_ids == tokens[..., None]
     found = mx.any(hit & (qs > 0), axis=-1)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .sampler import SamplingSettings, filtered_probs, id_sorted_edges, prob_sorted_edges, tempered_probs
+from .sampler import SamplingSettings, filtered_probs, id_sorted_edges, prob_sorted, tempered_probs
 
 LOGIT_TOL = 1e-3  # about 50x the logit difference measured between the two decoders
 EDGE_TOL = 1e-5  # about 10x the largest bin-edge difference measured between them
@@ -81,7 +81,7 @@ def classify(logits: mx.array, ref_token: int, other_token: int, u: float, s: Sa
         diff = float(abs(q[ref_token] - q[other_token]))
         if keep[other_token] and diff <= EDGE_TOL:
             return Tie(True, "probability order", diff)
-        ids, edges_mx, _ = prob_sorted_edges(q_mx)
+        ids, edges_mx, _ = prob_sorted(logits, s)
         ids, sorted_edges = np.array(ids), np.array(edges_mx, dtype=np.float64)
         edges = np.empty_like(sorted_edges)
         edges[ids] = sorted_edges
