@@ -43,6 +43,11 @@ class SamplingSettings:
             raise ValueError(f"--seed must be a non-negative integer, got {self.seed}")
         return self
 
+    @classmethod
+    def from_dict(cls, d: dict) -> SamplingSettings:
+        """Settings as teacher records store them (``as_dict``); missing fields take the distillation defaults."""
+        return cls(float(d.get("temperature", 0.7)), int(d.get("top_k", 50)), float(d.get("top_p", 0.95)))
+
     def as_dict(self) -> dict:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 

@@ -57,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--window", type=int, default=8, help="window width scored")
     e.add_argument("--seed", type=int, default=0, help="seed of the windows and their u")
     e.add_argument("--cdf-order", choices=["id", "prob"], default=None, help="override the adapter's CDF order")
+    e.add_argument(
+        "--draft", choices=["argmax", "coupled"], default="argmax", help="drafts: argmax, or the sampler's pick with u"
+    )
+    e.add_argument("--only", choices=["greedy", "sampled"], default=None, help="score only these records")
     y = sub.add_parser("study", help="table and plot of training runs' validations (the recipe study)")
     y.add_argument("--runs", required=True, type=Path, help="folder of run folders (each with train.log)")
     y.add_argument("--out", required=True, type=Path, help="folder for study.md, study.json and study.png")
@@ -157,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.val.is_file():
             raise UserError(f"teacher file not found: {args.val}")
         model, _ = load(args.model)
-        ev = evaluate_adapter(model, args.adapter, args.val, args.window, args.seed, args.cdf_order)
+        ev = evaluate_adapter(
+            model, args.adapter, args.val, args.window, args.seed, args.cdf_order, args.draft, args.only
+        )
         print(json.dumps(ev))
         return 0
     from .train import train_from_args

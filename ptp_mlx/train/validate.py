@@ -10,15 +10,26 @@ import numpy as np
 
 from ..cli_common import UserError
 from ..ptp_model import PTPAdapter, PTPModel
+from ..sampler import SamplingSettings, pick
 from .data import read_records
 from .windows import make_windows, student_logits, teacher_kv
 
 
 def evaluate(
-    pm: PTPModel, adapter: PTPAdapter, records: list[dict], width: int, n_windows: int, seed: int, order: str = "id"
+    pm: PTPModel,
+    adapter: PTPAdapter,
+    records: list[dict],
+    width: int,
+    n_windows: int,
+    seed: int,
+    order: str = "id",
+    draft: str = "argmax",
 ):
     """Mean leading-correct drafts per window (auxiliaries 1.., slot 0 is the exact token in decoding), with
-    each slot's accuracy overall and for greedy and sampled records apart."""
+    each slot's accuracy overall and for greedy and sampled records apart.
+
+    ``draft``: how an auxiliary row's logits become a draft: their ``argmax``, or (``coupled``, sampled records)
+    the sampler's own pick with the row's ``u`` in ``order`` under the record's settings."""
     hist = np.zeros(width, dtype=np.int64)
     per_cat: dict[str, list[int]] = {}
     slot_hits, slot_n = np.zeros(width), np.zeros(width)
@@ -30,7 +41,12 @@ def evaluate(
         windows, u, labels, valid = make_windows(rec, n_windows, width, rng, uniform=True)
         if not windows:
             continue
-        pred = mx.argmax(student_logits(pm, adapter, kv, windows, u), axis=-1)
+        logits = student_logits(pm, adapter, kv, windows, u)
+        if draft == "coupled" and not rec.get("greedy"):
+            st = SamplingSettings.from_dict(rec.get("settings") or {})
+            pred = pick(mx.array(u), logits, st.temperature, st.top_k, st.top_p, check=False, order=order)
+        else:
+            pred = mx.argmax(logits, axis=-1)
         ok = (np.array(pred) == labels) & valid
         slot_hits += ok.reshape(-1, width).sum(0)
         slot_n += valid.reshape(-1, width).sum(0)
@@ -60,24 +76,27 @@ def evaluate(
     }
 
 
-def evaluate_adapter(base, adapter_dir: Path, val_path: Path, width: int = 8, seed: int = 0, order=None) -> dict:
+def evaluate_adapter(
+    base, adapter_dir: Path, val_path: Path, width: int = 8, seed: int = 0, order=None, draft: str = "argmax", only=None
+) -> dict:
     """``ptp-train eval``: one adapter on a whole held-out teacher file (8 windows per record, uniform ``u``),
     in the CDF order its config records unless ``order`` is given."""
     from ..adapter import load_adapter
 
     adapter, cfg = load_adapter(Path(adapter_dir), base)
     order = order or cfg.raw.get("cdf_order", "id")
-    records = read_records(val_path)
+    records = [r for r in read_records(val_path) if only is None or bool(r.get("greedy")) == (only == "greedy")]
     if not records:
         raise UserError(f"no teacher records in {val_path}")
     pm = PTPModel(base, adapter)
     t0 = time.perf_counter()
-    ev = evaluate(pm, adapter, records, width, 8, seed, order)
+    ev = evaluate(pm, adapter, records, width, 8, seed, order, draft)
     return {
         "adapter": str(adapter_dir),
         "val": str(val_path),
         "records": len(records),
         "cdf_order": order,
+        "draft": draft,
         "seconds": round(time.perf_counter() - t0, 1),
         **ev,
     }

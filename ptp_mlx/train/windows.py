@@ -39,8 +39,7 @@ def rebin(rec: dict, logits: mx.array, order: str) -> None:
     The tokens stay the same sample: only the coupling of ``u`` to tokens changes."""
     if rec.get("greedy") or rec.get("order", "id") == order:
         return
-    st = rec.get("settings") or {}
-    s = SamplingSettings(float(st.get("temperature", 0.7)), int(st.get("top_k", 50)), float(st.get("top_p", 0.95)))
+    s = SamplingSettings.from_dict(rec.get("settings") or {})
     start = rec["start"]
     lo, hi = bins(logits[start - 1 : len(rec["tokens"]) - 1], mx.array(rec["tokens"][start:]), s, order)
     mx.eval(lo, hi)  # sync: the bins are host data for make_windows
