@@ -64,6 +64,7 @@ class CallOut:
     aux_conf: list[float]
     second: list[tuple[int, float]]
     alt: int | None = None
+    aux_mode: list[float] | None = None  # each row's top probability at the decoding temperature (``mode_mass``)
 
 
 def ptp_call(
@@ -77,6 +78,7 @@ def ptp_call(
     greedy_u,
     clock=NO_CLOCK,
     runner_up: bool = False,
+    mode_mass: bool = False,
 ) -> CallOut:
     """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
     ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
@@ -111,11 +113,19 @@ def ptp_call(
         top = mx.argmax(aux, axis=-1)
         lse = mx.logsumexp(aux, axis=-1)
         outs += [top, mx.exp(mx.max(aux, axis=-1) - lse)]
+        if mode_mass:  # the adapter's estimate of the mode's mass under the sampler's temperature
+            t = s.temperature
+            mode = mx.exp(mx.max(aux, axis=-1) / t - mx.logsumexp(aux / t, axis=-1))
         if runner_up:
             rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
             outs += [mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
     clock.mark("build")
-    mx.eval(*outs)  # sync: one host read per call for targets and next drafts
+    if mode_mass and windows:
+        outs_mode = [mode]
+        mx.eval(*outs, mode)  # sync: one host read per call for targets and next drafts
+    else:
+        outs_mode = []
+        mx.eval(*outs)  # sync: one host read per call for targets and next drafts
     clock.mark("compute")
     targets_l = targets.tolist()
     aux_l = [o.tolist() for o in outs[1:]] + [[]] * (5 - len(outs))
@@ -141,4 +151,5 @@ def ptp_call(
         layer_cache.trim(layer_cache.offset - keep)
     clock.mark("read+trim")
     second = list(zip(aux_l[2], aux_l[3], strict=True))
-    return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt)
+    mode_l = outs_mode[0].tolist() if outs_mode else None
+    return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
-from .budget import Budget, CostCurve, FixedBudget, Pace, Plan
+from .budget import Budget, CostCurve, FixedBudget, Pace, Plan, u_factor
 from .call import NO_CLOCK, ptp_call
 from .lookup import LookupDrafter
 from .ptp_model import PTPModel
@@ -250,13 +250,27 @@ class ChainDrafter:
         self.conf: list[float] = []
         self.second: tuple[int, float] | None = None  # runner-up of the first draft (a sibling strand candidate)
         self.pace = Pace()  # what the adapter's calls really delivered since the last burst
+        # Sampling in probability order (the adapter's CDF order): the uniforms of the drafted positions are
+        # known, and a draft can only be right if its u falls inside the mode's bin (``u_factor``).
+        self.uniforms = None
+        self.mode: list[float] = []  # each draft's top probability at the decoding temperature
+        self.planned: list[float] = []  # the confidences the last plan used (what the budget calibrates on)
 
     @property
     def runner_up(self) -> bool:
         """Whether calls should read the auxiliary rows' runner-ups (only the adaptive budget builds trees)."""
         return self.trees and isinstance(self.budget, Budget)
 
+    def confidences(self, i: int) -> list[float]:
+        """The drafts' confidences for a call at generated position ``i`` (draft k predicts position i+1+k),
+        sharpened by their uniforms when sampling in probability order."""
+        if self.uniforms is None or len(self.mode) != len(self.conf):
+            return self.conf
+        us = self.uniforms.take(i + 1, len(self.conf))
+        return [c * u_factor(float(x), m) for c, x, m in zip(self.conf, us, self.mode, strict=True)]
+
     def plan(self, i: int, remaining: int, room: int) -> Plan:
+        conf = self.planned = self.confidences(i)
         adaptive = isinstance(self.budget, Budget)
         if adaptive and self.budget.calibrate and self.pace.behind():
             # Drafting calls delivered fewer tokens than plain steps would have in the same time: decode
@@ -264,9 +278,9 @@ class ChainDrafter:
             plan = Plan([], [], burst=min(self.budget.burst_len, remaining))
         elif adaptive:
             second = self.second if self.trees else None
-            plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step, second=second)
+            plan = self.budget.plan(self.drafts, conf, remaining, room, self.step, second=second)
         else:
-            plan = self.budget.plan(self.drafts, self.conf, remaining, room, self.step)
+            plan = self.budget.plan(self.drafts, conf, remaining, room, self.step)
         if plan.burst and adaptive:
             self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
             self.pace = Pace()
@@ -283,12 +297,13 @@ class ChainDrafter:
         observe: bool = True,
         alt: int | None = None,
         second: list[tuple[int, float]] | None = None,
+        aux_mode: list[float] | None = None,
     ) -> None:
         if observe and alt is None:  # the budget calibrates on the adapter's own chain drafts only
-            self.budget.observe(self.conf[: len(plan.drafts)], accepted)
+            self.budget.observe(self.planned[: len(plan.drafts)], accepted)
         if observe and isinstance(self.budget, Budget):  # the adapter's calls (not lookup's): their real pace
             self.pace.add(accepted + 1, self.budget.curve(plan.rows))
-        self.drafts, self.conf, self.second = [], [], None
+        self.drafts, self.conf, self.second, self.mode, self.planned = [], [], None, [], []
         r, rows = 0, None
         for d, w in plan.branches:
             if d == accepted and alt is None:
@@ -301,6 +316,7 @@ class ChainDrafter:
         if rows is not None:  # slot 0 predicts the exact token just emitted: the drafts start at slot 1
             r, w = rows
             self.drafts, self.conf = aux_tokens[r + 1 : r + w], aux_conf[r + 1 : r + w]
+            self.mode = aux_mode[r + 1 : r + w] if aux_mode else []
             if second and w > 1:
                 self.second = second[r + 1]
 
@@ -328,6 +344,10 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             drafter = LookupDrafter(drafter, list(history), max_draft=width - 1)
     emitted = getattr(drafter, "emitted", None)
     runner_up = getattr(drafter, "runner_up", False)  # read runner-ups only for a drafter that builds trees
+    chain = drafter if isinstance(drafter, ChainDrafter) else getattr(drafter, "inner", None)
+    chain = chain if isinstance(chain, ChainDrafter) and s.order == "prob" and not s.greedy else None
+    if chain is not None:
+        chain.uniforms = u  # its drafts' uniforms sharpen their confidences (``u_factor``)
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     while i < max_new:
@@ -359,10 +379,10 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             continue
         clock.mark("plan")
         # 2. One call: verify, draft, accept, trim (ptp_call).
-        out = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock, runner_up)
+        out = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock, runner_up, mode_mass=chain is not None)
         block, c = out.block, out.accepted
         # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
-        drafter.update(plan, c, out.aux_tokens, out.aux_conf, alt=out.alt, second=out.second)
+        drafter.update(plan, c, out.aux_tokens, out.aux_conf, alt=out.alt, second=out.second, aux_mode=out.aux_mode)
         if emitted:
             emitted(block)
         clock.mark("update")

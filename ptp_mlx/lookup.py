@@ -75,7 +75,8 @@ class LookupDrafter:
         if look:
             budget = self.inner.budget
             ratio = getattr(budget, "ratio", 1.0)
-            adapter = float(reach(self.inner.conf, ratio)[1:].sum())  # expected accepted adapter drafts
+            conf = self.inner.confidences(i) if hasattr(self.inner, "confidences") else self.inner.conf
+            adapter = float(reach(conf, ratio)[1:].sum())  # expected accepted adapter drafts
             r = self.rate
             if sum(r**k for k in range(1, len(look) + 1)) > adapter:
                 # The budget fits the lookup chain to this machine's cost (it sees the hit rate as confidences).

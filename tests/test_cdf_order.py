@@ -146,3 +146,26 @@ def test_near_equal_probabilities_are_a_near_tie_in_probability_order():
     assert tie.near_tie and tie.kind == "probability order"
     far = classify(logits, 2, 4, 0.1, s)
     assert not far.near_tie
+
+
+def test_known_uniforms_sharpen_draft_confidences_in_probability_order(pm_prob, pm_sticky, varied):  # noqa: F811
+    """Sampling in probability order, a draft is the mode's token only when its u falls in the mode's bin: the
+    chain drafter scales each draft's confidence by where its (known) u lies; in id order u says nothing."""
+    from ptp_mlx.budget import Budget, CostCurve, u_factor
+    from ptp_mlx.generate import ChainDrafter, DecodeOptions, stream_generate
+
+    assert u_factor(0.2, 0.5) > 1 > u_factor(0.7, 0.5) > u_factor(0.99, 0.4)
+    d = ChainDrafter(Budget(CostCurve(), WINDOW))
+    d.drafts, d.conf, d.mode = [5, 6], [0.5, 0.4], [0.6, 0.3]
+    assert d.confidences(0) == [0.5, 0.4]  # no uniforms: unchanged
+    d.uniforms = UniformStream(0)
+    u1, u2 = UniformStream(0).take(4, 2)
+    assert d.confidences(3) == [0.5 * u_factor(float(u1), 0.6), 0.4 * u_factor(float(u2), 0.3)]
+    tok = varied[1]
+    ids = encode_prompt(tok, PROMPTS[0])
+    for pm, sampled, expect in ((pm_prob, True, True), (pm_prob, False, False), (pm_sticky, True, False)):
+        s = SamplingSettings(1.0, seed=2) if sampled else SamplingSettings(0.0)
+        drafter = ChainDrafter(Budget(CostCurve(), WINDOW))
+        opts = DecodeOptions(mode="ptp", max_tokens=12, sampling=s, drafter=drafter)
+        list(stream_generate(pm, tok, ids, opts))
+        assert (drafter.uniforms is not None) == expect
