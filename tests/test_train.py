@@ -379,7 +379,7 @@ def test_study_tables_and_plots_runs_from_their_logs(tmp_path, capsys):
     out = tmp_path / "study"
     assert main(["study", "--runs", str(tmp_path / "runs"), "--out", str(out), "--baseline", str(base)]) == 0
     md = (out / "study.md").read_text()
-    assert md.count("\n") == 5 and "| b | scratch | 16 | 8 | prob |" in md
+    assert md.count("\n") == 5 and "| b | scratch | 16 | 8 | binary | prob |" in md
     runs = json.loads((out / "study.json").read_text())
     assert [r["name"] for r in runs] == ["shipped", "a", "b"]
     assert runs[1]["last"]["cpu_hours"] == 0.2 and runs[1]["last"]["tokens_per_window_greedy"] == 1.8

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
         if not args.runs.is_dir():
             raise UserError(f"runs folder not found: {args.runs}")
-        base = baseline_run(args.baseline_name, args.baseline, {"init": None}) if args.baseline else None
+        base = baseline_run(args.baseline_name, args.baseline) if args.baseline else None
         runs = collect(args.runs, base)
         write(runs, args.out)
         print(f"study: {len(runs)} runs written to {args.out}", file=sys.stderr)

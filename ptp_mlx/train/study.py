@@ -17,6 +17,19 @@ from ..paths import atomic_write_bytes
 RECIPE_KEYS = ("init", "rank", "window", "cdf_order", "slot_weights", "data", "steps", "lr")
 
 
+def _recipe(cfg: dict) -> dict:
+    """What an adapter config records of its recipe."""
+    training = cfg.get("training", {})
+    recipe = {k: training.get(k) for k in RECIPE_KEYS}
+    recipe["cdf_order"] = cfg.get("cdf_order", training.get("cdf_order", "id"))
+    recipe["rank"] = cfg.get("rank", recipe["rank"])
+    recipe["window"] = recipe["window"] or cfg.get("window")
+    recipe["u_embedding"] = cfg.get("u_embedding", "binary")
+    if isinstance(recipe["data"], list):
+        recipe["data"] = "+".join(Path(f).stem for f in recipe["data"])
+    return recipe
+
+
 def _mode_mean(hist: list[int]) -> float:
     n = sum(hist)
     return 1.0 + sum(k * h for k, h in enumerate(hist)) / n if n else float("nan")
@@ -51,10 +64,7 @@ def read_run(run: Path) -> dict | None:
         return None
     cfg_path = run / "best" / "adapter_config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
-    training = cfg.get("training", {})
-    recipe = {k: training.get(k) for k in RECIPE_KEYS}
-    recipe["cdf_order"] = cfg.get("cdf_order", training.get("cdf_order", "id"))
-    recipe["rank"] = cfg.get("rank", recipe["rank"])
+    recipe = _recipe(cfg)
     notes_path = run / "study.json"  # optional: what the run's command line does not record (its data)
     if notes_path.is_file():
         recipe.update(json.loads(notes_path.read_text()))
@@ -69,7 +79,10 @@ def baseline_run(name: str, eval_json: Path, recipe: dict | None = None) -> dict
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"cannot read the evaluation {eval_json}: {e}") from None
     p = _point(ev, 0.0)
-    return {"name": name, "recipe": dict(recipe or {}), "points": [p], "last": p}
+    cfg_path = Path(ev.get("adapter", "")) / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text()) if ev.get("adapter") and cfg_path.is_file() else {}
+    full = {**_recipe(cfg), "init": "baseline", **(recipe or {})}
+    return {"name": name, "recipe": full, "points": [p], "last": p}
 
 
 def collect(runs_dir: Path, baseline: dict | None = None) -> list[dict]:
@@ -83,15 +96,16 @@ def collect(runs_dir: Path, baseline: dict | None = None) -> list[dict]:
 
 def table(runs: list[dict]) -> str:
     head = (
-        "| run | init | rank | window | CDF order | slot weights | data | CPU-h | tokens/window | greedy | sampled "
-        "| slot-1 | slot-1 greedy | slot-1 sampled |\n" + "|---" * 14 + "|\n"
+        "| run | init | rank | window | u-embedding | CDF order | slot weights | data | CPU-h | tokens/window | greedy "
+        "| sampled | slot-1 | slot-1 greedy | slot-1 sampled |\n" + "|---" * 15 + "|\n"
     )
     rows = []
     for r in runs:
         c, p = r["recipe"], r["last"]
-        init = "shipped" if c.get("init") else "scratch"
+        init = c["init"] if c.get("init") == "baseline" else "shipped" if c.get("init") else "scratch"
         rows.append(
-            f"| {r['name']} | {init} | {c.get('rank')} | {c.get('window')} | {c.get('cdf_order') or 'id'} | "
+            f"| {r['name']} | {init} | {c.get('rank')} | {c.get('window')} | {c.get('u_embedding') or 'binary'} | "
+            f"{c.get('cdf_order') or 'id'} | "
             f"{c.get('slot_weights') or 'flat'} | {c.get('data') or ''} | {p['cpu_hours']:.2f} | "
             f"{p['tokens_per_window']:.3f} | {p.get('tokens_per_window_greedy', float('nan')):.3f} | "
             f"{p.get('tokens_per_window_sampled', float('nan')):.3f} | {p['slot1']:.3f} | "
@@ -113,7 +127,7 @@ def plot(runs: list[dict], out: Path) -> None:
             for r in runs:
                 xs = [p["cpu_hours"] for p in r["points"]]
                 ys = [p.get(f"{key}_{mode}", float("nan")) for p in r["points"]]
-                style = "--" if r["recipe"].get("init") else "-"
+                style = "--" if r["recipe"].get("init") and r["recipe"]["init"] != "baseline" else "-"
                 ax.plot(xs, ys, style, marker="o", label=r["name"])
             ax.set_title(f"{label}, {mode} (held-out)")
             ax.grid(alpha=0.3)

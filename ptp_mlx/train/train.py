@@ -159,6 +159,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
             "slot_weights": getattr(a, "slot_weights", None),
             "seed": a.seed,
             "init": str(a.init) if getattr(a, "init", None) else None,
+            "data": [str(f) for f in a.data],
         },
     }
     weights = slot_weights(getattr(a, "slot_weights", None), a.window)
