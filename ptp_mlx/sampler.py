@@ -8,7 +8,7 @@ trained against one order and records it (``cdf_order`` in its config), and deco
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -24,7 +24,9 @@ class SamplingSettings:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
-    order: str = "id"  # CDF order: "id" (vocabulary order) or "prob" (descending probability); set by the adapter
+    # CDF order: "id" (vocabulary order) or "prob" (descending probability), set from the adapter. Keyword-only, so
+    # subclasses (the chat's GenSettings) keep their positional fields.
+    order: str = field(default="id", kw_only=True)
 
     @property
     def greedy(self) -> bool:
