@@ -107,7 +107,7 @@ def ptp_call(
     if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
         row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
     targets = pick(mx.array(row_u), logits[:n_tok], s.temperature, s.top_k, s.top_p, check=False, order=s.order)
-    outs = [targets]
+    outs, mode = [targets], None
     if windows:
         aux = logits[n_tok:].astype(mx.float32)
         top = mx.argmax(aux, axis=-1)
@@ -120,12 +120,7 @@ def ptp_call(
             rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
             outs += [mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
     clock.mark("build")
-    if mode_mass and windows:
-        outs_mode = [mode]
-        mx.eval(*outs, mode)  # sync: one host read per call for targets and next drafts
-    else:
-        outs_mode = []
-        mx.eval(*outs)  # sync: one host read per call for targets and next drafts
+    mx.eval(*outs, *([] if mode is None else [mode]))  # sync: one host read per call for targets and next drafts
     clock.mark("compute")
     targets_l = targets.tolist()
     aux_l = [o.tolist() for o in outs[1:]] + [[]] * (5 - len(outs))
@@ -151,5 +146,5 @@ def ptp_call(
         layer_cache.trim(layer_cache.offset - keep)
     clock.mark("read+trim")
     second = list(zip(aux_l[2], aux_l[3], strict=True))
-    mode_l = outs_mode[0].tolist() if outs_mode else None
+    mode_l = None if mode is None else mode.tolist()
     return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l)

@@ -82,12 +82,9 @@ def classify(logits: mx.array, ref_token: int, other_token: int, u: float, s: Sa
         if keep[other_token] and diff <= EDGE_TOL:
             return Tie(True, "probability order", diff)
         ids, edges_mx, _ = prob_sorted(logits, s)
-        ids, sorted_edges = np.array(ids), np.array(edges_mx, dtype=np.float64)
-        edges = np.empty_like(sorted_edges)
-        edges[ids] = sorted_edges
-        j = int(np.flatnonzero(ids == other_token)[0])
-        lo = sorted_edges[j - 1] if j > 0 else 0.0
-        hi = edges[other_token]
+        edges = np.array(edges_mx, dtype=np.float64)
+        j = int(np.flatnonzero(np.array(ids) == other_token)[0])  # the other token's place in the order
+        lo, hi = (edges[j - 1] if j > 0 else 0.0), edges[j]
     else:
         edges = np.array(id_sorted_edges(q_mx), dtype=np.float64)
         lo = edges[other_token - 1] if other_token > 0 else 0.0

@@ -112,7 +112,7 @@ def test_plain_decoding_follows_the_adapters_order(pm_prob, pm_sticky, varied): 
 
 
 def test_training_rebins_records_in_probability_order(varied):  # noqa: F811
-    from ptp_mlx.train.train import make_windows, rebin
+    from ptp_mlx.train.windows import make_windows, rebin
 
     model, tok = varied
     s = SamplingSettings(0.7, 20, 0.9)

@@ -8,7 +8,8 @@ import numpy as np
 
 from ptp_mlx.train.data import is_validation, read_prompts, read_records
 from ptp_mlx.train.pregenerate import pregenerate
-from ptp_mlx.train.train import add_train_args, evaluate, train
+from ptp_mlx.train.train import add_train_args, train
+from ptp_mlx.train.validate import evaluate
 
 
 def _args(run, **kw):
@@ -227,7 +228,7 @@ def test_teacher_forced_windows_reproduce_the_document(tiny, tmp_path):
 
     from ptp_mlx.sampler import SamplingSettings, pick
     from ptp_mlx.train.teacher_forced import build, documents, teacher_forced_record
-    from ptp_mlx.train.train import make_windows
+    from ptp_mlx.train.windows import make_windows
 
     model, tok = tiny
     text = next(doc for _, _, _, doc in documents(True, None, None))
@@ -294,7 +295,7 @@ def test_slot_weights_parse_and_reject_bad_specs():
     import pytest
 
     from ptp_mlx.cli_common import UserError
-    from ptp_mlx.train.train import slot_weights
+    from ptp_mlx.train.windows import slot_weights
 
     assert slot_weights(None, 3).tolist() == [1, 1, 1]
     assert np.allclose(slot_weights("decay:0.5", 4), [1, 0.5, 0.25, 0.125])

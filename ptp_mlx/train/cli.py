@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cmd == "eval":
         import json
 
-        from .train import evaluate_adapter
+        from .validate import evaluate_adapter
 
         if not args.val.is_file():
             raise UserError(f"teacher file not found: {args.val}")

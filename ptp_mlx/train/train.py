@@ -27,8 +27,8 @@ from ..cli_common import UserError
 from ..layers import language_model, token_embedding
 from ..ptp_model import PTPAdapter, PTPModel
 from .data import read_records
-from .validate import evaluate, evaluate_adapter  # noqa: F401 (re-exported)
-from .windows import GREEDY_U, loss_fn, make_windows, rebin, slot_weights, teacher_kv  # noqa: F401
+from .validate import evaluate
+from .windows import GREEDY_U, loss_fn, make_windows, slot_weights, teacher_kv
 
 
 def add_train_args(t: argparse.ArgumentParser) -> None:
