@@ -222,6 +222,14 @@ class RowRoPE(nn.Module):
         plan = self._ctx.plan
         if plan is None:
             return self.rope(x, offset=offset)
+        if getattr(plan, "batched", False):  # training: many sequences, one position per row of each
+            if not self._batched:
+                raise UnsupportedModel(
+                    f"{type(self.rope).__name__} takes one offset per call: train one sequence a pass"
+                )
+            B, H, R, D = x.shape
+            y = self.rope(x.transpose(0, 2, 1, 3).reshape(B * R, H, 1, D), offset=plan.positions)
+            return y.reshape(B, R, H, D).transpose(0, 2, 1, 3)
         segs = plan.segments
         if len(segs) == 1:
             return self.rope(x, offset=segs[0][2])
@@ -264,6 +272,13 @@ class StaticKV(PTPKVCache):
 # Canonical order of projection names in adapter configs; other names follow alphabetically.
 PROJECTION_ORDER = ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj", "gate_proj", "up_proj", "gate_up_proj")
 PROJECTION_ORDER += ("down_proj",)
+
+
+def batched_rope(model: nn.Module) -> bool:
+    """Whether every layer's RoPE takes one offset per row (needed to train many sequences in one pass)."""
+    return all(
+        type(getattr(r, "rope", r)).__name__ in _BATCHED_ROPE for r in (lay.self_attn.rope for lay in model.layers)
+    )
 
 
 def language_model(model: nn.Module) -> nn.Module:

@@ -22,14 +22,16 @@ from tqdm import tqdm
 from ..cli_common import UserError
 from ..generate import encode_prompt
 from ..layers import install, make_cache
-from ..sampler import SamplingSettings, pick_with_bins
+from ..sampler import SamplingSettings, bins, pick_with_bins
+
+OTHER_ORDER = {"id": "prob", "prob": "id"}
 from .data import read_prompts, read_records
 
 
 def _decode(model, cache, last: mx.array, n: int, greedy_first: bool, s, max_new: int, eos: set[int], rngs):
     """Decode ``n`` rows per prompt from a filled cache; row 0 of each prompt greedy if ``greedy_first``.
 
-    Returns tokens, left and right bin edges as [rows, steps] arrays.
+    Returns tokens [rows, steps] and left and right bin edges [rows, steps, 2] (``s.order``, then the other).
     """
     rows = last.shape[0]
     greedy_rows = mx.array([greedy_first and r % n == 0 for r in range(rows)])
@@ -41,12 +43,15 @@ def _decode(model, cache, last: mx.array, n: int, greedy_first: bool, s, max_new
         u = mx.array(np.concatenate([g.random(n, dtype=np.float32) for g in rngs]))
         t, left, right = pick_with_bins(u, logits, s)
         t = mx.where(greedy_rows, mx.argmax(logits, axis=-1).astype(mx.int32), t)
+        # The same tokens' bins in the other CDF order, recorded now so training never re-bins.
+        lo2, hi2 = bins(logits, t, s, OTHER_ORDER[s.order])
         left, right = mx.where(greedy_rows, 0.0, left), mx.where(greedy_rows, 1.0, right)
-        mx.eval(t, left, right)  # sync: stopping needs the tokens on the host
+        lo2, hi2 = mx.where(greedy_rows, 0.0, lo2), mx.where(greedy_rows, 1.0, hi2)
+        mx.eval(t, left, right, lo2, hi2)  # sync: stopping needs the tokens on the host
         tl = np.array(t)
         toks.append(tl)
-        lefts.append(np.array(left))
-        rights.append(np.array(right))
+        lefts.append(np.stack([np.array(left), np.array(lo2)], -1))
+        rights.append(np.stack([np.array(right), np.array(hi2)], -1))
         done |= np.isin(tl, list(eos))
         if done.all():
             break
@@ -62,7 +67,7 @@ def _complete(model, prompt_ids: list[int], n: int, greedy_first: bool, s, max_n
         c.keys, c.values = (mx.repeat(t[..., : c.offset, :], n, axis=0) for t in (c.keys, c.values))
     last = mx.array([prompt_ids[-1]] * n)[:, None]
     T, L, R = _decode(model, cache, last, n, greedy_first, s, max_new, eos, [rng])
-    return _records(prompt_ids, T, L, R, greedy_first, eos)
+    return _records(prompt_ids, T, L, R, greedy_first, eos, s.order)
 
 
 def _complete_many(model, prompts: list[list[int]], n: int, greedy_first: bool, s, max_new: int, eos, rngs):
@@ -75,25 +80,29 @@ def _complete_many(model, prompts: list[list[int]], n: int, greedy_first: bool, 
     model(x[:, :-1], cache=cache)
     T, L, R = _decode(model, cache, x[:, -1:], n, greedy_first, s, max_new, eos, rngs)
     return [
-        _records(p, T[i * n : (i + 1) * n], L[i * n : (i + 1) * n], R[i * n : (i + 1) * n], greedy_first, eos)
+        _records(p, T[i * n : (i + 1) * n], L[i * n : (i + 1) * n], R[i * n : (i + 1) * n], greedy_first, eos, s.order)
         for i, p in enumerate(prompts)
     ]
 
 
-def _records(prompt_ids, T, L, R, greedy_first: bool, eos: set[int]) -> list[dict]:
+def _records(prompt_ids, T, L, R, greedy_first: bool, eos: set[int], order: str) -> list[dict]:
+    other = OTHER_ORDER[order]
     out = []
     for r in range(T.shape[0]):
         row = T[r].tolist()
         end = next((i + 1 for i, x in enumerate(row) if x in eos), len(row))  # keep EOS: drafts learn to stop
-        out.append(
-            {
-                "tokens": prompt_ids + row[:end],
-                "start": len(prompt_ids),
-                "left": [float(x) for x in L[r, :end]],  # full precision: a u drawn inside picks this token
-                "right": [float(x) for x in R[r, :end]],
-                "greedy": bool(greedy_first and r == 0),
-            }
-        )
+        rec = {
+            "tokens": prompt_ids + row[:end],
+            "start": len(prompt_ids),
+            "left": [float(x) for x in L[r, :end, 0]],  # full precision: a u drawn inside picks this token
+            "right": [float(x) for x in R[r, :end, 0]],
+            "greedy": bool(greedy_first and r == 0),
+            f"left_{other}": [float(x) for x in L[r, :end, 1]],  # the same tokens' bins in the other CDF order
+            f"right_{other}": [float(x) for x in R[r, :end, 1]],
+        }
+        if order != "id":
+            rec["order"] = order
+        out.append(rec)
     return out
 
 

@@ -24,8 +24,9 @@ from tqdm import tqdm
 
 from ..adapter import make_config, save_adapter
 from ..cli_common import UserError
-from ..layers import language_model, token_embedding
+from ..layers import batched_rope, language_model, token_embedding
 from ..ptp_model import PTPAdapter, PTPModel
+from .batch import accumulate, step_items, weighted_ce_sum
 from .data import read_records
 from .validate import evaluate
 from .windows import GREEDY_U, loss_fn, make_windows, slot_weights, teacher_kv
@@ -62,6 +63,14 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     )
     t.add_argument("--windows-per-seq", type=int, default=16, help="windows drawn from each teacher sequence")
     t.add_argument("--seqs-per-step", type=int, default=2, help="teacher sequences per step")
+    t.add_argument(
+        "--rows-per-step", type=int, default=None, help="auxiliary rows per step (sets --seqs-per-step from it)"
+    )
+    t.add_argument(
+        "--micro-rows", type=int, default=4096, help="auxiliary rows per student pass (a step's gradient sums them)"
+    )
+    t.add_argument("--minutes", type=float, default=None, help="train for this long (training time only): sets --steps")
+    t.add_argument("--eval-minutes", type=float, default=None, help="validate every N minutes of training (with --val)")
     t.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (cosine decay to a tenth)")
     t.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
@@ -69,6 +78,14 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--eval-every", type=int, default=100, help="validate every N steps (with --val)")
     t.add_argument("--eval-seqs", type=int, default=48, help="validation sequences (8 windows each)")
     t.add_argument("--seed", type=int, default=0, help="seed of every random choice (runs resume exactly)")
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """Linear warm-up to ``peak``, then cosine decay to a tenth of it at ``total`` steps."""
+    if step < warmup:
+        return peak * step / max(1, warmup)
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * frac)))
 
 
 def _layer_ids(spec: str, n: int) -> list[int]:
@@ -120,13 +137,13 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         adapter.u_embed.u_adapter.bias = emb.mean(axis=0)
         adapter.u_embed.u_adapter.weight = adapter.u_embed.u_adapter.weight * 0.1
     pm = PTPModel(base, adapter)  # patches the base model in place (refuses unsupported families)
-    sched = optim.join_schedules(
-        [optim.linear_schedule(0.0, a.lr, a.warmup), optim.cosine_decay(a.lr, max(1, a.steps - a.warmup), a.lr * 0.1)],
-        [a.warmup],
-    )
-    opt = optim.AdamW(learning_rate=sched, weight_decay=a.weight_decay)
+    opt = optim.AdamW(learning_rate=a.lr, weight_decay=a.weight_decay)
     opt.init(adapter.trainable_parameters())
-    state = {"step": 0, "best": None, "evals": [], "seconds": 0.0}
+    seqs_per_step = a.seqs_per_step
+    if getattr(a, "rows_per_step", None):
+        seqs_per_step = max(1, -(-a.rows_per_step // (a.windows_per_seq * a.window)))
+    batched = batched_rope(base)  # many sequences per pass; else one pass per sequence
+    state = {"step": 0, "best": None, "evals": [], "seconds": 0.0, "steps_total": a.steps}
     if getattr(a, "init", None) and not (a.resume and (run / "last" / "state.json").exists()):
         src = Path(a.init) / "adapter.safetensors"
         if not src.is_file():
@@ -164,42 +181,76 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
     }
     weights = slot_weights(getattr(a, "slot_weights", None), a.window)
     eval_width = getattr(a, "eval_window", None) or a.window
-    grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch, weights))
-    bar = tqdm(total=a.steps, initial=state["step"], desc="train", unit="step", file=sys.stderr)
+    minutes = getattr(a, "minutes", None)
+    eval_minutes = getattr(a, "eval_minutes", None)
+    micro_seqs = max(1, getattr(a, "micro_rows", 4096) // (a.windows_per_seq * a.window))
+    if batched:
+        grad_fn = nn.value_and_grad(adapter, lambda ad, kv, mb: weighted_ce_sum(ad, pm, kv, mb))
+    else:
+        grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch, weights))
+    bar = tqdm(total=state["steps_total"], initial=state["step"], desc="train", unit="step", file=sys.stderr)
     logf = open(run / "train.log", "a")
-    t_last = time.perf_counter()
-    while state["step"] < a.steps:
+    step_times: list[float] = []
+    next_eval = (len(state["evals"]) + 1) * eval_minutes * 60 if eval_minutes else None
+    while state["step"] < state["steps_total"]:
         step = state["step"]
         if reload and a.reload_every and step % a.reload_every == 0 and step:
             records = reload() or records
             config_extra["training"]["records"] = len(records)
             log(f"step {step}: {len(records)} teacher records")
+        t_start = time.perf_counter()
+        opt.learning_rate = lr_at(step, state["steps_total"], a.lr, a.warmup)
         rng = np.random.default_rng([a.seed, step])
-        batch = []
-        for idx in rng.choice(len(records), size=min(a.seqs_per_step, len(records)), replace=False):
-            rec = records[int(idx)]
-            kv = teacher_kv(pm, rec["tokens"], rec, order)  # rebins first (probability order)
-            windows, u, labels, valid = make_windows(rec, a.windows_per_seq, a.window, rng)
-            if windows:
-                batch.append((kv, windows, u, labels, valid))
-        loss, grads = grad_fn(adapter, batch)
+        idxs = rng.choice(len(records), size=min(seqs_per_step, len(records)), replace=False)
+        if batched:
+            items = step_items(pm, [records[int(i)] for i in idxs], a.windows_per_seq, a.window, rng, weights, order)
+            loss, grads, rows = accumulate(grad_fn, adapter, pm, items, a.window, micro_seqs)
+        else:
+            batch = []
+            for idx in idxs:
+                rec = records[int(idx)]
+                kv = teacher_kv(pm, rec["tokens"], rec, order)  # rebins first (probability order)
+                windows, u, labels, valid = make_windows(rec, a.windows_per_seq, a.window, rng)
+                if windows:
+                    batch.append((kv, windows, u, labels, valid))
+            loss, grads = grad_fn(adapter, batch)
+            rows = sum(len(b[1]) * a.window for b in batch)
         opt.update(adapter, grads)
         mx.eval(adapter.parameters(), opt.state, loss)  # sync: one per step
         state["step"] = step + 1
-        now = time.perf_counter()
-        state["seconds"] += now - t_last
-        t_last = now
-        logf.write(json.dumps({"step": step + 1, "loss": round(loss.item(), 4), "lr": float(sched(step))}) + "\n")
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        dt = time.perf_counter() - t_start  # training time only: validation and checkpoints are not counted
+        state["seconds"] += dt
+        state["rows"] = state.get("rows", 0) + rows
+        step_times.append(dt)
+        if minutes and len(step_times) == 3:  # the first steps compile and warm up: size the run from the third
+            left = minutes * 60 - state["seconds"]
+            state["steps_total"] = min(a.steps, state["step"] + max(0, int(left / step_times[-1])))
+            bar.total = state["steps_total"]
+            log(f"--minutes {minutes}: {step_times[-1]:.2f} s a step, {state['steps_total']} steps")
+        rec_log = {"step": step + 1, "loss": round(loss.item(), 4), "lr": float(opt.learning_rate.item())}
+        logf.write(json.dumps({**rec_log, "rows": rows, "seconds": round(dt, 3)}) + "\n")
+        bar.set_postfix(loss=f"{loss.item():.3f}", rows_s=f"{rows / dt:.0f}")
         bar.update(1)
-        done = state["step"] == a.steps
-        if val and (state["step"] % a.eval_every == 0 or done):
+        done = state["step"] >= state["steps_total"]
+        due = (next_eval is not None and state["seconds"] >= next_eval) or (
+            next_eval is None and state["step"] % a.eval_every == 0
+        )
+        if next_eval is not None and due:
+            next_eval += eval_minutes * 60
+        if val and (due or done):
+            t_ev = time.perf_counter()
             ev = evaluate(pm, adapter, val, eval_width, 8, a.seed, order)
+            ev["seconds"] = round(time.perf_counter() - t_ev, 1)
             ev["step"] = state["step"]
             ev["cpu_seconds"] = round(state["seconds"])  # training time so far (validation excluded)
+            ev["train_rows"] = state["rows"]
+            ev["rows_per_second"] = round(state["rows"] / max(state["seconds"], 1e-9), 1)
             state["evals"].append(ev)
             logf.write(json.dumps({"eval": ev}) + "\n")
-            log(f"step {state['step']}: val mean accepted {ev['mean_accepted']:.3f} hist {ev['histogram']}")
+            log(
+                f"step {state['step']}: val mean accepted {ev['mean_accepted']:.3f} hist {ev['histogram']} "
+                f"({ev['rows_per_second']:.0f} rows/s training, {ev['seconds']:.0f} s validating)"
+            )
             if state["best"] is None or ev["mean_accepted"] > state["best"]["mean_accepted"]:
                 state["best"] = ev
                 cfg = make_config(

@@ -21,6 +21,8 @@ def teacher_kv(pm: PTPModel, tokens: list[int], rec: dict | None = None, order: 
     """The base model's K/V over ``tokens``, as constants the student's windows attend to.
 
     With ``order="prob"`` the same pass also gives the record's bins in probability order (``rebin``)."""
+    if rec is not None and f"left_{order}" in rec:
+        ensure_order(pm, rec, order)  # recorded at generation: no re-binning below
     cache = pm.make_cache()
     logits = pm.base(mx.array(tokens)[None], cache=cache)
     if rec is not None and order != "id":
@@ -31,6 +33,17 @@ def teacher_kv(pm: PTPModel, tokens: list[int], rec: dict | None = None, order: 
     ]
     mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student
     return kv
+
+
+def ensure_order(pm: PTPModel, rec: dict, order: str) -> None:
+    """Put ``rec``'s bins in ``order``: the bins ``pregenerate`` recorded in that order when it has them (no model
+    pass), else rebuilt once from a teacher pass (``rebin``)."""
+    if rec.get("greedy") or rec.get("order", "id") == order:
+        return
+    if f"left_{order}" in rec:
+        rec["left"], rec["right"], rec["order"] = rec[f"left_{order}"], rec[f"right_{order}"], order
+        return
+    teacher_kv(pm, rec["tokens"], rec, order)
 
 
 def rebin(rec: dict, logits: mx.array, order: str) -> None:

@@ -1,0 +1,158 @@
+"""Many teacher sequences in one pass: the batched teacher pass and student pass of distillation.
+
+A step's sequences are right-padded to a common length and run as one batch: the teacher pass (base weights,
+no vocabulary projection) fills every layer's K/V, and the student pass runs every sequence's auxiliary windows
+against its own row of that K/V. Right padding sits after every real token, and a window sees only the tokens
+before its own start, so padding is never attended to. Every sequence carries the same number of windows (short
+ones are padded with unscored windows), so the rows form a dense ``[batch, rows]`` block: one graph per
+micro-batch instead of one per sequence, which is what lets a GPU take thousands of rows per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..layers import StaticKV, Window, language_model
+from ..ptp_model import PTPAdapter, PTPModel
+
+
+class BatchPlan:
+    """The rows of one batched training pass (duck-types ``layers.CallPlan`` for the installed modules).
+
+    ``windows[b]`` are sequence ``b``'s windows (all sequences the same count and widths); ``ctx`` is the padded
+    teacher length. Auxiliary row ``j`` of a window at ``ctx_len`` sits at RoPE position ``ctx_len + j - 1``."""
+
+    batched = True
+
+    def __init__(self, ctx: int, windows: list[list[Window]]):
+        self.offset, self.n_tok, self.windows = ctx, 0, windows
+        self.pos = np.array([[w.ctx_len - 1 + j for w in ws for j in range(w.n)] for ws in windows], dtype=np.int64)
+        self.batch, self.rows = self.pos.shape
+        self.segments = None  # per-segment RoPE does not apply: RowRoPE takes the batched path
+        full = np.zeros((self.batch, self.rows, ctx + self.rows), dtype=bool)
+        for b, ws in enumerate(windows):
+            r = 0
+            for w in ws:
+                full[b, r : r + w.n, : w.ctx_len] = True  # the real tokens before the window
+                full[b, r : r + w.n, ctx + r : ctx + r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
+                r += w.n
+        self._full = full
+        self._masks: dict[int | None, mx.array] = {}
+        self.positions = mx.array(self.pos.reshape(-1).astype(np.int32))
+
+    def mask(self, window_size: int | None) -> mx.array:
+        """Boolean mask [batch, 1, rows, ctx + rows] (with ``window_size``: only keys that close)."""
+        if window_size not in self._masks:
+            full = self._full
+            if window_size is not None:
+                cols = np.concatenate([np.broadcast_to(np.arange(self.offset), (self.batch, self.offset)), self.pos], 1)
+                full = full & (cols[:, None, :] > self.pos[:, :, None] - window_size)
+            self._masks[window_size] = mx.array(full)[:, None]
+        return self._masks[window_size]
+
+
+@dataclass
+class Micro:
+    """One micro-batch: token ids [B, ctx] (right-padded), windows per sequence, u / labels / weights [B, rows]."""
+
+    tokens: np.ndarray
+    windows: list[list[Window]]
+    u: np.ndarray
+    labels: np.ndarray
+    weights: np.ndarray
+
+    @property
+    def rows(self) -> int:
+        return int(self.u.size)
+
+
+def pack(items: list[tuple[list[int], list[Window], np.ndarray, np.ndarray, np.ndarray]], width: int) -> Micro:
+    """Stack sequences (tokens, windows, u, labels, per-row weights) into one micro-batch; sequences with fewer
+    windows get unscored filler windows so every sequence has as many rows."""
+    n_win = max(len(w) for _, w, _, _, _ in items)
+    ctx = max(len(t) for t, _, _, _, _ in items)
+    tokens = np.zeros((len(items), ctx), dtype=np.int32)
+    wins, us, labels, weights = [], [], [], []
+    for b, (toks, ws, u, lab, wt) in enumerate(items):
+        tokens[b, : len(toks)] = toks
+        pad = n_win - len(ws)
+        wins.append(list(ws) + [Window(1, width)] * pad)
+        us.append(np.concatenate([u, np.full(pad * width, 0.5, np.float32)]))
+        labels.append(np.concatenate([lab, np.zeros(pad * width, np.int32)]))
+        weights.append(np.concatenate([wt, np.zeros(pad * width, np.float32)]))
+    return Micro(tokens, wins, np.stack(us), np.stack(labels), np.stack(weights))
+
+
+def teacher_kv(pm: PTPModel, tokens: np.ndarray) -> list[StaticKV]:
+    """The base model's K/V over a right-padded batch [B, ctx], as constants for the student pass. Runs the
+    inner model only: training needs the K/V, not the vocabulary projection of every teacher token."""
+    cache = pm.make_cache()
+    language_model(pm.base).model(mx.array(tokens), cache=cache)
+    kv = [
+        StaticKV(pm.ctx, mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
+        for c in cache
+    ]
+    mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student
+    return kv
+
+
+def student_logits(pm: PTPModel, adapter: PTPAdapter, kv: list[StaticKV], mb: Micro) -> mx.array:
+    """Auxiliary logits [B, rows, vocab] of every window of the micro-batch, in one pass."""
+    plan = BatchPlan(int(mb.tokens.shape[1]), mb.windows)
+    aux = adapter.u_embed(mx.array(mb.u))
+
+    def lora(key, x, layers=adapter.layers):  # auxiliary rows only: no gate needed
+        mod = layers[key[0]].get(key[1])
+        return None if mod is None else mod(x).astype(x.dtype)
+
+    pm.ctx.begin(plan, aux, lora)
+    try:
+        return pm.base(mx.zeros((mb.tokens.shape[0], 0), dtype=mx.int32), cache=kv)
+    finally:
+        pm.ctx.end()
+
+
+def weighted_ce_sum(adapter: PTPAdapter, pm: PTPModel, kv: list[StaticKV], mb: Micro) -> mx.array:
+    """Sum over the micro-batch of each row's cross-entropy times its weight (0 for unscored rows)."""
+    logits = student_logits(pm, adapter, kv, mb).astype(mx.float32)
+    ce = nn.losses.cross_entropy(logits, mx.array(mb.labels), reduction="none")
+    return (ce * mx.array(mb.weights)).sum()
+
+
+def step_items(pm: PTPModel, records: list[dict], n_windows: int, width: int, rng, weights, order: str) -> list:
+    """A step's sequences as (tokens, windows, u, labels, row weights), drawing windows as ``make_windows`` does
+    (the same random stream as one pass per sequence)."""
+    from .windows import ensure_order, make_windows
+
+    items = []
+    for rec in records:
+        ensure_order(pm, rec, order)  # bins in the step's CDF order (recorded at generation, or rebuilt once)
+        windows, u, labels, valid = make_windows(rec, n_windows, width, rng)
+        if windows:
+            w = valid * (np.tile(weights, len(windows)) if weights is not None else 1.0)
+            items.append((rec["tokens"], windows, u, labels, w.astype(np.float32)))
+    return items
+
+
+def accumulate(grad_fn, adapter: PTPAdapter, pm: PTPModel, items: list, width: int, micro_seqs: int):
+    """Loss and gradient of a whole step (weighted mean over its scored rows), summed micro-batch by micro-batch
+    (sequences of similar length together: less padding). Returns (loss, grads, auxiliary rows)."""
+    from mlx.utils import tree_map
+
+    items = sorted(items, key=lambda it: len(it[0]))
+    total = float(sum(it[4].sum() for it in items))
+    loss, grads, rows = mx.array(0.0), None, 0
+    for i in range(0, len(items), micro_seqs):
+        mb = pack(items[i : i + micro_seqs], width)
+        kv = teacher_kv(pm, mb.tokens)
+        part, g = grad_fn(adapter, kv, mb)
+        grads = g if grads is None else tree_map(mx.add, grads, g)
+        loss = loss + part
+        rows += mb.rows
+        mx.eval(grads, loss)  # sync: frees this micro-batch's graph before the next is built
+    scale = 1.0 / max(total, 1e-9)
+    return loss * scale, tree_map(lambda g: g * scale, grads), rows
