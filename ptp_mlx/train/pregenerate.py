@@ -23,9 +23,9 @@ from ..cli_common import UserError
 from ..generate import encode_prompt
 from ..layers import install, make_cache
 from ..sampler import SamplingSettings, bins, pick_with_bins
+from .data import read_prompts, read_records
 
 OTHER_ORDER = {"id": "prob", "prob": "id"}
-from .data import read_prompts, read_records
 
 
 def _decode(model, cache, last: mx.array, n: int, greedy_first: bool, s, max_new: int, eos: set[int], rngs):
