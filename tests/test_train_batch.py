@@ -116,3 +116,19 @@ def test_train_rows_per_step_minutes_and_clock(tiny, tmp_path):
     assert state["seconds"] == pytest.approx(sum(x["seconds"] for x in steps), rel=0.05, abs=0.05)
     cfg = json.loads((run / "best" / "adapter_config.json").read_text())
     assert cfg["cdf_order"] == "prob"
+
+
+@pytest.mark.parametrize("draft", ["argmax", "coupled"])
+def test_batched_evaluation_equals_one_pass_per_record(tiny, tmp_path, monkeypatch, draft):
+    import ptp_mlx.train.validate as validate
+
+    model, tok = tiny
+    records = _records(model, tok, tmp_path, n_prompts=3)
+    adapter = PTPAdapter(model, 4, 2.0, "binary")
+    randomize_adapter(adapter, 0.3)
+    pm = PTPModel(model, adapter)
+    batched = validate.evaluate(pm, adapter, [dict(r) for r in records], 4, 3, 0, "prob", draft)
+    monkeypatch.setattr(validate, "batched_rope", lambda m: False)
+    single = validate.evaluate(pm, adapter, [dict(r) for r in records], 4, 3, 0, "prob", draft)
+    assert batched["histogram"] == single["histogram"] and sum(single["histogram"]) == 3 * len(records)
+    assert batched["slot_accuracy"] == single["slot_accuracy"]

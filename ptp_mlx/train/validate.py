@@ -12,7 +12,47 @@ from ..cli_common import UserError
 from ..ptp_model import PTPAdapter, PTPModel
 from ..sampler import SamplingSettings, pick
 from .data import read_records
-from .windows import make_windows, student_logits, teacher_kv
+from ..layers import batched_rope
+from .batch import pack
+from .batch import student_logits as batch_logits
+from .batch import teacher_kv as batch_kv
+from .windows import ensure_order, make_windows, student_logits, teacher_kv
+
+
+def _draft(logits: mx.array, u: np.ndarray, rec: dict, order: str, draft: str) -> mx.array:
+    if draft == "coupled" and not rec.get("greedy"):
+        st = SamplingSettings.from_dict(rec.get("settings") or {})
+        return pick(mx.array(u), logits, st.temperature, st.top_k, st.top_p, check=False, order=order)
+    return mx.argmax(logits, axis=-1)
+
+
+def _predictions(pm, adapter, records, width, n_windows, seed, order, draft, micro_seqs: int = 32):
+    """(record, windows, labels, valid, drafts) per record with windows; many records a pass where the model's
+    RoPE allows it (the same windows and u either way: each record draws from its own seeded stream)."""
+    per = []
+    for i, rec in enumerate(records):
+        rng = np.random.default_rng([seed, 10_000_000 + i])
+        if batched_rope(pm.base):
+            ensure_order(pm, rec, order)
+            kv = None
+        else:
+            kv = teacher_kv(pm, rec["tokens"], rec, order)  # rebins first: the windows draw u inside the bins
+        windows, u, labels, valid = make_windows(rec, n_windows, width, rng, uniform=True)
+        if not windows:
+            continue
+        if kv is not None:
+            pred = _draft(student_logits(pm, adapter, kv, windows, u), u, rec, order, draft)
+            yield rec, windows, labels, valid, np.array(pred)
+        else:
+            per.append((rec, windows, u, labels, valid))
+    for k in range(0, len(per), micro_seqs):
+        chunk = per[k : k + micro_seqs]
+        mb = pack([(r["tokens"], w, u, lab, v.astype(np.float32)) for r, w, u, lab, v in chunk], width)
+        logits = batch_logits(pm, adapter, batch_kv(pm, mb.tokens), mb)
+        for b, (rec, windows, u, labels, valid) in enumerate(chunk):
+            n = len(windows) * width
+            pred = _draft(logits[b, :n], u, rec, order, draft)
+            yield rec, windows, labels, valid, np.array(pred)
 
 
 def evaluate(
@@ -35,19 +75,8 @@ def evaluate(
     slot_hits, slot_n = np.zeros(width), np.zeros(width)
     mode_hits = {m: np.zeros(width) for m in ("greedy", "sampled")}
     mode_n = {m: np.zeros(width) for m in ("greedy", "sampled")}
-    for i, rec in enumerate(records):
-        rng = np.random.default_rng([seed, 10_000_000 + i])
-        kv = teacher_kv(pm, rec["tokens"], rec, order)  # rebins first: the windows draw u inside the bins
-        windows, u, labels, valid = make_windows(rec, n_windows, width, rng, uniform=True)
-        if not windows:
-            continue
-        logits = student_logits(pm, adapter, kv, windows, u)
-        if draft == "coupled" and not rec.get("greedy"):
-            st = SamplingSettings.from_dict(rec.get("settings") or {})
-            pred = pick(mx.array(u), logits, st.temperature, st.top_k, st.top_p, check=False, order=order)
-        else:
-            pred = mx.argmax(logits, axis=-1)
-        ok = (np.array(pred) == labels) & valid
+    for rec, windows, labels, valid, pred in _predictions(pm, adapter, records, width, n_windows, seed, order, draft):
+        ok = (pred == labels) & valid
         slot_hits += ok.reshape(-1, width).sum(0)
         slot_n += valid.reshape(-1, width).sum(0)
         mode = "greedy" if rec.get("greedy") else "sampled"
