@@ -121,8 +121,11 @@ def pregenerate(
     max_prompt: int = 768,
     greedy_only: bool = False,
     batch_prompts: int = 1,
+    deadline: float | None = None,
 ) -> int:
-    """Append completions for every prompt not yet in ``out_file``. Returns the number of new records."""
+    """Append completions for every prompt not yet in ``out_file``. Returns the number of new records.
+
+    ``deadline`` (a ``time.perf_counter()`` value): start no new batch after it (a time-boxed run)."""
     prompts = read_prompts(prompts_file, split=split)[: limit or None]
     if not prompts:
         raise UserError(
@@ -133,7 +136,7 @@ def pregenerate(
     eos = set(tokenizer.eos_token_ids)
     out_file = Path(out_file)
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    written = 0
+    written = tokens = 0
     t0 = time.perf_counter()
     n_rows = 1 if greedy_only else n
     greedy_first = greedy_first or greedy_only
@@ -147,6 +150,9 @@ def pregenerate(
     bar = tqdm(total=len(encoded), desc="pregenerate", unit="prompt", file=sys.stderr)
     with open(out_file, "a") as f:
         for group in groups:
+            if deadline is not None and time.perf_counter() > deadline:
+                print("pregenerate: time budget reached", file=sys.stderr)
+                break
             rngs = [np.random.default_rng([seed, zlib.crc32(p["id"].encode())]) for p, _ in group]
             if len(group) == 1:
                 rows_per = [_complete(model, group[0][1], n_rows, greedy_first, sampling, max_new, eos, rngs[0])]
@@ -161,12 +167,14 @@ def pregenerate(
                         settings={**sampling.as_dict(), "greedy": r["greedy"]},
                     )
                     f.write(json.dumps(r) + "\n")
+                    tokens += len(r["tokens"]) - r["start"]
                 written += len(rows)
             f.flush()  # one batch at a time: an interrupted run loses at most one batch
             bar.update(len(group))
     bar.close()
     print(
-        f"pregenerate: {written} completions for {len(todo)} prompts in {time.perf_counter() - t0:.0f} s",
+        f"pregenerate: {written} completions for {len(todo)} prompts in {time.perf_counter() - t0:.0f} s"
+        f" ({tokens / max(time.perf_counter() - t0, 1e-9):.0f} teacher tokens/s)",
         file=sys.stderr,
     )
     return written
