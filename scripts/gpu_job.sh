@@ -39,6 +39,9 @@ if [ -z "${PTP_JOB_NO_INSTALL:-}" ]; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile "$WORK"/wheels/*.whl
   nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv >> "$OUT/run.txt" 2>&1 || true
 fi
+# MLX's CUDA library finds cuBLAS, cuDNN, NVRTC, NCCL through its rpath into site-packages/nvidia; name them too.
+LD_LIBRARY_PATH="$("$PY" -c "import glob, site; print(':'.join(sorted(glob.glob(site.getsitepackages()[0] + '/nvidia/*/lib'))))")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
 export PTP_MLX_BLAS=none PYTHONUNBUFFERED=1 TQDM_MININTERVAL=10 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # shellcheck disable=SC2086
 "$PY" -m ptp_mlx.train.gpu_job run --work "$WORK" --out "$OUT" ${PTP_JOB_ARGS:-} 2>&1 | tee -a "$OUT/run.txt" | grep -v "it/s\]$\|s/it\]$" || true

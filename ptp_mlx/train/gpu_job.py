@@ -46,7 +46,7 @@ def reference_logits(model_dir: str | None, out: Path) -> None:
 
     model, tok = load(model_dir)
     ids = encode_prompt(tok, REF_PROMPT)
-    logits = model(mx.array(ids)[None])[0].astype(mx.float32)
+    logits = model(mx.array(ids)[None])[0, -16:].astype(mx.float32)  # the last 16 positions: 3 MB
     np.savez(out, ids=np.array(ids, np.int32), logits=np.array(logits))
 
 
@@ -101,12 +101,14 @@ def check(model, work: Path, out: Path) -> dict:
 
     info = {"device": str(mx.default_device())}
     ref = np.load(work / "ref.npz")
-    got = np.array(model(mx.array(ref["ids"])[None])[0].astype(mx.float32))
+    got = np.array(model(mx.array(ref["ids"])[None])[0, -16:].astype(mx.float32))
     diff = float(np.abs(got - ref["logits"]).max())
     agree = float((got.argmax(-1) == ref["logits"].argmax(-1)).mean())
     info.update(logit_max_abs_diff=diff, argmax_agreement=agree)
     _log(out, f"check: device {info['device']}; teacher logits max |diff| {diff:.2e}, argmax agreement {agree:.3f}")
-    if agree < 0.95 or diff > 0.5:
+    # A GPU's float32 matmuls round differently (TF32 or another summation order): logits move by ~1e-3, and an
+    # argmax can flip only at a near-tie. A wrong model or broken kernels move them by whole units.
+    if agree < 0.85 or diff > 0.5:
         raise SystemExit(f"check failed: the teacher's logits do not match the reference ({info})")
     return info
 

@@ -9,13 +9,13 @@ import mlx.core as mx
 import numpy as np
 
 from ..cli_common import UserError
+from ..layers import batched_rope
 from ..ptp_model import PTPAdapter, PTPModel
 from ..sampler import SamplingSettings, pick
-from .data import read_records
-from ..layers import batched_rope
 from .batch import pack
 from .batch import student_logits as batch_logits
 from .batch import teacher_kv as batch_kv
+from .data import read_records
 from .windows import ensure_order, make_windows, student_logits, teacher_kv
 
 
