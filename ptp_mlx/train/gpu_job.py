@@ -100,6 +100,10 @@ def check(model, work: Path, out: Path) -> dict:
     import numpy as np
 
     info = {"device": str(mx.default_device())}
+    try:  # the accelerator's own name where MLX reports it
+        info["device_name"] = mx.device_info().get("device_name")
+    except (AttributeError, RuntimeError):
+        pass
     ref = np.load(work / "ref.npz")
     got = np.array(model(mx.array(ref["ids"])[None])[0, -16:].astype(mx.float32))
     diff = float(np.abs(got - ref["logits"]).max())
@@ -224,8 +228,6 @@ def export_adapter(src: Path, out: Path, max_mib: float = 15.0) -> None:
 
 def join(src: Path, dest: Path) -> None:
     """Rebuild an adapter folder from ``export_adapter``'s files (here, after the run)."""
-    import shutil
-
     import mlx.core as mx
 
     from ..paths import atomic_dir
@@ -233,9 +235,21 @@ def join(src: Path, dest: Path) -> None:
     weights = {}
     for f in sorted(src.glob("adapter-*.safetensors")):
         weights.update(mx.load(str(f)))
+    cfg = json.loads((src / "adapter_config.json").read_text())
+    if (src / "summary.json").is_file():  # the job's own record of its data and compute goes into the config
+        summary = json.loads((src / "summary.json").read_text())
+        evals = (summary.get("train") or {}).get("evals") or []
+        cfg.setdefault("training", {})["compute"] = {
+            "device": (summary.get("check") or {}).get("device_name") or (summary.get("check") or {}).get("device"),
+            "job": "scripts/gpu_job.sh (ptp_mlx/train/gpu_job.py)",
+            "teacher": summary.get("pregenerate"),
+            "train_steps": (summary.get("train") or {}).get("steps"),
+            "train_rows": evals[-1].get("train_rows") if evals else None,
+            "train_seconds": evals[-1].get("cpu_seconds") if evals else None,
+        }
     with atomic_dir(dest, overwrite=True) as tmp:
         mx.save_safetensors(str(tmp / "adapter.safetensors"), weights)
-        shutil.copy2(src / "adapter_config.json", tmp / "adapter_config.json")
+        (tmp / "adapter_config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def bench(work: Path, out: Path, adapter: Path, model_dir: str, a: argparse.Namespace) -> dict:

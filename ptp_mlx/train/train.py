@@ -169,7 +169,10 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
             "alpha": a.alpha,
             "window": a.window,
             "windows_per_seq": a.windows_per_seq,
-            "seqs_per_step": a.seqs_per_step,
+            "seqs_per_step": seqs_per_step,
+            "rows_per_step": seqs_per_step * a.windows_per_seq * a.window,
+            "micro_rows": getattr(a, "micro_rows", None),
+            "minutes": getattr(a, "minutes", None),
             "lr": a.lr,
             "layers": a.layers,
             "cdf_order": order,
@@ -222,11 +225,17 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         state["seconds"] += dt
         state["rows"] = state.get("rows", 0) + rows
         step_times.append(dt)
-        if minutes and len(step_times) == 3:  # the first steps compile and warm up: size the run from the third
+        if minutes and len(step_times) >= 3 and len(step_times) % 10 == 3:
+            # Size the run from the recent pace (the first steps compile and warm up), again every 10 steps: the
+            # cosine schedule then ends near the time budget, and the budget itself is a hard stop.
             left = minutes * 60 - state["seconds"]
-            state["steps_total"] = min(a.steps, state["step"] + max(0, int(left / step_times[-1])))
+            pace = float(np.mean(step_times[-10:] if len(step_times) > 3 else step_times[-1:]))
+            state["steps_total"] = min(a.steps, state["step"] + max(0, int(left / pace)))
             bar.total = state["steps_total"]
-            log(f"--minutes {minutes}: {step_times[-1]:.2f} s a step, {state['steps_total']} steps")
+            if len(step_times) == 3:
+                log(f"--minutes {minutes}: {pace:.2f} s a step, about {state['steps_total']} steps")
+        if minutes and state["seconds"] >= minutes * 60:
+            state["steps_total"] = state["step"]
         rec_log = {"step": step + 1, "loss": round(loss.item(), 4), "lr": float(opt.learning_rate.item())}
         logf.write(json.dumps({**rec_log, "rows": rows, "seconds": round(dt, 3)}) + "\n")
         bar.set_postfix(loss=f"{loss.item():.3f}", rows_s=f"{rows / dt:.0f}")
@@ -267,6 +276,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
                         **config_extra,
                         "training": {
                             **config_extra["training"],
+                            "steps": state["steps_total"],
                             "best_step": state["step"],
                             "cpu_seconds": round(state["seconds"]),
                         },
