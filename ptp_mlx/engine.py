@@ -19,6 +19,7 @@ from .adapter import adapter_for, load_adapter, shipped_adapter
 from .budget import Budget, CostCurve, cached_cost_curve
 from .cli_common import UserError
 from .generate import DecodeOptions, GenerationStep, PromptCache, encode_prompt, stream_generate
+from .logits import LogitsHook, LogitsSettings
 from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root
 from .ptp_model import PTPModel
@@ -135,12 +136,15 @@ class Engine:
         prompt_cache: PromptCache | None = None,
         lookup: bool = True,
         trees: bool = True,
+        logits: LogitsSettings | None = None,
     ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids.
 
         ``num_draft_tokens`` fixes the draft budget (default: the adaptive budget); ``prompt_cache`` (one per
         conversation) lets a follow-up prefill only its new tokens; ``lookup=False`` turns prompt-lookup drafts
-        off; ``trees=False`` verifies chains only (no sibling strands)."""
+        off; ``trees=False`` verifies chains only (no sibling strands). ``logits``: ``frequency_penalty``,
+        ``presence_penalty``, ``logit_bias`` (exact parts of the sampler, PTP stays lossless) and ``logprobs`` (each
+        step's ``logprobs``); see ``ptp_mlx/logits.py``."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
             raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
@@ -161,4 +165,7 @@ class Engine:
             lookup=lookup,
             trees=trees,
         )
+        if logits is not None and logits.active:
+            vocab = getattr(self.pm.args, "vocab_size", None)
+            opts.logits = LogitsHook(logits.validate(vocab), sampling.temperature)
         return stream_generate(self.pm, self.tokenizer, ids, opts, prompt_cache=prompt_cache)
