@@ -224,7 +224,7 @@ def _ar_calls(pm, cache, last, u, s: SamplingSettings, opts, max_new, ctx):
     """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token."""
     base = pm.base
 
-    hook = opts.logits  # penalties, logit_bias, logprobs (ptp_mlx/logits.py); None: untouched
+    hook = getattr(opts, "logits", None)  # penalties, logit_bias, logprobs (ptp_mlx/logits.py); None: untouched
 
     def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
         logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
