@@ -108,7 +108,7 @@ def chat_extras(body: dict, r: Refusals, bad) -> list[dict] | None:
             )
     mods = body.get("modalities")
     if mods is not None and mods != ["text"]:
-        r.refuse("modalities", "only the 'text' modality is supported")
+        r.refuse("modalities", "'modalities' other than ['text'] are not supported")
     tools = body.get("tools")
     if tools is not None:
         if not isinstance(tools, list) or not all(

@@ -270,6 +270,15 @@ class Usage:
         }
 
 
+def _first_per_key(top: list[dict]) -> dict[str, float]:
+    """The legacy ``{token: logprob}`` map; tokens whose text is the same (bytes of one character) keep the
+    likeliest."""
+    out: dict[str, float] = {}
+    for t in top:
+        out.setdefault(t["token"], t["logprob"])
+    return out
+
+
 class Shaper:
     """Builds the response objects of one request (one id and timestamp for all its chunks).
 
@@ -299,7 +308,7 @@ class Shaper:
         return {
             "tokens": [e["token"] for e in entries],
             "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [_first_per_key(e["top_logprobs"]) for e in entries],
             "text_offset": offsets,
         }
 
