@@ -11,9 +11,10 @@ import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_serve import DRAFTS, MODEL_ID, ThreadServer, adapter_dir, model_dir  # noqa: F401 (fixtures)
+from test_serve import DRAFTS, MODEL_ID, ThreadServer, adapter_dir, model_dir, ptp_generate  # noqa: F401 (fixtures)
 
 from ptp_mlx.engine import Engine
+from ptp_mlx.generate_cli import main as generate_main
 from ptp_mlx.serve.app import create_app
 from ptp_mlx.serve.schema import Defaults
 from ptp_mlx.serve.worker import EngineWorker
@@ -262,3 +263,25 @@ def test_unsupported_fields_are_refused_by_name(servers):
     r = post(chat, {"messages": MSG, "max_tokens": 8, **same})
     plain = post(chat, {"messages": MSG, "max_tokens": 8})
     assert r.status_code == 200 and r.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
+
+
+def test_ptp_generate_takes_the_same_penalties(servers, model_dir, adapter_dir, capsys):  # noqa: F811
+    flags = [
+        "--no-chat",
+        "--max-tokens",
+        30,
+        "--frequency-penalty",
+        1.5,
+        "--logit-bias",
+        "81=3",
+        "--logit-bias",
+        "5=-1",
+    ]
+    want = ptp_generate(capsys, model_dir, adapter_dir, "hello there", *flags)
+    kw = {"frequency_penalty": 1.5, "logit_bias": {"81": 3, "5": -1}}
+    r = servers[0].client().completions.create(model=MODEL_ID, prompt="hello there", max_tokens=30, **kw)
+    assert r.choices[0].text == want
+    for bad in (["--logit-bias", "x"], ["--logit-bias", "999=1"], ["--presence-penalty", "5"]):
+        rc = generate_main(["--model", str(model_dir), "--adapter", str(adapter_dir), "--prompt", "hi", *bad])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1, err
