@@ -285,3 +285,34 @@ def test_ptp_generate_takes_the_same_penalties(servers, model_dir, adapter_dir, 
         rc = generate_main(["--model", str(model_dir), "--adapter", str(adapter_dir), "--prompt", "hi", *bad])
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1, err
+
+
+def test_langchain_tools_and_logprobs(tool_server, servers):
+    """A real client library beyond ``openai``: LangChain's ``ChatOpenAI`` binds a Python function as a tool, gets
+    the call back as a structured tool call, and reads log-probabilities from the response metadata."""
+    from langchain_core.messages import HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    llm = ChatOpenAI(base_url=tool_server.url + "/v1", api_key="none", model=MODEL_ID, temperature=0, max_retries=0)
+    msgs = [HumanMessage("What is the weather in Paris?")]
+    ai = llm.bind_tools([get_weather]).invoke(msgs)
+    assert ai.tool_calls == [
+        {"name": "get_weather", "args": {"city": "Paris"}, "id": ai.tool_calls[0]["id"], "type": "tool_call"}
+    ]
+    assert ai.response_metadata["finish_reason"] == "tool_calls"
+    result = get_weather.invoke(ai.tool_calls[0])
+    assert isinstance(result, ToolMessage) and result.content == "sunny in Paris"
+    again = llm.bind_tools([get_weather]).invoke(msgs + [ai, result])  # the round trip: the result goes back
+    assert again.usage_metadata["input_tokens"] > ai.usage_metadata["input_tokens"]
+    # Log-probabilities through LangChain, on the PTP server.
+    llm = ChatOpenAI(base_url=servers[0].url + "/v1", api_key="none", model=MODEL_ID, logprobs=True, max_tokens=12)
+    out = llm.invoke("hello there")
+    content = out.response_metadata["logprobs"]["content"]
+    assert b"".join(bytes(e["bytes"]) for e in content).decode("utf-8", "replace") == out.content
+    assert all(e["logprob"] <= 0 for e in content)

@@ -19,10 +19,22 @@ class AnswerText:
         self.split = None
         if tools and supports_tools(tokenizer):
             self.split = ToolCallSplitter(tokenizer.tool_call_start, tokenizer.tool_call_end)
+        self._bytemap: dict | None = None  # byte-level BPE symbol -> byte ({}: not a byte-level tokenizer)
         self.seen = 0  # characters of the model's text so far
         self.emitted = 0  # characters of it the stop strings let through
 
     def _token(self, t: int) -> tuple[str, list[int]]:
+        """A token's text and its exact bytes (a byte-level BPE token may hold part of a character: its text then
+        shows U+FFFD, its bytes are exact, as OpenAI's ``bytes``)."""
+        if self._bytemap is None:
+            from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, _byte_decoder
+
+            bpe = isinstance(self.tok.detokenizer, BPEStreamingDetokenizer)
+            self._bytemap = _byte_decoder() if bpe else {}
+        sym = self.tok.convert_ids_to_tokens(t) if self._bytemap else None
+        if isinstance(sym, str) and sym and all(c in self._bytemap for c in sym):
+            raw = bytes(self._bytemap[c] for c in sym)
+            return raw.decode("utf-8", "replace"), list(raw)
         s = self.tok.decode([t])
         return s, list(s.encode("utf-8"))
 
