@@ -126,9 +126,8 @@ def ptp_call(
             rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
             outs += [mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
     clock.mark("build")
-    mx.eval(
-        *outs, *([] if mode is None else [mode]), *(scored or [])
-    )  # sync: one host read per call for targets and next drafts
+    extra = ([] if mode is None else [mode]) + (scored or [])
+    mx.eval(*outs, *extra)  # sync: one host read per call for targets, next drafts (and logprobs)
     clock.mark("compute")
     targets_l = targets.tolist()
     aux_l = [o.tolist() for o in outs[1:]] + [[]] * (5 - len(outs))

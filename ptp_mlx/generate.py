@@ -411,7 +411,5 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         t = time.perf_counter() - t_start
         n = len(plan.drafts) + len(plan.alts)
         source = "alt" if out.alt is not None else plan.source if n else None
-        yield (
-            block,
-            {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": source, "logprobs": out.logprobs},
-        )
+        info = {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": source}
+        yield block, {**info, "logprobs": out.logprobs}

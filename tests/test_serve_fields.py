@@ -260,6 +260,7 @@ def test_unsupported_fields_are_refused_by_name(servers):
     # Fields that change nothing are accepted, and defaults the server honours anyway.
     same = {"user": "u1", "metadata": {"k": "v"}, "store": False, "response_format": {"type": "text"}}
     same |= {"tool_choice": "auto", "parallel_tool_calls": True, "modalities": ["text"], "logprobs": False}
+    same |= {"min_p": 0.0, "repetition_penalty": 1, "audio": None, "frequency_penalty": 0}  # neutral or null
     r = post(chat, {"messages": MSG, "max_tokens": 8, **same})
     plain = post(chat, {"messages": MSG, "max_tokens": 8})
     assert r.status_code == 200 and r.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]

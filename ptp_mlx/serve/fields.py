@@ -27,11 +27,18 @@ class Refusals:
         raise self.bad(f"{message} (ptp-serve --lenient ignores it)", name, "unsupported_parameter")
 
 
+# Other servers' sampling fields at the value that turns them off: a client sending these defaults asks for nothing.
+NEUTRAL = {"min_p": 0, "repetition_penalty": 1, "typical_p": 1, "top_a": 0, "tfs_z": 1, "mirostat": 0, "min_tokens": 0}
+
+
 def check_names(body: dict, allowed: set[str], no_effect: set[str], r: Refusals) -> None:
-    """Every field must be one this server honours or one that changes nothing."""
-    for name in body:
-        if name not in allowed and name not in no_effect:
-            r.refuse(name, f"'{name}' is not supported by this server")
+    """Every field must be one this server honours, one that changes nothing, or null or a neutral value."""
+    for name, v in body.items():
+        if name in allowed or name in no_effect or v is None:
+            continue
+        if name in NEUTRAL and not isinstance(v, bool) and v == NEUTRAL[name]:
+            continue
+        r.refuse(name, f"'{name}' is not supported by this server")
 
 
 def _float(body: dict, name: str, bad) -> float:
