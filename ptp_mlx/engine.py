@@ -175,5 +175,5 @@ class Engine:
         )
         if logits is not None and logits.active:
             vocab = getattr(self.pm.args, "vocab_size", None)
-            opts.logits = LogitsHook(logits.validate(vocab), sampling.temperature)
+            opts.logits = LogitsHook(logits.validate(vocab), sampling.temperature, self.tokenizer)
         return stream_generate(self.pm, self.tokenizer, ids, opts, prompt_cache=prompt_cache)

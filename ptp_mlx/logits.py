@@ -33,6 +33,7 @@ class LogitsSettings:
     presence_penalty: float = 0.0  # subtracted once if the token occurs earlier in the answer
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
     logprobs: int | None = None  # None: none; 0: the chosen token's; k: also the k most likely
+    grammar: str | None = None  # an llguidance grammar the answer must follow (ptp_mlx/constrain.py)
 
     @property
     def penalised(self) -> bool:
@@ -40,7 +41,7 @@ class LogitsSettings:
 
     @property
     def active(self) -> bool:
-        return self.penalised or bool(self.logit_bias) or self.logprobs is not None
+        return self.penalised or bool(self.logit_bias) or self.logprobs is not None or self.grammar is not None
 
     def validate(self, vocab: int | None = None) -> LogitsSettings:
         for name in ("frequency_penalty", "presence_penalty"):
@@ -70,14 +71,20 @@ class LogitsHook:
     """The per-answer state of ``LogitsSettings``: the counts of the tokens emitted so far (on the device, so
     pipelined plain decoding never waits for them)."""
 
-    def __init__(self, settings: LogitsSettings, temperature: float) -> None:
+    def __init__(self, settings: LogitsSettings, temperature: float, tokenizer=None) -> None:
         self.s = settings
         self.temperature = temperature if temperature > 0 else 1.0
         self.counts: mx.array | None = None  # float32 [V]: occurrences of each token in the answer so far
         self._bias: mx.array | None = None
+        self.tokenizer = tokenizer  # for the grammar
+        self.constraint = None
 
     def _setup(self, vocab: int) -> None:
         if self.counts is None:
+            if self.s.grammar is not None:
+                from .constrain import Constraint
+
+                self.constraint = Constraint(self.tokenizer, self.s.grammar, vocab)
             self.counts = mx.zeros((vocab,), dtype=mx.float32)
             if self.s.logit_bias:
                 b = np.zeros(vocab, dtype=np.float32)
@@ -89,6 +96,8 @@ class LogitsHook:
         """Tokens emitted (read back on the host): later rows count them."""
         if self.s.penalised and tokens and self.counts is not None:
             self.counts = self.counts.at[mx.array(list(tokens))].add(1.0)
+        if self.constraint is not None:
+            self.constraint.commit(tokens)
 
     def rows(
         self, logits: mx.array, extra: Sequence[Sequence[int]] | None = None, pending: mx.array | None = None
@@ -109,6 +118,12 @@ class LogitsHook:
             x = x - self.s.frequency_penalty * counts - self.s.presence_penalty * (counts > 0).astype(mx.float32)
         if self._bias is not None:
             x = x + self._bias
+        if self.constraint is not None:
+            # The grammar state needs the tokens on the host: a pending token is read back here (a sync that
+            # pipelined plain decoding otherwise avoids).
+            before = [int(pending.reshape(-1)[0].item())] if pending is not None else []
+            rows = [before + list(t) for t in (extra or [[]] * x.shape[0])]
+            x = mx.where(mx.array(self.constraint.masks(rows)), x, -mx.inf)
         return x
 
     def score(self, processed: mx.array, tokens: mx.array) -> list[mx.array] | None:
@@ -138,6 +153,7 @@ class LogitsHook:
         vals = scored[2].tolist() if len(scored) > 1 else None
         out = []
         for r, t in zip(rows, tokens, strict=True):
-            top = list(zip(ids[r], vals[r], strict=True)) if ids is not None else []
+            # Tokens a grammar rules out have probability 0 (log -inf): they are no alternatives.
+            top = [(i, v) for i, v in zip(ids[r], vals[r], strict=True) if v > -np.inf] if ids is not None else []
             out.append(TokenLogprob(int(t), float(chosen[r]), top))
         return out

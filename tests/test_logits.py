@@ -6,6 +6,8 @@ whose drafts are all right (every row inside a block counts the drafts before it
 (alternatives count their own token). Log-probabilities equal a one-row replay's log-softmax within 1e-5.
 """
 
+import json
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -40,7 +42,7 @@ def tokens_of(steps) -> list[int]:
 
 def decode(engine, ids, s, ls, drafter=None, mode="ptp", max_tokens=40):
     opts = DecodeOptions(mode=mode, max_tokens=max_tokens, sampling=s, drafter=drafter, num_draft_tokens=3)
-    opts.logits = LogitsHook(ls, s.temperature)
+    opts.logits = LogitsHook(ls, s.temperature, engine.tokenizer)
     return list(stream_generate(engine.pm, engine.tokenizer, ids, opts))
 
 
@@ -125,3 +127,52 @@ def test_settings_are_validated():
     with pytest.raises(ValueError, match="top_logprobs"):
         LogitsSettings(logprobs=21).validate()
     assert not LogitsSettings().active
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer"}, "ok": {"type": "boolean"}},
+    "required": ["n", "ok"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("schema", [None, SCHEMA], ids=["json_object", "json_schema"])
+@pytest.mark.parametrize("sname", list(SAMPLINGS))
+def test_constrained_json_is_lossless(engine, sname, schema):
+    """The grammar masks the same logits in plain decoding and in verification: PTP equals plain decoding under
+    the constraint, with its own drafts, all-right drafts and random trees; the answer is JSON (or, cut by the
+    token limit, a prefix of JSON)."""
+    from ptp_mlx.constrain import json_grammar
+
+    s = SAMPLINGS[sname]
+    ls = LogitsSettings(grammar=json_grammar(schema), logprobs=4)
+    ids = engine.encode("hello")
+    ar = list(engine.generate(ids, mode="ar", sampling=s, max_tokens=60, logits=ls))
+    want, text = tokens_of(ar), "".join(st.text for st in ar)
+    assert text.startswith("{")
+    if ar[-1].finish_reason == "stop":
+        value = json.loads(text)
+        assert isinstance(value, dict)
+        if schema is not None:
+            assert set(value) == {"n", "ok"} and isinstance(value["n"], int) and isinstance(value["ok"], bool)
+    ptp = list(engine.generate(ids, mode="ptp", sampling=s, max_tokens=60, num_draft_tokens=3, logits=ls))
+    assert tokens_of(ptp) == want
+    oracle = decode(engine, ids, s, ls, OracleDrafter(want, width=4), max_tokens=60)
+    assert tokens_of(oracle) == want and max(st.accepted for st in oracle) == 3
+    trees = decode(engine, ids, s, ls, TreeDrafter(want, width=4, seed=2, p_right=0.7, vocab=259), max_tokens=60)
+    assert tokens_of(trees) == want
+    # Log-probabilities are those of the constrained distribution: tokens the grammar rules out are no alternatives.
+    for st in ar:
+        for lp in st.logprobs:
+            assert np.isfinite(lp.logprob) and all(np.isfinite(v) for _, v in lp.top)
+    assert any(len(lp.top) < 4 for st in ar for lp in st.logprobs)  # some positions allow fewer than 4 tokens
+
+
+def test_bad_schemas_are_refused():
+    from ptp_mlx.constrain import json_grammar, schema_of
+
+    with pytest.raises(ValueError, match="schema"):
+        json_grammar({"type": "object", "properties": {"a": {"type": "nonsense"}}})
+    with pytest.raises(ValueError, match="json_schema"):
+        schema_of({"type": "json_schema", "json_schema": "x"})

@@ -102,17 +102,29 @@ def logits_settings(body: dict, kind: str, bad) -> LogitsSettings:
     )
 
 
-def chat_extras(body: dict, r: Refusals, bad) -> list[dict] | None:
-    """``tools``, ``tool_choice``, ``parallel_tool_calls``, ``response_format``, ``modalities``: the tools to give
-    the chat template (None: none), refusing what the server cannot honour."""
+def response_grammar(body: dict, bad) -> str | None:
+    """``response_format``: the grammar that constrains the answer (None for text). json_object: any JSON object;
+    json_schema: JSON text matching the schema (ptp_mlx/constrain.py)."""
     rf = body.get("response_format")
-    if rf is not None:
-        if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
-            raise bad("'response_format' must be an object with a 'type'", "response_format", "invalid_type")
-        if rf["type"] != "text":
-            r.refuse(
-                "response_format", f"'response_format' of type {rf['type']!r} (constrained output) is not supported"
-            )
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise bad("'response_format' must be an object with a 'type'", "response_format", "invalid_type")
+    if rf["type"] == "text":
+        return None
+    if rf["type"] not in ("json_object", "json_schema"):
+        raise bad(f"unknown 'response_format' type {rf['type']!r}", "response_format")
+    from ..constrain import json_grammar, schema_of
+
+    try:
+        return json_grammar(schema_of(rf))
+    except ValueError as e:
+        raise bad(f"'response_format' cannot be honoured: {e}", "response_format") from None
+
+
+def chat_extras(body: dict, r: Refusals, bad) -> list[dict] | None:
+    """``tools``, ``tool_choice``, ``parallel_tool_calls``, ``modalities``: the tools to give the chat template
+    (None: none), refusing what the server cannot honour."""
     mods = body.get("modalities")
     if mods is not None and mods != ["text"]:
         r.refuse("modalities", "'modalities' other than ['text'] are not supported")

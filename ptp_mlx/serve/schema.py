@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..logits import LogitsSettings
@@ -200,6 +200,9 @@ def parse_chat(body: Any, served: str, defaults: Defaults) -> GenRequest:
     """``POST /v1/chat/completions``: ``APIError`` on the first bad field."""
     common, r = _common(body, served, defaults, "chat")
     tools = F.chat_extras(body, r, bad)
+    grammar = F.response_grammar(body, bad)
+    if grammar is not None:
+        common["logits"] = replace(common["logits"], grammar=grammar)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("'messages' must be a non-empty list of messages", "messages", "invalid_type")
