@@ -1,8 +1,8 @@
 """``ptp-serve`` for the clients people plug into it (issue 26), with the official ``openai`` client against real
 servers: log-probabilities (equal to a plain replay's log-softmax, streamed or not, chat and completions),
 penalties and ``logit_bias`` (identical under ``--mode ptp`` and ``--mode ar``, greedy and sampled), a tool-call
-round trip on a tiny model whose template defines tools, ``response_format`` refused, and every field the server
-cannot honour answered 400 with its name (``--lenient`` ignores them).
+round trip on a tiny model whose template defines tools, ``response_format`` honoured (JSON, identical under both
+modes), and every field the server cannot honour answered 400 with its name (``--lenient`` ignores them).
 """
 
 import json
@@ -215,12 +215,6 @@ def test_unsupported_fields_are_refused_by_name(servers):
     cases = [
         (chat, {"min_p": 0.1}, "min_p"),
         (chat, {"repetition_penalty": 1.1}, "repetition_penalty"),
-        (chat, {"response_format": {"type": "json_object"}}, "response_format"),
-        (
-            chat,
-            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-            "response_format",
-        ),
         (chat, {"tools": TOOLS}, "tools"),  # this model's template defines no tool calls
         (chat, {"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
         (chat, {"parallel_tool_calls": False}, "parallel_tool_calls"),
@@ -251,6 +245,9 @@ def test_unsupported_fields_are_refused_by_name(servers):
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"tools": [{"type": "function"}]}, "tools"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": "x"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}}}, "response_format"),
         ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {}}]}]}, "messages[0]"),
     ]
     for extra, param in bad_values:
@@ -317,3 +314,52 @@ def test_langchain_tools_and_logprobs(tool_server, servers):
     content = out.response_metadata["logprobs"]["content"]
     assert b"".join(bytes(e["bytes"]) for e in content).decode("utf-8", "replace") == out.content
     assert all(e["logprob"] <= 0 for e in content)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "boolean"}, "mood": {"enum": ["calm", "busy"]}},
+    "required": ["answer", "mood"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_response_format_is_honoured_identically_in_ptp_and_ar(servers, temperature):
+    ptp, ar, _ = servers
+    formats = {
+        "json_object": {"type": "json_object"},
+        "json_schema": {"type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA, "strict": True}},
+    }
+    for name, rf in formats.items():
+        answers = []
+        for srv in (ptp, ar):
+            kw = {"temperature": temperature, "seed": 3, "max_tokens": 48, "response_format": rf}
+            r = srv.client().chat.completions.create(model=MODEL_ID, messages=MSG, **kw)
+            chunks = srv.client().chat.completions.create(model=MODEL_ID, messages=MSG, stream=True, **kw)
+            streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert streamed == r.choices[0].message.content
+            answers.append(r.choices[0])
+        assert answers[0].message.content == answers[1].message.content, name
+        text = answers[0].message.content
+        assert text.startswith("{")
+        if name == "json_schema":  # a bounded schema: the answer always completes
+            assert answers[0].finish_reason == "stop"
+            value = json.loads(text)
+            assert set(value) == {"answer", "mood"} and isinstance(value["answer"], bool)
+            assert value["mood"] in ("calm", "busy")
+        elif answers[0].finish_reason == "stop":
+            assert isinstance(json.loads(text), dict)
+
+
+def test_langchain_structured_output(servers):
+    """LangChain's ``with_structured_output`` (a JSON schema from a pydantic model) gets a parsed object."""
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel
+
+    class Reply(BaseModel):
+        answer: bool
+
+    llm = ChatOpenAI(base_url=servers[0].url + "/v1", api_key="none", model=MODEL_ID, temperature=0, max_retries=0)
+    out = llm.with_structured_output(Reply, method="json_schema").invoke("Is water wet?")
+    assert isinstance(out, Reply)
