@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from .cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 
@@ -31,11 +32,33 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID=BIAS",
         help="add BIAS (-100..100) to token ID's logit (repeatable)",
     )
+    p.add_argument("--json", action="store_true", help="constrain the answer to a JSON object")
+    p.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the answer to JSON matching a schema")
     return p
 
 
+def _grammar(args: argparse.Namespace) -> str | None:
+    if not args.json and args.json_schema is None:
+        return None
+    import json
+    from pathlib import Path
+
+    from .constrain import json_grammar
+
+    schema = None
+    if args.json_schema is not None:
+        try:
+            schema = json.loads(Path(args.json_schema).read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read the JSON schema {args.json_schema}: {e}") from None
+    try:
+        return json_grammar(schema)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def logits_from_args(args: argparse.Namespace):
-    """Validated ``LogitsSettings`` from the penalty and bias flags (``UserError`` on bad values)."""
+    """Validated ``LogitsSettings`` from the penalty, bias and JSON flags (``UserError`` on bad values)."""
     from .logits import LogitsSettings
 
     bias = {}
@@ -46,9 +69,10 @@ def logits_from_args(args: argparse.Namespace):
         except ValueError:
             raise UserError(f"--logit-bias takes ID=BIAS, got {item!r}") from None
     try:
-        return LogitsSettings(args.frequency_penalty, args.presence_penalty, bias).validate()
+        settings = LogitsSettings(args.frequency_penalty, args.presence_penalty, bias).validate()
     except ValueError as e:
         raise UserError(str(e).replace("_", "-")) from None
+    return replace(settings, grammar=_grammar(args))
 
 
 def run(args: argparse.Namespace) -> int:

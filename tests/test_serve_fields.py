@@ -363,3 +363,19 @@ def test_langchain_structured_output(servers):
     llm = ChatOpenAI(base_url=servers[0].url + "/v1", api_key="none", model=MODEL_ID, temperature=0, max_retries=0)
     out = llm.with_structured_output(Reply, method="json_schema").invoke("Is water wet?")
     assert isinstance(out, Reply)
+
+
+def test_ptp_generate_json_schema(servers, model_dir, adapter_dir, capsys, tmp_path):  # noqa: F811
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(SCHEMA))
+    want = ptp_generate(capsys, model_dir, adapter_dir, "hello there", "--max-tokens", 48, "--json-schema", path)
+    assert json.loads(want)["mood"] in ("calm", "busy")
+    rf = {"type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}}
+    r = servers[0].client().chat.completions.create(model=MODEL_ID, messages=MSG, max_tokens=48, response_format=rf)
+    assert r.choices[0].message.content == want
+    (tmp_path / "bad.json").write_text('{"type": "nope"}')
+    for bad in (["--json-schema", tmp_path / "missing.json"], ["--json-schema", tmp_path / "bad.json"]):
+        argv = ["--model", model_dir, "--adapter", adapter_dir, "--prompt", "hi", *bad]
+        rc = generate_main([str(a) for a in argv])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1, err
