@@ -1,6 +1,7 @@
 """Distillation at scale: many sequences in one pass equal one pass per sequence; bins of both CDF orders
 recorded at generation; the training clock and the rows-per-step size."""
 
+import functools
 import json
 
 import mlx.core as mx
@@ -130,6 +131,7 @@ def test_batched_evaluation_equals_one_pass_per_record(tiny, tmp_path, monkeypat
     adapter = PTPAdapter(model, 4, 2.0, "binary")
     randomize_adapter(adapter, 0.3)
     pm = PTPModel(model, adapter)
+    monkeypatch.setattr(validate, "_predictions", functools.partial(validate._predictions, micro_seqs=2))
     batched = validate.evaluate(pm, adapter, [dict(r) for r in records], 4, 3, 0, "prob", draft)
     monkeypatch.setattr(validate, "batched_rope", lambda m: False)
     single = validate.evaluate(pm, adapter, [dict(r) for r in records], 4, 3, 0, "prob", draft)
