@@ -78,7 +78,7 @@ class AdapterConfig:
 def base_identity(base) -> dict:
     """What an adapter records about the base model it belongs to."""
     from .layers import language_model, model_type
-    from .models import model_fingerprint
+    from .models import model_fingerprint, model_signature
 
     a = language_model(base).args
     return {
@@ -90,6 +90,7 @@ def base_identity(base) -> dict:
         "intermediate_size": a.intermediate_size,
         "vocab_size": a.vocab_size,
         "fingerprint": model_fingerprint(base),
+        "signature": model_signature(base),
     }
 
 
@@ -146,7 +147,14 @@ def check_fits(cfg: dict, base, path: Path, check_fingerprint: bool = True) -> N
         if check_fingerprint
         else {k: getattr(base.args, k) for k in want if k not in ("name", "fingerprint") and hasattr(base.args, k)}
     )
+    if check_fingerprint and want.get("signature") and want.get("fingerprint") != have.get("fingerprint"):
+        from .models import model_signature, signature_matches
+
+        if signature_matches(want["signature"], model_signature(base)):
+            have.pop("fingerprint")  # the same weights in another float dtype (a bf16 conversion on a GPU, say)
     for k, v in have.items():
+        if k == "signature":
+            continue
         if k in want and want[k] is not None and want[k] != v:
             raise UserError(
                 f"adapter {path} was made for another base model ({want.get('name') or 'unknown'}): "
@@ -195,10 +203,10 @@ def shipped_adapter(model_name: str = DEFAULT_MODEL_NAME) -> Path | None:
 def adapter_for(base) -> Path | None:
     """An adapter made for exactly this base model: a shipped one, or one under ``$PTP_MLX_HOME/adapters``, whose
     recorded fingerprint matches the model's (so a converted copy of the default model still gets its adapter)."""
-    from .models import model_fingerprint
+    from .models import model_fingerprint, model_signature, signature_matches
     from .paths import cache_root
 
-    want = None
+    want = have_sig = None
     for root in (shipped_adapters_dir(), cache_root() / "adapters"):
         if not root.is_dir():
             continue
@@ -206,11 +214,16 @@ def adapter_for(base) -> Path | None:
             if not ((d / CONFIG).is_file() and (d / WEIGHTS).is_file()):
                 continue
             try:
-                fp = json.loads((d / CONFIG).read_text()).get("base_model", {}).get("fingerprint")
+                bm = json.loads((d / CONFIG).read_text()).get("base_model", {})
+                fp, sig = bm.get("fingerprint"), bm.get("signature")
             except (OSError, ValueError, AttributeError):
                 continue
             if fp:
                 want = want or model_fingerprint(base)
                 if fp == want:
                     return d
+                if sig:  # the same weights in another float dtype
+                    have_sig = have_sig or model_signature(base)
+                    if signature_matches(sig, have_sig):
+                        return d
     return None

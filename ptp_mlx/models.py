@@ -160,6 +160,48 @@ def load(model: str | None = None, log=None):
         raise UserError(f"cannot load model from {path}: {e}") from None
 
 
+def _embedding_rows(model, n: int = 64):
+    """The first ``n`` token embedding rows in float32 (quantized embeddings dequantized like the converter)."""
+    import mlx.core as mx
+
+    from .layers import token_embedding
+
+    e = token_embedding(model)
+    if getattr(e, "mode", "affine") == "affine" and getattr(e, "biases", None) is not None:
+        return mx.dequantize(
+            e.weight[:n],
+            e.scales[:n].astype(mx.float32),
+            e.biases[:n].astype(mx.float32),
+            group_size=e.group_size,
+            bits=e.bits,
+        )
+    return e(mx.arange(n)).astype(mx.float32)
+
+
+def model_signature(model) -> list[float]:
+    """Numbers that identify the base model across float dtypes, where the exact ``model_fingerprint`` cannot: the
+    mean and the root mean square of each of the first 64 token embedding rows. A bf16 or fp16 conversion of the
+    same weights moves them by well under 1% of a row's RMS; another model's differ by whole units of it."""
+    import mlx.core as mx
+    import numpy as np
+
+    rows = _embedding_rows(model)
+    mean, rms = mx.mean(rows, axis=1), mx.sqrt(mx.mean(rows * rows, axis=1))
+    return [round(float(x), 7) for x in np.concatenate([np.array(mean), np.array(rms)])]
+
+
+def signature_matches(want: list[float] | None, have: list[float], tol: float = 0.01) -> bool:
+    """Whether two ``model_signature`` lists describe the same weights (up to a float dtype's rounding)."""
+    import numpy as np
+
+    if not want or len(want) != len(have):
+        return False
+    w, h = np.asarray(want, np.float64), np.asarray(have, np.float64)
+    n = len(w) // 2
+    scale = np.maximum(np.abs(w[n:]), 1e-12)  # each row's RMS
+    return bool(np.all(np.abs(w[:n] - h[:n]) <= tol * scale) and np.all(np.abs(w[n:] - h[n:]) <= tol * scale))
+
+
 def model_fingerprint(model) -> str:
     """A short hash of the base model's identity (token embeddings, rounded to fp16, plus the shapes).
 

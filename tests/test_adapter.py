@@ -3,6 +3,7 @@ to fit the base model."""
 
 import dataclasses
 import json
+import os
 
 import mlx.core as mx
 import mlx_lm
@@ -197,3 +198,34 @@ def test_adapter_follows_the_model(tiny_model_dir, base, tmp_path, monkeypatch):
     assert eng.pm.adapter is not None and eng.adapter_path == str(home / "adapters" / "tiny-ptp")
     assert any("made for this model" in n for n in notes)
     assert Engine.load(str(copy), adapter="none", measure_cost=False).pm.adapter is None
+
+
+def test_adapter_follows_its_model_into_another_float_dtype(tmp_path):
+    """A bf16 or fp16 conversion of the model an adapter was made for (the default dtype on a GPU) gets that
+    adapter: the exact fingerprint differs, the dtype-tolerant signature matches; another model's does not."""
+    import shutil
+
+    import mlx.core as mx
+    import mlx_lm
+
+    from ptp_mlx.adapter import adapter_for
+    from ptp_mlx.testing import save_random_adapter
+
+    src = make_tiny_model(tmp_path / "f32")
+    root = tmp_path / "home" / "adapters"
+    save_random_adapter(src, root / "tiny")
+    for dtype in (mx.bfloat16, mx.float16):
+        dst = tmp_path / f"conv-{dtype}"
+        shutil.copytree(src, dst)
+        w = mx.load(str(src / "model.safetensors"))
+        mx.save_safetensors(str(dst / "model.safetensors"), {k: v.astype(dtype) for k, v in w.items()})
+        model, _ = mlx_lm.load(str(dst))
+        load_adapter(root / "tiny", model)  # accepted
+        os.environ["PTP_MLX_HOME"] = str(tmp_path / "home")
+        try:
+            assert adapter_for(model) == root / "tiny"
+        finally:
+            os.environ.pop("PTP_MLX_HOME")
+    other, _ = mlx_lm.load(str(make_tiny_model(tmp_path / "other", seed=5)))
+    with pytest.raises(UserError, match="fingerprint"):
+        load_adapter(root / "tiny", other)
