@@ -50,6 +50,15 @@ def test_gpu_job_dry_run(tmp_path, tiny):
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and all((out / f).stat().st_size < 16 * 2**20 for f in files)
     assert "mlx-lm" in (out / "bench.txt").read_text()
+    # issue 23's GPU bench from the same staging: bench only, greedy and sampled, with the trained adapter
+    out2 = tmp_path / "out2"
+    env2 = {**env, "OUT": str(out2), "PTP_JOB_ARGS": f"--model {model_dir} --init {tmp_path / 'work' / 'run' / 'best'} "
+            f"--bench-only --bench-sampled --bench-tokens 6 --bench-prompts {prompts}"}  # fmt: skip
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_job.sh"), "run"], env=env2, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s2 = json.loads((out2 / "summary.json").read_text())
+    assert set(s2["bench"]) == {"greedy", "t07", "profile"} and {b["rc"] for b in s2["bench"].values()} == {0}
+    assert "pregenerate" not in s2 and (out2 / "bench-t07.json").is_file()
     gpu_job.join(out, tmp_path / "adapter")
     adapter, cfg = load_adapter(tmp_path / "adapter", model)
     assert cfg.raw["cdf_order"] == "prob" and cfg.raw["training"]["slot_weights"] == "decay:0.7"
