@@ -1,16 +1,20 @@
 """Training throughput, one pass per sequence (before) against the batched pass (after), alternated in one
 process on the same steps so the machine's load affects both alike. Prints windows/s for each."""
 
-import sys, time
-import numpy as np
-import ptp_mlx  # noqa: F401  (fast BLAS before mlx)
+# ruff: noqa: I001  (ptp_mlx first: it loads the fast BLAS before mlx)
+import sys
+import time
+
+import ptp_mlx  # noqa: F401
 import mlx.core as mx
 import mlx.nn as nn
-from ptp_mlx.models import load
+import numpy as np
 from ptp_mlx.adapter import load_adapter
+from ptp_mlx.models import load
+from ptp_mlx.paths import shipped_adapters_dir
 from ptp_mlx.ptp_model import PTPModel
-from ptp_mlx.train.data import read_records
 from ptp_mlx.train.batch import accumulate, step_items, weighted_ce_sum
+from ptp_mlx.train.data import read_records
 from ptp_mlx.train.windows import loss_fn, make_windows, slot_weights, teacher_kv
 
 recs = read_records(sys.argv[1])
