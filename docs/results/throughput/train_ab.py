@@ -21,9 +21,7 @@ recs = read_records(sys.argv[1])
 seqs = int(sys.argv[2]) if len(sys.argv) > 2 else 8
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
 base, _ = load(None)
-adapter, _ = load_adapter(
-    __import__("ptp_mlx.paths", fromlist=["x"]).shipped_adapters_dir() / "SmolLM2-135M-Instruct", base
-)
+adapter, _ = load_adapter(shipped_adapters_dir() / "SmolLM2-135M-Instruct", base)
 pm = PTPModel(base, adapter)
 w = slot_weights("decay:0.7", 8)
 g_single = nn.value_and_grad(adapter, lambda ad, b: loss_fn(ad, pm, b, w))
