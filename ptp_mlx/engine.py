@@ -17,7 +17,7 @@ import mlx.core as mx
 from . import blas
 from .adapter import adapter_for, load_adapter, shipped_adapter
 from .budget import Budget, CostCurve, cached_cost_curve
-from .cli_common import UserError
+from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, PromptCache, encode_prompt, stream_generate
 from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
+from .cli_common import add_model_flags, add_sampling_flags, run_cli, sampling_from_args
+from .errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:

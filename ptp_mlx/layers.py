@@ -27,7 +27,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from .cli_common import UserError
+from .errors import UserError
 
 # Families whose PTP pass is verified token for token against autoregressive decoding by the test suite
 # (tests/test_families.py). mlx-lm maps "mistral" onto its llama module.

@@ -9,7 +9,7 @@ from ptp_mlx.bench.methods import Measured
 from ptp_mlx.bench.metrics import ALL, summarize
 from ptp_mlx.bench.prompts import load_prompts, messages_for, parse_prompts
 from ptp_mlx.bench.run import Record, compare, diagnose, first_difference, run_bench
-from ptp_mlx.cli_common import UserError
+from ptp_mlx.errors import UserError
 from ptp_mlx.sampler import SamplingSettings
 
 PROMPTS = [

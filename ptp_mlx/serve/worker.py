@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..cli_common import UserError
+from ..errors import UserError
 from ..generate import ContextFull, PromptCache
 from ..stats import RunStats
 from .schema import APIError, GenRequest, Usage
