@@ -8,12 +8,11 @@ sibling strands), draft the next ones in the same pass, accept, and keep only th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
 
-from .budget import Plan
+from .drafting.protocol import CallResult, Plan
 from .ptp_model import PTPModel, Window
 from .sampler import SamplingSettings, pick
 
@@ -52,21 +51,6 @@ class _NoClock:
 NO_CLOCK = _NoClock()
 
 
-@dataclass
-class CallOut:
-    """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (the alternative counts as
-    one), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences, and the index of
-    the alternative strand that landed (None: the chain)."""
-
-    block: list[int]
-    accepted: int
-    aux_tokens: list[int]
-    aux_conf: list[float]
-    second: list[tuple[int, float]]
-    alt: int | None = None
-    aux_mode: list[float] | None = None  # each row's top probability at the decoding temperature (``mode_mass``)
-
-
 def ptp_call(
     pm: PTPModel,
     cache,
@@ -79,11 +63,11 @@ def ptp_call(
     clock=NO_CLOCK,
     runner_up: bool = False,
     mode_mass: bool = False,
-) -> CallOut:
+) -> CallResult:
     """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
     ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
     in the cache. ``runner_up``: also read each auxiliary row's second-best token (for the next call's tree).
-    Returns a ``CallOut``."""
+    Returns a ``CallResult``."""
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
     # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
     offset = cache[0].offset
@@ -147,4 +131,4 @@ def ptp_call(
     clock.mark("read+trim")
     second = list(zip(aux_l[2], aux_l[3], strict=True))
     mode_l = None if mode is None else mode.tolist()
-    return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l)
+    return CallResult(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l)

@@ -16,11 +16,13 @@ import mlx.core as mx
 
 from . import blas
 from .adapter import adapter_for, load_adapter, shipped_adapter
-from .budget import Budget, CostCurve, cached_cost_curve
+from .drafting.budget import Budget
+from .drafting.cost import CostCurve, cached_cost_curve
 from .errors import UserError
-from .generate import DecodeOptions, GenerationStep, PromptCache, encode_prompt, stream_generate
+from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate
 from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root
+from .prompt_cache import PromptCache
 from .ptp_model import PTPModel
 from .sampler import SamplingSettings
 

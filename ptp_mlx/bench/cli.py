@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
     eng = Engine.load(args.model, args.adapter)
     if args.free_rows:
-        from ..budget import CostCurve
+        from ..drafting.cost import CostCurve
 
         for b in [eng.budget, *eng.mode_budgets.values()]:
             if b is not None:

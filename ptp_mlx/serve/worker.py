@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..errors import UserError
-from ..generate import ContextFull, PromptCache
+from ..generate import ContextFull
+from ..prompt_cache import PromptCache
 from ..stats import RunStats
 from .schema import APIError, GenRequest, Usage
 from .stops import StopMatcher
