@@ -91,6 +91,14 @@ def test_profile_splits_real_calls_into_phases(engine, prompt_file):
         assert r["total"] > 0 and sum(r["phases"].values()) <= 1.5 * r["total"] + 0.5
     assert text.splitlines()[0].startswith("ptp-bench --profile") and "| ptp 3+" in text
     assert doc["diverged"] == [] and "every PTP shape == ar" in text  # padded drafts included: still exact
+    # Host time on the critical path: wall time minus compute, for every kind of call; unpipelined calls are
+    # exactly their phases, so their host part is the phases other than compute.
+    assert "host on path" in text.splitlines()[1] and set(doc["host_on_path"]) == set(names)
+    for r in doc["rows"]:
+        assert r["compute"] > 0 and 0 <= r["host_on_path"] <= r["total"]
+    unpiped = next(r for r in doc["rows"] if r["name"] == "ar (unpipelined)")
+    host = sum(v for k, v in unpiped["phases"].items() if k != "compute")
+    assert abs(unpiped["host_on_path"] - host) < 1e-6
 
 
 @pytest.mark.parametrize(
