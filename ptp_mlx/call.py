@@ -1,13 +1,16 @@
 """One fused PTP call (docs/method.md, sections 4-5): verify the drafts in hand (a chain, or a token tree with
 sibling strands), draft the next ones in the same pass, accept, and keep only the accepted path in the cache.
 
-``ptp_call`` is shared by decoding (``generate._ptp_calls``), the budget's cost probe and ``ptp-bench
---profile``; a ``PhaseClock`` splits its time into phases.
+A call is built (``build_call``: the lazy graph, nothing computed) and then finished (``finish_call``: wait for
+the compute, read, accept, trim), so decoding can queue a call and build the next one while it computes.
+``ptp_call`` does both; it is shared by the budget's cost probe and ``ptp-bench --profile``; a ``PhaseClock``
+splits a call's time into phases.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -51,7 +54,24 @@ class _NoClock:
 NO_CLOCK = _NoClock()
 
 
-def ptp_call(
+@dataclass
+class PendingCall:
+    """A built PTP call: its plan, its position (``offset``: the cache length before it, where an abandoned call is
+    trimmed back to), and the lazy arrays its host read needs."""
+
+    plan: Plan
+    offset: int
+    i: int
+    outs: list[mx.array]  # exact tokens of the token rows; then (with windows) the auxiliary rows' argmax,
+    # confidence, and (runner_up) their runner-up and its confidence
+    mode: mx.array | None = None
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        return self.outs + ([] if self.mode is None else [self.mode])
+
+
+def build_call(
     pm: PTPModel,
     cache,
     last: int,
@@ -60,20 +80,18 @@ def ptp_call(
     i: int,
     s: SamplingSettings,
     greedy_u,
-    clock=NO_CLOCK,
     runner_up: bool = False,
     mode_mass: bool = False,
-) -> CallResult:
-    """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
-    ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
-    in the cache. ``runner_up``: also read each auxiliary row's second-best token (for the next call's tree).
-    Returns a ``CallResult``."""
-    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
-    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
+    tokens: mx.array | None = None,
+) -> PendingCall:
+    """The lazy graph of one fused PTP call (docs/method.md, section 5): token rows ``[last, plan.drafts,
+    alternatives]`` (or ``tokens``, the same row ids as an array the host has not read), then the auxiliary
+    windows of ``plan.branches`` and the alternatives' branches. The cache receives every row."""
     offset = cache[0].offset
     n, branches, alts = len(plan.drafts), plan.branches, plan.alts
     # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
-    tokens = mx.array([last] + plan.drafts + [a for a, _ in alts])
+    if tokens is None:
+        tokens = mx.array([last] + plan.drafts + [a for a, _ in alts])
     parents = list(range(-1, n)) + [0] * len(alts) if alts else None  # alternatives follow ``last`` like q_1
     windows = [Window(offset + 1 + d, w) for d, w in branches]
     windows += [Window(offset + 2, w, via=n + 1 + k) for k, (_, w) in enumerate(alts) if w]
@@ -103,10 +121,18 @@ def ptp_call(
         if runner_up:
             rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
             outs += [mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
-    clock.mark("build")
-    mx.eval(*outs, *([] if mode is None else [mode]))  # sync: one host read per call for targets and next drafts
+    return PendingCall(plan, offset, i, outs, mode)
+
+
+def finish_call(cache, call: PendingCall, clock=NO_CLOCK) -> CallResult:
+    """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path."""
+    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
+    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
+    plan, offset, outs = call.plan, call.offset, call.outs
+    n, alts = len(plan.drafts), plan.alts
+    mx.eval(*call.arrays)  # sync: one host read per call for targets and next drafts
     clock.mark("compute")
-    targets_l = targets.tolist()
+    targets_l = outs[0].tolist()
     aux_l = [o.tolist() for o in outs[1:]] + [[]] * (5 - len(outs))
     if min(targets_l) < 0:
         raise ValueError("cannot sample: the model produced non-finite logits")
@@ -130,5 +156,26 @@ def ptp_call(
         layer_cache.trim(layer_cache.offset - keep)
     clock.mark("read+trim")
     second = list(zip(aux_l[2], aux_l[3], strict=True))
-    mode_l = None if mode is None else mode.tolist()
+    mode_l = None if call.mode is None else call.mode.tolist()
     return CallResult(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l)
+
+
+def ptp_call(
+    pm: PTPModel,
+    cache,
+    last: int,
+    plan: Plan,
+    u,
+    i: int,
+    s: SamplingSettings,
+    greedy_u,
+    clock=NO_CLOCK,
+    runner_up: bool = False,
+    mode_mass: bool = False,
+) -> CallResult:
+    """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
+    ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
+    in the cache. ``runner_up``: also read each auxiliary row's second-best token (for the next call's tree)."""
+    call = build_call(pm, cache, last, plan, u, i, s, greedy_u, runner_up, mode_mass)
+    clock.mark("build")
+    return finish_call(cache, call, clock)

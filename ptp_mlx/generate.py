@@ -14,8 +14,9 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
+from .ahead import build_ahead, take_ahead
 from .ar import Shifted, ar_calls, prefill
-from .call import NO_CLOCK, ptp_call
+from .call import NO_CLOCK, build_call, finish_call
 from .drafting.budget import Budget, BudgetPolicy, FixedBudget
 from .drafting.chain import ChainDrafter
 from .drafting.cost import CostCurve
@@ -58,6 +59,7 @@ class DecodeOptions:
     trees: bool = True  # let the adaptive budget verify the runner-up of the first draft as a sibling strand
     drafter: Drafter | None = None  # default: ``default_drafter`` (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
+    ahead: int = 2  # at most this many outcomes of a call to build the next call for while it computes (0: none)
 
 
 class ContextFull(ValueError):
@@ -116,7 +118,7 @@ def stream_generate(
     if opts.mode == "ar":
         calls = ar_calls(pm, cache, prompt_ids[-1], u, s, max_new)
     else:
-        calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, history=prompt_ids)
+        calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, prompt_ids, eos)
     generated = 0
     seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]
     t_gen = time.perf_counter()
@@ -158,6 +160,7 @@ def stream_generate(
             if finish or generated >= max_new:
                 return
     finally:
+        calls.close()  # a PTP call queued but not read leaves the cache now, before it is stored
         if prompt_cache is not None:
             # Stored once, at the end (normal, closed early, or failed): after a failed call the cache holds rows
             # nobody trimmed, so its offset disagrees with the tokens and the next ``take`` starts afresh.
@@ -185,13 +188,15 @@ def default_drafter(pm: PTPModel, opts: DecodeOptions) -> Drafter:
     return LookupDrafter(drafter, max_draft=width - 1) if opts.lookup else drafter
 
 
-def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history=()):
+def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history, eos):
     """PTP decoding: each call verifies the drafts in hand and drafts again for the likely outcomes.
 
     Rows: [last accepted token, drafts q_1..q_n | branch d auxiliaries ...]. Branch d assumes the first d
     drafts are accepted. After the call, c = number of leading drafts equal to the exact token at their
     position; the call emits the exact tokens at positions 0..c and branch c (if present) gives the next
-    drafts, its first slot being the exact token just emitted.
+    drafts, its first slot being the exact token just emitted. A call is queued before the host reads it, and
+    the next one, when the drafter can tell its rows, is built for the likely outcomes meanwhile
+    (``ptp_mlx/ahead.py``) and queued right after the read, before this call's block is handed out.
     """
     # Greedy verification ignores u, so drafts may use the adapter's reserved "argmax" u when it has one.
     greedy_u = pm.config.greedy_u if s.greedy else None
@@ -199,43 +204,81 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     drafter.begin(DraftSession(list(history), u, s))
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
-    while i < max_new:
-        t_start = time.perf_counter()
-        clock.start()
-        offset = cache[0].offset
-        # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
-        plan = drafter.plan(i, max_new - i, ctx - offset)
-        if plan.burst:
-            # Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive
-            # burst instead. Same uniforms, same tokens; the cache again ends just before the last token.
-            burst = ar_calls(pm, cache, last, Shifted(u, i), s, plan.burst)
-            done = 0
-            for block, info in burst:
-                last = block[-1]
-                done += 1
-                drafter.emitted(block)
-                yield block, info
-                if done < plan.burst and drafter.ready():
-                    # The next step is already queued and has fed ``last`` into the cache: trim it so the
-                    # cache again ends just before ``last`` (the lookup call feeds it at the same position).
-                    burst.close()
-                    for layer_cache in cache:
-                        layer_cache.trim(1)
-                    break
-            i += done
-            continue
-        clock.mark("plan")
-        # 2. One call: verify, draft, accept, trim (ptp_call).
-        out = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock, drafter.runner_up, drafter.mode_mass)
-        block, c = out.block, out.accepted
-        # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
-        drafter.update(plan, out)
-        drafter.emitted(block)
-        clock.mark("update")
-        clock.tag("rows", plan.rows)
+    plan, call, limit = None, None, min(1, opts.ahead)  # the next call's plan / its queued build; outcomes ahead
+    try:
+        while i < max_new:
+            t_start = time.perf_counter()
+            clock.start()
+            if call is None:
+                # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
+                plan = plan or drafter.plan(i, max_new - i, ctx - cache[0].offset)
+                if plan.burst:
+                    last, done = yield from _burst(pm, cache, last, u, i, s, plan.burst, drafter)
+                    i, plan = i + done, None
+                    continue
+                clock.mark("plan")
+                # 2. One call: verify, draft (queued now; read, accepted and trimmed by ``finish_call``).
+                call = build_call(pm, cache, last, plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass)
+                clock.mark("build")
+                mx.async_eval(*call.arrays)  # (on MLX's CPU backend this returns only near the end of a large graph)
+                clock.mark("queue")
+            t_ahead = time.perf_counter()
+            ahead = build_ahead(pm, cache, drafter, call, u, s, greedy_u, max_new, ctx, limit)
+            t_wait = time.perf_counter()
+            clock.mark("ahead")
+            out = finish_call(cache, call, clock)
+            limit = min(opts.ahead, _ahead_limit(limit, len(ahead), t_wait - t_ahead, time.perf_counter() - t_wait))
+            plan, call = call.plan, None
+            # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
+            drafter.update(plan, out)
+            drafter.emitted(out.block)
+            block, c, rows, last = out.block, out.accepted, plan.rows, out.block[-1]
+            n = len(plan.drafts) + len(plan.alts)
+            source = "alt" if out.alt is not None else plan.source if n else None
+            i += len(block)
+            plan = None
+            if i < max_new and not eos.intersection(block):
+                # The next call is planned now; built ahead for this outcome, it is queued before the yield.
+                plan = drafter.plan(i, max_new - i, ctx - cache[0].offset)
+                call = take_ahead(ahead, out, plan, cache)
+            del ahead
+            clock.mark("update")
+            if call is not None:
+                mx.async_eval(*call.arrays)
+                clock.mark("queue")
+            clock.tag("rows", rows)
+            t = time.perf_counter() - t_start
+            yield block, {"proposed": n, "accepted": c, "rows": rows, "time": t, "source": source}
+    finally:
+        if call is not None:  # queued but never read (the consumer stopped first): its rows leave the cache
+            for layer_cache in cache:
+                layer_cache.trim(layer_cache.offset - call.offset)
+
+
+def _ahead_limit(limit: int, built: int, t_built: float, t_wait: float) -> int:
+    """How many outcomes to build ahead next time: one more while the host still waited for the call after its
+    builds, one fewer (down to 1) when it did not wait at all (the builds outlasted the compute)."""
+    per = t_built / built if built else 0.0
+    if built >= limit and t_wait > per:
+        return min(limit + 1, 8)
+    return max(1, limit - 1) if t_wait < 0.1 * per else limit
+
+
+def _burst(pm, cache, last, u, i, s, length, drafter):
+    """Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive burst instead.
+    Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``."""
+    burst = ar_calls(pm, cache, last, Shifted(u, i), s, length)
+    done = 0
+    for block, info in burst:
         last = block[-1]
-        i += len(block)
-        t = time.perf_counter() - t_start
-        n = len(plan.drafts) + len(plan.alts)
-        source = "alt" if out.alt is not None else plan.source if n else None
-        yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": source}
+        done += 1
+        drafter.emitted(block)
+        yield block, info
+        if done < length and drafter.ready():
+            # The next step is already queued and has fed ``last`` into the cache: trim it so the
+            # cache again ends just before ``last`` (the lookup call feeds it at the same position).
+            burst.close()
+            for layer_cache in cache:
+                layer_cache.trim(1)
+            break
+    return last, done

@@ -243,6 +243,14 @@ class PTPKVCache(KVCache):
         super().__init__()
         self._ctx = ctx
 
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        if self.keys is not None:
+            # Write through fresh handles of the same arrays (no copy): mlx-lm's in-place slice assignment then
+            # leaves the arrays an earlier state holds untouched, so decoding can build the next call for several
+            # outcomes on top of one state (``ptp_mlx/ahead.py``). Unreferenced, the old buffer is reused.
+            self.keys, self.values = mx.array(self.keys), mx.array(self.values)
+        return super().update_and_fetch(keys, values)
+
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
         plan = self._ctx.plan
         if plan is not None:

@@ -5,7 +5,10 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
 - ``ar``: our pipelined autoregressive path per token, and the same step unpipelined, split into graph
   building on the host, compute (``mx.eval``: the pass, waited for) and reading the token;
 - ``ptp R+A``: PTP calls of a fixed shape (R token rows: the last token and R-1 drafts; A auxiliary rows),
-  split by ``PhaseClock`` into planning, graph building, compute, reading + cache trim, and the drafter's update.
+  split by ``PhaseClock`` into planning, graph building, building the next call ahead (``ptp_mlx/ahead.py``),
+  compute (the wait for it), reading + cache trim, and the drafter's update with the next plan and its queueing.
+  A fixed shape is known ahead, so these calls run pipelined: plan and build are empty when the call was
+  queued from its build ahead.
 
 Every row also reports **host time on the critical path** per call: the wall time of a call as the consumer of
 ``stream_generate`` sees it (yield to yield) minus its compute, i.e. the host work the device waited for. For
@@ -24,11 +27,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..call import PhaseClock
-from ..drafting.protocol import CallResult, Drafter, Plan
+from ..drafting.protocol import CallResult, Drafter, Guess, Plan
 from ..generate import DecodeOptions, decoding_settings, stream_generate
 from ..sampler import SamplingSettings, UniformStream, pick
 
-PHASES = ("plan", "build", "compute", "read+trim", "update")
+PHASES = ("plan", "build", "queue", "ahead", "compute", "read+trim", "update")
 # (drafts verified, [(branch, width), ...]): 3+7 is the issue's reference shape (2 drafts, 7 auxiliaries).
 SHAPES: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] = (
     (0, ((0, 2),)),
@@ -49,6 +52,7 @@ class ProfileRow:
     tokens_per_call: float
     tokens: list[int] | None = None  # what the calls emitted (PTP rows: compared with AR, a free lossless check)
     compute: float = 0.0  # median milliseconds of compute per call (the device's part)
+    calls_raw: list[dict] | None = None  # (PTP rows, while profiling: every call's phases in seconds)
 
     @property
     def host_on_path(self) -> float:
@@ -56,7 +60,7 @@ class ProfileRow:
         return max(0.0, self.total - self.compute)
 
     def to_json(self) -> dict:
-        return {**self.__dict__, "host_on_path": self.host_on_path}
+        return {**{k: v for k, v in self.__dict__.items() if k != "calls_raw"}, "host_on_path": self.host_on_path}
 
 
 class ShapeDrafter(Drafter):
@@ -74,6 +78,15 @@ class ShapeDrafter(Drafter):
         drafts = (self.drafts + [self.drafts[-1] if self.drafts else 0] * n)[:n]
         branches = [(d, min(w, self.width)) for d, w in self.branches if d <= n]
         return Plan(drafts, branches, source="ptp" if n else None)
+
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        # The shape is fixed, so the next call is known before this one is read (queued as soon as it is).
+        r, w = plan.branch_rows(accepted) or (0, 1)
+        n = max(0, min(self.n, remaining - 1))
+        if n and w < 2:
+            return None  # no drafts in the branch: the padding is a constant the plan makes on the host
+        branches = [(d, min(b, self.width)) for d, b in self.branches if d <= n]
+        return Guess(Plan([0] * n, branches, source="ptp" if n else None), [r + 1 + min(k, w - 2) for k in range(n)])
 
     def update(self, plan: Plan, result: CallResult) -> None:
         rows = plan.branch_rows(result.accepted, result.alt)
@@ -177,31 +190,55 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> lis
 
 
 def profile_ptp(eng, ids: list[int], max_tokens: int, s: SamplingSettings, shapes=SHAPES) -> list[ProfileRow]:
-    """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape."""
+    """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape. Each
+    shape runs twice: one call at a time (``ahead=0``: the call is built after the previous one is read; its
+    queue + compute phases are the call's pure compute), then pipelined (the next call built ahead while this
+    one computes, ``ptp_mlx/ahead.py``); host time on the path is wall time minus that pure compute."""
     out = []
     width = eng.pm.config.window
     for n, branches in shapes:
-        clock = PhaseClock()
-        opts = DecodeOptions(
-            mode="ptp", max_tokens=max_tokens, sampling=s, drafter=ShapeDrafter(n, branches, width), clock=clock
-        )
-        steps, stamps = [], []
-        for st in stream_generate(eng.pm, eng.tokenizer, ids, opts):
-            stamps.append(time.perf_counter())
-            steps.append(st)
-        rows = 1 + n + sum(w for _, w in branches)
-        # Call k (k >= 1) took stamps[k] - stamps[k-1] of wall time (one clock entry and one step per call).
-        full = [k for k, c in enumerate(clock.calls) if c.get("rows") == rows and 1 <= k < len(stamps)]
-        if not full:
-            continue
-        calls = [clock.calls[k] for k in full]
-        med = {k: _median_ms([c.get(k, 0.0) for c in calls]) for k in PHASES}
-        total = _median_ms([stamps[k] - stamps[k - 1] for k in full])
-        tpc = sum(len(st.tokens) for st in steps) / max(1, len(steps))
-        toks = [t for st in steps for t in st.tokens]
-        name = f"ptp {1 + n}+{rows - 1 - n}"
-        out.append(ProfileRow(name, rows, len(full), med, total, tpc, toks, compute=med["compute"]))
+        sync = None
+        for ahead in (0, DecodeOptions.ahead):
+            row = _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead)
+            if row is None:
+                break
+            if sync is None:
+                sync = row
+                row.compute = _median_ms([c.get("queue", 0.0) + c.get("compute", 0.0) for c in row.calls_raw])
+            else:
+                row.name += " ahead"
+                row.compute = sync.compute
+            row.calls_raw = None
+            out.append(row)
     return out
+
+
+def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead) -> ProfileRow | None:
+    clock = PhaseClock()
+    opts = DecodeOptions(
+        mode="ptp",
+        max_tokens=max_tokens,
+        sampling=s,
+        drafter=ShapeDrafter(n, branches, width),
+        clock=clock,
+        ahead=ahead,
+    )
+    steps, stamps = [], []
+    for st in stream_generate(eng.pm, eng.tokenizer, ids, opts):
+        stamps.append(time.perf_counter())
+        steps.append(st)
+    rows = 1 + n + sum(w for _, w in branches)
+    # Call k (k >= 1) took stamps[k] - stamps[k-1] of wall time (one clock entry and one step per call).
+    full = [k for k, c in enumerate(clock.calls) if c.get("rows") == rows and 1 <= k < len(stamps)]
+    if not full:
+        return None
+    calls = [clock.calls[k] for k in full]
+    med = {k: _median_ms([c.get(k, 0.0) for c in calls]) for k in PHASES}
+    total = _median_ms([stamps[k] - stamps[k - 1] for k in full])
+    tpc = sum(len(st.tokens) for st in steps) / max(1, len(steps))
+    toks = [t for st in steps for t in st.tokens]
+    name = f"ptp {1 + n}+{rows - 1 - n}"
+    return ProfileRow(name, rows, len(full), med, total, tpc, toks, calls_raw=[{**c} for c in calls])
 
 
 def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:

@@ -28,6 +28,7 @@ class BudgetPolicy(Protocol):
     calibrate: bool  # whether it learns from observed acceptance (and may turn to bursts)
     burst_len: int  # the next autoregressive burst's length
     builds_trees: bool  # whether ``plan`` weighs a runner-up sibling (``second``)
+    shape_only: bool  # whether ``plan`` depends only on how many drafts are in hand (not on their confidences)
     max_width: int
 
     @property
@@ -130,6 +131,7 @@ class Budget:
     burst_len: int = AR_BURST  # the next burst's length (calibrating budgets back off when probes fail)
     landed: bool = True  # some draft was accepted since the last burst
     builds_trees: bool = True  # it weighs the runner-up of the first draft as a sibling strand (``second``)
+    shape_only: bool = False  # its rows follow the drafts' confidences
 
     @property
     def ratio(self) -> float:
@@ -268,6 +270,7 @@ class FixedBudget:
     ratio: float = 1.0
     burst_len: int = 0
     builds_trees: bool = False
+    shape_only: bool = True  # the same rows whatever the drafts' confidences
 
     def __post_init__(self):
         if not 1 <= self.num_draft <= self.max_width - 1:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .budget import BudgetPolicy, Pace, reach, u_factor
-from .protocol import CallResult, Drafter, DraftSession, Plan
+from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
 
 
 class ChainDrafter(Drafter):
@@ -62,6 +62,21 @@ class ChainDrafter(Drafter):
         elif plan.drafts:
             plan.source = "ptp"
         return plan
+
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        """Known ahead when the budget's rows depend only on the number of drafts (``FixedBudget``): the next
+        drafts are the branch of ``accepted``, slots 1.. (as ``update`` takes them)."""
+        if not self.budget.shape_only or self.budget.calibrate:
+            return None
+        rows = plan.branch_rows(accepted)
+        r, w = rows if rows is not None else (0, 1)
+        n = w - 1
+        nxt = self.budget.plan([0] * n, [1.0] * n, remaining, room, self.step)
+        if nxt.burst or nxt.alts:
+            return None
+        if nxt.drafts:
+            nxt.source = "ptp"
+        return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))])
 
     def update(self, plan: Plan, result: CallResult) -> None:
         own = plan.source in (None, "ptp")  # the adapter's calls; another drafter's chain (lookup) is not evidence

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .budget import Pace
 from .chain import ChainDrafter
-from .protocol import CallResult, Drafter, DraftSession, Plan
+from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
 
 NGRAMS = (4, 3, 2)
 
@@ -101,6 +101,11 @@ class LookupDrafter(Drafter):
                     alt.source = "lookup"
                     return alt
         return self.inner.plan(i, remaining, room)
+
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        # The adapter's next call, guessed ahead; when a lookup chain wins instead, the guess is not confirmed
+        # and that call is built after the read (a synchronous call).
+        return self.inner.guess(plan, accepted, i, remaining, room)
 
     def update(self, plan: Plan, result: CallResult) -> None:
         if plan.source == "lookup":

@@ -65,6 +65,15 @@ class CallResult:
 
 
 @dataclass
+class Guess:
+    """The next call's rows as a drafter can tell them before the current call is read: ``plan`` (its drafts are
+    placeholders) and ``draft_rows``, the current call's auxiliary rows whose argmax tokens are those drafts."""
+
+    plan: Plan
+    draft_rows: list[int]
+
+
+@dataclass
 class DraftSession:
     """What a drafter learns when an answer starts: the prompt, the answer's uniforms and its sampling settings."""
 
@@ -97,6 +106,13 @@ class Drafter(Protocol):
     def update(self, plan: Plan, result: CallResult) -> None:
         """Learn from the call that ran ``plan`` (the next drafts, acceptance statistics)."""
         ...
+
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (the next
+        call then starts at generated position ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if
+        it can tell before that call is read; None otherwise. Decoding builds the guessed call while the current
+        one computes and queues it the moment the read confirms it (``ptp_mlx/ahead.py``)."""
+        return None
 
     def emitted(self, tokens: list[int]) -> None:
         """Tokens the answer gained (every block, autoregressive bursts included)."""
