@@ -55,7 +55,7 @@ class DecodeOptions:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     budget: BudgetPolicy | None = None  # default: a flat cost curve with the adapter's width
     num_draft_tokens: int | None = None  # a fixed budget (mlx-lm's flag): up to N drafts every call, no AR bursts
-    lookup: bool = True  # also draft by prompt lookup (ptp_mlx/lookup.py)
+    lookup: bool = True  # also draft by prompt lookup (ptp_mlx/drafting/lookup.py)
     trees: bool = True  # let the adaptive budget verify the runner-up of the first draft as a sibling strand
     drafter: Drafter | None = None  # default: ``default_drafter`` (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)

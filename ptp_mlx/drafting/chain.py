@@ -26,8 +26,8 @@ class ChainDrafter(Drafter):
 
     def begin(self, session: DraftSession) -> None:
         s = session.settings
-        if s.order == "prob" and not s.greedy:
-            self.uniforms = session.uniforms  # its drafts' uniforms sharpen their confidences (``u_factor``)
+        # Sampling in probability order, its drafts' uniforms sharpen their confidences (``u_factor``).
+        self.uniforms = session.uniforms if s.order == "prob" and not s.greedy else None
 
     @property
     def mode_mass(self) -> bool:
