@@ -59,7 +59,9 @@ class DecodeOptions:
     trees: bool = True  # let the adaptive budget verify the runner-up of the first draft as a sibling strand
     drafter: Drafter | None = None  # default: ``default_drafter`` (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
-    ahead: int = 2  # at most this many outcomes of a call to build the next call for while it computes (0: none)
+    # At most this many outcomes of a call to build the next call for while it computes (0: none; None: the device's
+    # default, ``ahead_default``).
+    ahead: int | None = None
 
 
 class ContextFull(ValueError):
@@ -204,7 +206,8 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     drafter.begin(DraftSession(list(history), u, s))
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
-    plan, call, limit = None, None, min(1, opts.ahead)  # the next call's plan / its queued build; outcomes ahead
+    most = ahead_default() if opts.ahead is None else opts.ahead
+    plan, call, limit = None, None, min(1, most)  # the next call's plan / its queued build; outcomes ahead
     try:
         while i < max_new:
             t_start = time.perf_counter()
@@ -227,7 +230,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             t_wait = time.perf_counter()
             clock.mark("ahead")
             out = finish_call(cache, call, clock)
-            limit = min(opts.ahead, _ahead_limit(limit, len(ahead), t_wait - t_ahead, time.perf_counter() - t_wait))
+            limit = min(most, _ahead_limit(limit, len(ahead), t_wait - t_ahead, time.perf_counter() - t_wait))
             plan, call = call.plan, None
             # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
             drafter.update(plan, out)
@@ -253,6 +256,14 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         if call is not None:  # queued but never read (the consumer stopped first): its rows leave the cache
             for layer_cache in cache:
                 layer_cache.trim(layer_cache.offset - call.offset)
+
+
+def ahead_default() -> int:
+    """Outcomes to build ahead by default: one on a GPU, where ``mx.async_eval`` returns at once and the build
+    overlaps the whole call; none on MLX's CPU backend, where it returns only near the end of a large graph, so a
+    build ahead overlaps just the tail and competes with the compute for the same cores (measured no faster:
+    docs/results/profile/issue23/)."""
+    return 1 if mx.default_device() == mx.gpu else 0
 
 
 def _ahead_limit(limit: int, built: int, t_built: float, t_wait: float) -> int:

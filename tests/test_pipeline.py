@@ -17,7 +17,9 @@ from ptp_mlx.prompt_cache import PromptCache
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts the calls queued from a build ahead ("hit") and those built after the read ("miss")."""
+    """Builds ahead up to two outcomes whatever the device (on the CPU the default is none), and counts the calls
+    queued from a build ahead ("hit") and those built after the read ("miss")."""
+    monkeypatch.setattr(generate, "ahead_default", lambda: 2)
     seen = Counter()
     take = generate.take_ahead
 
@@ -115,3 +117,12 @@ def test_ahead_limit_follows_the_slack():
     assert _ahead_limit(1, 1, 0.01, 0.0) == 1  # never fewer than one
     assert _ahead_limit(2, 1, 0.01, 0.05) == 2  # fewer outcomes than allowed were built: no evidence for more
     assert _ahead_limit(8, 8, 0.08, 1.0) == 8
+
+
+def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):  # noqa: F811
+    tok = varied[1]
+    ids = encode_prompt(tok, PROMPTS[0])
+    opts = DecodeOptions(mode="ptp", max_tokens=16, num_draft_tokens=2, ahead=0)
+    got = [t for st in stream_generate(pm_sticky, tok, ids, opts) for t in st.tokens]
+    assert got == ar(pm_sticky, tok, ids, SETTINGS["greedy"], 16)[0]
+    assert spy["built"] == 0 and spy["hit"] == 0 and spy["miss"] > 0

@@ -193,12 +193,13 @@ def profile_ptp(eng, ids: list[int], max_tokens: int, s: SamplingSettings, shape
     """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape. Each
     shape runs twice: one call at a time (``ahead=0``: the call is built after the previous one is read; its
     queue + compute phases are the call's pure compute), then pipelined (the next call built ahead while this
-    one computes, ``ptp_mlx/ahead.py``); host time on the path is wall time minus that pure compute."""
+    one computes, ``ptp_mlx/ahead.py``, one outcome ahead); host time on the path is wall time minus that pure
+    compute."""
     out = []
     width = eng.pm.config.window
     for n, branches in shapes:
         sync = None
-        for ahead in (0, DecodeOptions.ahead):
+        for ahead in (0, 1):
             row = _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead)
             if row is None:
                 break
