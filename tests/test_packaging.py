@@ -36,7 +36,7 @@ def test_wheel_layout(tmp_path):
         capture_output=True,
         text=True,
     )
-    if r.returncode != 0 and "No module named" in r.stderr:
+    if r.returncode != 0 and ("No module named" in r.stderr or "invalid command 'bdist_wheel'" in r.stderr):
         pytest.skip("setuptools/wheel not available for an offline build")
     assert r.returncode == 0, r.stderr
     wheel = next(tmp_path.glob("ptp_mlx-*.whl"))
