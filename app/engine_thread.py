@@ -123,7 +123,7 @@ class AnswerFailed(Message):
 
 def describe_error(e: BaseException) -> str:
     """One line for a notification: never a traceback."""
-    from ptp_mlx.cli_common import UserError
+    from ptp_mlx.errors import UserError
 
     msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
     name = type(e).__name__

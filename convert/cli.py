@@ -11,7 +11,8 @@ import sys
 from collections.abc import Sequence
 
 import ptp_mlx  # noqa: F401  (sets up the BLAS before mlx is imported)
-from ptp_mlx.cli_common import UserError, run_cli
+from ptp_mlx.cli_common import run_cli
+from ptp_mlx.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:

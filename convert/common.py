@@ -13,8 +13,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ptp_mlx.cli_common import UserError
 from ptp_mlx.conversion import dtype_name, one_line
+from ptp_mlx.errors import UserError
 
 # ---------------------------------------------------------------------------------------------- reading
 

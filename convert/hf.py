@@ -19,8 +19,8 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from ptp_mlx.cli_common import UserError
 from ptp_mlx.conversion import FLOAT_DTYPES, Mapping, Summary, check_output, dir_size, dtype_name, progress
+from ptp_mlx.errors import UserError
 from ptp_mlx.paths import atomic_dir
 
 from .common import is_float, is_tensor, read_weight_file, shape_of, to_mx

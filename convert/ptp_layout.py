@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ptp_mlx.cli_common import UserError
+from ptp_mlx.errors import UserError
 from ptp_mlx.ptp_model import ALL_TARGETS, U_EMBEDDING_KINDS
 
 # Longest first: the first prefix under which a key is a valid Hugging Face name wins.

@@ -1,8 +1,10 @@
 """One fused PTP call (docs/method.md, sections 4-5): verify the drafts in hand (a chain, or a token tree with
 sibling strands), draft the next ones in the same pass, accept, and keep only the accepted path in the cache.
 
-``ptp_call`` is shared by decoding (``generate._ptp_calls``), the budget's cost probe and ``ptp-bench
---profile``; a ``PhaseClock`` splits its time into phases.
+A call is built (``build_call``: the lazy graph, nothing computed) and then finished (``finish_call``: wait for
+the compute, read, accept, trim), so decoding can queue a call and build the next one while it computes.
+``ptp_call`` does both; it is shared by the budget's cost probe and ``ptp-bench --profile``; a ``PhaseClock``
+splits a call's time into phases.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .budget import Plan
+from .drafting.protocol import CallResult, Plan
 from .ptp_model import PTPModel, Window
 from .sampler import SamplingSettings, pick
 
@@ -53,22 +55,25 @@ NO_CLOCK = _NoClock()
 
 
 @dataclass
-class CallOut:
-    """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (the alternative counts as
-    one), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences, and the index of
-    the alternative strand that landed (None: the chain)."""
+class PendingCall:
+    """A built PTP call: its plan, its position (``offset``: the cache length before it, where an abandoned call is
+    trimmed back to), and the lazy arrays its host read needs."""
 
-    block: list[int]
-    accepted: int
-    aux_tokens: list[int]
-    aux_conf: list[float]
-    second: list[tuple[int, float]]
-    alt: int | None = None
-    aux_mode: list[float] | None = None  # each row's top probability at the decoding temperature (``mode_mass``)
-    logprobs: list | None = None  # the block's ``TokenLogprob``s when the hook asks for them
+    plan: Plan
+    offset: int
+    i: int
+    outs: list[mx.array]  # exact tokens of the token rows; then (with windows) the auxiliary rows' argmax,
+    # confidence, and (runner_up) their runner-up and its confidence
+    mode: mx.array | None = None
+    hook: object | None = None  # the answer's ``LogitsHook`` (penalties, logit_bias, logprobs), if any
+    scored: list[mx.array] | None = None  # what the hook reads back for logprobs
+
+    @property
+    def arrays(self) -> list[mx.array]:
+        return self.outs + ([] if self.mode is None else [self.mode]) + (self.scored or [])
 
 
-def ptp_call(
+def build_call(
     pm: PTPModel,
     cache,
     last: int,
@@ -77,21 +82,19 @@ def ptp_call(
     i: int,
     s: SamplingSettings,
     greedy_u,
-    clock=NO_CLOCK,
     runner_up: bool = False,
     mode_mass: bool = False,
+    tokens: mx.array | None = None,
     hook=None,
-) -> CallOut:
-    """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
-    ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
-    in the cache. ``runner_up``: also read each auxiliary row's second-best token (for the next call's tree).
-    Returns a ``CallOut``."""
-    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
-    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
+) -> PendingCall:
+    """The lazy graph of one fused PTP call (docs/method.md, section 5): token rows ``[last, plan.drafts,
+    alternatives]`` (or ``tokens``, the same row ids as an array the host has not read), then the auxiliary
+    windows of ``plan.branches`` and the alternatives' branches. The cache receives every row."""
     offset = cache[0].offset
     n, branches, alts = len(plan.drafts), plan.branches, plan.alts
     # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
-    tokens = mx.array([last] + plan.drafts + [a for a, _ in alts])
+    if tokens is None:
+        tokens = mx.array([last] + plan.drafts + [a for a, _ in alts])
     parents = list(range(-1, n)) + [0] * len(alts) if alts else None  # alternatives follow ``last`` like q_1
     windows = [Window(offset + 1 + d, w) for d, w in branches]
     windows += [Window(offset + 2, w, via=n + 1 + k) for k, (_, w) in enumerate(alts) if w]
@@ -125,11 +128,18 @@ def ptp_call(
         if runner_up:
             rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
             outs += [mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
-    clock.mark("build")
-    extra = ([] if mode is None else [mode]) + (scored or [])
-    mx.eval(*outs, *extra)  # sync: one host read per call for targets, next drafts (and logprobs)
+    return PendingCall(plan, offset, i, outs, mode, hook, scored)
+
+
+def finish_call(cache, call: PendingCall, clock=NO_CLOCK) -> CallResult:
+    """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path."""
+    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
+    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
+    plan, offset, outs = call.plan, call.offset, call.outs
+    n, alts = len(plan.drafts), plan.alts
+    mx.eval(*call.arrays)  # sync: one host read per call for targets and next drafts (and logprobs)
     clock.mark("compute")
-    targets_l = targets.tolist()
+    targets_l = outs[0].tolist()
     aux_l = [o.tolist() for o in outs[1:]] + [[]] * (5 - len(outs))
     if min(targets_l) < 0:
         raise ValueError("cannot sample: the model produced non-finite logits")
@@ -153,7 +163,30 @@ def ptp_call(
         layer_cache.trim(layer_cache.offset - keep)
     clock.mark("read+trim")
     second = list(zip(aux_l[2], aux_l[3], strict=True))
-    mode_l = None if mode is None else mode.tolist()
-    block_rows = list(range(c + 1)) if alt is None else [0, n + 1 + alt]
-    lps = hook.read(scored, block_rows, block) if scored is not None else None
-    return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l, lps)
+    mode_l = None if call.mode is None else call.mode.tolist()
+    lps = None
+    if call.scored is not None:
+        lps = call.hook.read(call.scored, list(range(c + 1)) if alt is None else [0, n + 1 + alt], block)
+    return CallResult(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l, lps)
+
+
+def ptp_call(
+    pm: PTPModel,
+    cache,
+    last: int,
+    plan: Plan,
+    u,
+    i: int,
+    s: SamplingSettings,
+    greedy_u,
+    clock=NO_CLOCK,
+    runner_up: bool = False,
+    mode_mass: bool = False,
+    hook=None,
+) -> CallResult:
+    """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
+    ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
+    in the cache. ``runner_up``: also read each auxiliary row's second-best token (for the next call's tree)."""
+    call = build_call(pm, cache, last, plan, u, i, s, greedy_u, runner_up, mode_mass, hook=hook)
+    clock.mark("build")
+    return finish_call(cache, call, clock)

@@ -7,6 +7,8 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 
+from .errors import UserError
+
 
 class HelpFormatter(argparse.HelpFormatter):
     """``--help`` shows each option's default, unless the help already names it or there is none to show."""
@@ -17,10 +19,6 @@ class HelpFormatter(argparse.HelpFormatter):
         if "default" in text or action.required or d is None or d is False or d == argparse.SUPPRESS:
             return text
         return f"{text} (default: %(default)s)"
-
-
-class UserError(Exception):
-    """Bad usage or bad input: reported as one ``error:`` line with exit code 2."""
 
 
 def run_cli(

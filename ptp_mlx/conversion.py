@@ -16,7 +16,7 @@ from typing import Any
 import mlx.core as mx
 from tqdm import tqdm
 
-from .cli_common import UserError
+from .errors import UserError
 
 FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 

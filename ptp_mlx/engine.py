@@ -16,12 +16,14 @@ import mlx.core as mx
 
 from . import blas
 from .adapter import adapter_for, load_adapter, shipped_adapter
-from .budget import Budget, CostCurve, cached_cost_curve
-from .cli_common import UserError
-from .generate import DecodeOptions, GenerationStep, PromptCache, encode_prompt, stream_generate
+from .drafting.budget import Budget
+from .drafting.cost import CostCurve, cached_cost_curve
+from .errors import UserError
+from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate
 from .logits import LogitsHook, LogitsSettings
 from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root
+from .prompt_cache import PromptCache
 from .ptp_model import PTPModel
 from .sampler import SamplingSettings
 

@@ -14,24 +14,19 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
-from .budget import Budget, CostCurve, FixedBudget, Pace, Plan, u_factor
-from .call import NO_CLOCK, ptp_call
+from .ahead import build_ahead, take_ahead
+from .ar import Shifted, ar_calls, prefill
+from .call import NO_CLOCK, build_call, finish_call
+from .drafting.budget import Budget, BudgetPolicy, FixedBudget
+from .drafting.chain import ChainDrafter
+from .drafting.cost import CostCurve
+from .drafting.lookup import LookupDrafter
+from .drafting.protocol import Drafter, DraftSession
+from .drafting.tree import TreeDrafter
 from .logits import LogitsHook, TokenLogprob
-from .lookup import LookupDrafter
+from .prompt_cache import PromptCache
 from .ptp_model import PTPModel
-from .sampler import SamplingSettings, UniformStream, pick
-
-PREFILL_CHUNK = 512
-
-
-class _Shifted:
-    """The uniform stream seen from index ``start`` (an autoregressive burst inside a PTP run)."""
-
-    def __init__(self, u: UniformStream, start: int):
-        self.u, self.start = u, start
-
-    def __getitem__(self, i: int) -> float:
-        return self.u[self.start + i]
+from .sampler import SamplingSettings, UniformStream
 
 
 @dataclass
@@ -60,48 +55,20 @@ class DecodeOptions:
     step: str = "fused"  # "fused" or "simple" (two calls: draft, then verify)
     max_tokens: int = 256
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    budget: Budget | None = None  # default: a flat cost curve with the adapter's width
+    budget: BudgetPolicy | None = None  # default: a flat cost curve with the adapter's width
     num_draft_tokens: int | None = None  # a fixed budget (mlx-lm's flag): up to N drafts every call, no AR bursts
-    lookup: bool = True  # also draft by prompt lookup (ptp_mlx/lookup.py)
+    lookup: bool = True  # also draft by prompt lookup (ptp_mlx/drafting/lookup.py)
     trees: bool = True  # let the adaptive budget verify the runner-up of the first draft as a sibling strand
-    drafter: object | None = None  # default: ChainDrafter (the adapter's own drafts); tests inject others
+    drafter: Drafter | None = None  # default: ``default_drafter`` (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
     logits: LogitsHook | None = None  # penalties, logit_bias and logprobs of one answer (ptp_mlx/logits.py)
+    # At most this many outcomes of a call to build the next call for while it computes (0: none; None: the device's
+    # default, ``ahead_default``).
+    ahead: int | None = None
 
 
 class ContextFull(ValueError):
     pass
-
-
-@dataclass
-class PromptCache:
-    """A conversation's KV cache and the tokens it holds, carried from one answer to the next (as
-    ``mlx_lm.chat`` does): the next prompt prefills only what follows their longest common prefix."""
-
-    cache: list | None = None
-    tokens: list[int] = field(default_factory=list)
-    reused: int = 0  # prompt tokens the last answer did not have to prefill
-    lease: list | None = field(default=None, repr=False)  # the cache the latest answer took
-
-    def take(self, pm: PTPModel, prompt_ids: list[int]) -> tuple[list, int]:
-        """A cache holding a prefix of ``prompt_ids[:-1]`` and that prefix's length (0: a fresh cache)."""
-        cache, self.cache = self.cache, None  # invalid while a generation works on it
-        if cache is None or cache[0].offset != len(self.tokens):  # (a failed call leaves rows it did not trim)
-            cache, keep = pm.make_cache(), 0
-        else:
-            keep = 0
-            limit = min(len(self.tokens), len(prompt_ids) - 1)
-            while keep < limit and self.tokens[keep] == prompt_ids[keep]:
-                keep += 1
-            for c in cache:  # trim: drop what the new prompt does not share (the end of the last answer, at least)
-                c.trim(c.offset - keep)
-        self.lease = cache
-        return cache, keep
-
-    def store(self, cache: list, seq: list[int]) -> None:
-        """Record ``cache`` as holding ``seq[:offset]``, unless a later answer has taken the cache over since."""
-        if self.lease is cache:
-            self.cache, self.tokens = cache, seq[: cache[0].offset]
 
 
 def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
@@ -111,12 +78,6 @@ def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool = True) ->
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
     return list(tokenizer.encode(messages[-1]["content"] if not isinstance(prompt, str) else prompt))
-
-
-def _prefill(model, tokens: list[int], cache) -> None:
-    for s in range(0, len(tokens), PREFILL_CHUNK):
-        model(mx.array(tokens[s : s + PREFILL_CHUNK])[None], cache=cache)
-        mx.eval([c.state for c in cache])  # sync per chunk: bounds memory on long prompts
 
 
 def _peak_gb() -> float:
@@ -158,11 +119,11 @@ def stream_generate(
         prompt_cache.reused = reused
     else:
         cache, reused = pm.make_cache(), 0
-    _prefill(pm.base, prompt_ids[reused:-1], cache)
+    prefill(pm.base, prompt_ids[reused:-1], cache)
     if opts.mode == "ar":
-        calls = _ar_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx)
+        calls = ar_calls(pm, cache, prompt_ids[-1], u, s, max_new, hook=opts.logits)
     else:
-        calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, history=prompt_ids)
+        calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, prompt_ids, eos)
     generated = 0
     seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]
     t_gen = time.perf_counter()
@@ -207,6 +168,7 @@ def stream_generate(
             if finish or generated >= max_new:
                 return
     finally:
+        calls.close()  # a PTP call queued but not read leaves the cache now, before it is stored
         if prompt_cache is not None:
             # Stored once, at the end (normal, closed early, or failed): after a failed call the cache holds rows
             # nobody trimmed, so its offset disagrees with the tokens and the next ``take`` starts afresh.
@@ -220,196 +182,125 @@ def decoding_settings(pm, s: SamplingSettings) -> SamplingSettings:
     return s if s.order == order else replace(s, order=order)
 
 
-def _ar_calls(pm, cache, last, u, s: SamplingSettings, opts, max_new, ctx):
-    """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token."""
-    base = pm.base
-
-    hook = getattr(opts, "logits", None)  # penalties, logit_bias, logprobs (ptp_mlx/logits.py); None: untouched
-
-    def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
-        logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
-        if hook is None:
-            return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), None
-        # The token fed at i > 0 is not committed yet (read back after this pass is queued): ``pending``.
-        logits = hook.rows(logits[None], pending=tok if i > 0 else None)
-        t = pick(mx.array([u[i]]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
-        return t[0], hook.score(logits, t)
-
-    tok, scored = step(mx.array([last]), 0)
-    mx.async_eval(tok, *(scored or []))
-    for i in range(max_new):
-        t_start = time.perf_counter()
-        nxt = None
-        if i + 1 < max_new:
-            nxt, nxt_scored = step(tok, i + 1)
-            mx.async_eval(nxt, *(nxt_scored or []))
-        t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
-        if t < 0:
-            raise ValueError("cannot sample: the model produced non-finite logits")
-        info = {"time": time.perf_counter() - t_start}
-        if scored is not None:
-            info["logprobs"] = hook.read(scored, [0], [t])
-        yield [t], info
-        if nxt is not None:
-            tok, scored = nxt, nxt_scored
+def default_drafter(pm: PTPModel, opts: DecodeOptions) -> Drafter:
+    """The adapter's drafts under the adaptive budget (``opts.budget`` or a flat curve) or a fixed one
+    (``opts.num_draft_tokens``); with runner-up siblings when ``opts.trees`` and the budget builds trees; with
+    prompt-lookup chains beside them when ``opts.lookup``."""
+    width = pm.config.window
+    if opts.num_draft_tokens:
+        budget: BudgetPolicy = FixedBudget(opts.num_draft_tokens, width)
+    else:
+        budget = opts.budget or Budget(CostCurve(), max_width=width)
+    kind = TreeDrafter if opts.trees and budget.builds_trees else ChainDrafter
+    drafter: Drafter = kind(budget, opts.step)
+    return LookupDrafter(drafter, max_draft=width - 1) if opts.lookup else drafter
 
 
-class ChainDrafter:
-    """PTP's own drafts: after each call, the auxiliary branch that matches the accepted count.
-
-    Drafters are what a PTP call verifies. ``plan`` asks the budget for the call's rows; ``update`` takes the
-    next drafts from the call's auxiliary outputs. Tests inject other drafters (``ptp_mlx.testing``).
-    """
-
-    def __init__(self, budget: Budget | FixedBudget, step: str = "fused", trees: bool = True):
-        self.budget, self.step, self.trees = budget, step, trees
-        self.drafts: list[int] = []
-        self.conf: list[float] = []
-        self.second: tuple[int, float] | None = None  # runner-up of the first draft (a sibling strand candidate)
-        self.pace = Pace()  # what the adapter's calls really delivered since the last burst
-        # Sampling in probability order (the adapter's CDF order): the uniforms of the drafted positions are
-        # known, and a draft can only be right if its u falls inside the mode's bin (``u_factor``).
-        self.uniforms = None
-        self.mode: list[float] = []  # each draft's top probability at the decoding temperature
-        self.planned: list[float] = []  # the confidences the last plan used (what the budget calibrates on)
-
-    @property
-    def runner_up(self) -> bool:
-        """Whether calls should read the auxiliary rows' runner-ups (only the adaptive budget builds trees)."""
-        return self.trees and isinstance(self.budget, Budget)
-
-    def confidences(self, i: int) -> list[float]:
-        """The drafts' confidences for a call at generated position ``i`` (draft k predicts position i+1+k),
-        sharpened by their uniforms when sampling in probability order."""
-        if self.uniforms is None or len(self.mode) != len(self.conf):
-            return self.conf
-        us = self.uniforms.take(i + 1, len(self.conf))
-        return [c * u_factor(float(x), m) for c, x, m in zip(self.conf, us, self.mode, strict=True)]
-
-    def plan(self, i: int, remaining: int, room: int) -> Plan:
-        conf = self.planned = self.confidences(i)
-        adaptive = isinstance(self.budget, Budget)
-        if adaptive and self.budget.calibrate and self.pace.behind():
-            # Drafting calls delivered fewer tokens than plain steps would have in the same time: decode
-            # plainly for a while, whatever the predictions say.
-            plan = Plan([], [], burst=min(self.budget.burst_len, remaining))
-        elif adaptive:
-            second = self.second if self.trees else None
-            plan = self.budget.plan(self.drafts, conf, remaining, room, self.step, second=second)
-        else:
-            plan = self.budget.plan(self.drafts, conf, remaining, room, self.step)
-        if plan.burst and adaptive:
-            self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
-            self.pace = Pace()
-        elif plan.drafts:
-            plan.source = "ptp"
-        return plan
-
-    def update(
-        self,
-        plan: Plan,
-        accepted: int,
-        aux_tokens: list[int],
-        aux_conf: list[float],
-        observe: bool = True,
-        alt: int | None = None,
-        second: list[tuple[int, float]] | None = None,
-        aux_mode: list[float] | None = None,
-    ) -> None:
-        if observe and alt is None:  # the budget calibrates on the adapter's own chain drafts only
-            self.budget.observe(self.planned[: len(plan.drafts)], accepted)
-        if observe and isinstance(self.budget, Budget):  # the adapter's calls (not lookup's): their real pace
-            self.pace.add(accepted + 1, self.budget.curve(plan.rows))
-        self.drafts, self.conf, self.second, self.mode, self.planned = [], [], None, [], []
-        r, rows = 0, None
-        for d, w in plan.branches:
-            if d == accepted and alt is None:
-                rows = (r, w)
-            r += w
-        for k, (_, w) in enumerate(plan.alts):
-            if k == alt and w:
-                rows = (r, w)
-            r += w
-        if rows is not None:  # slot 0 predicts the exact token just emitted: the drafts start at slot 1
-            r, w = rows
-            self.drafts, self.conf = aux_tokens[r + 1 : r + w], aux_conf[r + 1 : r + w]
-            self.mode = aux_mode[r + 1 : r + w] if aux_mode else []
-            if second and w > 1:
-                self.second = second[r + 1]
-
-
-def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history=()):
+def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history, eos):
     """PTP decoding: each call verifies the drafts in hand and drafts again for the likely outcomes.
 
     Rows: [last accepted token, drafts q_1..q_n | branch d auxiliaries ...]. Branch d assumes the first d
     drafts are accepted. After the call, c = number of leading drafts equal to the exact token at their
     position; the call emits the exact tokens at positions 0..c and branch c (if present) gives the next
-    drafts, its first slot being the exact token just emitted.
+    drafts, its first slot being the exact token just emitted. A call is queued before the host reads it, and
+    the next one, when the drafter can tell its rows, is built for the likely outcomes meanwhile
+    (``ptp_mlx/ahead.py``) and queued right after the read, before this call's block is handed out.
     """
-    width = pm.config.window
     # Greedy verification ignores u, so drafts may use the adapter's reserved "argmax" u when it has one.
     greedy_u = pm.config.greedy_u if s.greedy else None
-    if opts.drafter is not None:
-        drafter = opts.drafter
-    else:
-        if opts.num_draft_tokens:
-            budget = FixedBudget(opts.num_draft_tokens, width)
-        else:
-            budget = opts.budget or Budget(CostCurve(), max_width=width)
-        drafter = ChainDrafter(budget, opts.step, trees=opts.trees)
-        if opts.lookup:
-            drafter = LookupDrafter(drafter, list(history), max_draft=width - 1)
-    emitted = getattr(drafter, "emitted", None)
-    runner_up = getattr(drafter, "runner_up", False)  # read runner-ups only for a drafter that builds trees
-    chain = drafter if isinstance(drafter, ChainDrafter) else getattr(drafter, "inner", None)
-    chain = chain if isinstance(chain, ChainDrafter) and s.order == "prob" and not s.greedy else None
-    if chain is not None:
-        chain.uniforms = u  # its drafts' uniforms sharpen their confidences (``u_factor``)
+    drafter = opts.drafter if opts.drafter is not None else default_drafter(pm, opts)
+    drafter.begin(DraftSession(list(history), u, s))
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
-    while i < max_new:
-        t_start = time.perf_counter()
-        clock.start()
-        offset = cache[0].offset
-        # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
-        plan = drafter.plan(i, max_new - i, ctx - offset)
-        if plan.burst:
-            # Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive
-            # burst instead. Same uniforms, same tokens; the cache again ends just before the last token.
-            ready = getattr(drafter, "ready", None)  # prompt lookup may end the burst early
-            burst = _ar_calls(pm, cache, last, _Shifted(u, i), s, opts, plan.burst, ctx)
-            done = 0
-            for block, info in burst:
-                last = block[-1]
-                done += 1
-                if emitted:
-                    emitted(block)
-                yield block, info
-                if ready is not None and done < plan.burst and ready():
-                    # The next step is already queued and has fed ``last`` into the cache: trim it so the
-                    # cache again ends just before ``last`` (the lookup call feeds it at the same position).
-                    burst.close()
-                    for layer_cache in cache:
-                        layer_cache.trim(1)
-                    break
-            i += done
-            continue
-        clock.mark("plan")
-        # 2. One call: verify, draft, accept, trim (ptp_call).
-        out = ptp_call(
-            pm, cache, last, plan, u, i, s, greedy_u, clock, runner_up, mode_mass=chain is not None, hook=opts.logits
-        )
-        block, c = out.block, out.accepted
-        # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
-        drafter.update(plan, c, out.aux_tokens, out.aux_conf, alt=out.alt, second=out.second, aux_mode=out.aux_mode)
-        if emitted:
-            emitted(block)
-        clock.mark("update")
-        clock.tag("rows", plan.rows)
+    hook = opts.logits
+    # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
+    most = 0 if hook is not None else ahead_default() if opts.ahead is None else opts.ahead
+    plan, call, limit = None, None, min(1, most)  # the next call's plan / its queued build; outcomes ahead
+    try:
+        while i < max_new:
+            t_start = time.perf_counter()
+            clock.start()
+            if call is None:
+                # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
+                plan = plan or drafter.plan(i, max_new - i, ctx - cache[0].offset)
+                if plan.burst:
+                    last, done = yield from _burst(pm, cache, last, u, i, s, plan.burst, drafter, hook)
+                    i, plan = i + done, None
+                    continue
+                clock.mark("plan")
+                # 2. One call: verify, draft (queued now; read, accepted and trimmed by ``finish_call``).
+                call = build_call(
+                    pm, cache, last, plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass, hook=hook
+                )
+                clock.mark("build")
+                mx.async_eval(*call.arrays)  # (on MLX's CPU backend this returns only near the end of a large graph)
+                clock.mark("queue")
+            t_ahead = time.perf_counter()
+            ahead = build_ahead(pm, cache, drafter, call, u, s, greedy_u, max_new, ctx, limit)
+            t_wait = time.perf_counter()
+            clock.mark("ahead")
+            out = finish_call(cache, call, clock)
+            limit = min(most, _ahead_limit(limit, len(ahead), t_wait - t_ahead, time.perf_counter() - t_wait))
+            plan, call = call.plan, None
+            # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
+            drafter.update(plan, out)
+            drafter.emitted(out.block)
+            block, c, rows, last = out.block, out.accepted, plan.rows, out.block[-1]
+            n = len(plan.drafts) + len(plan.alts)
+            source = "alt" if out.alt is not None else plan.source if n else None
+            i += len(block)
+            plan = None
+            if i < max_new and not eos.intersection(block):
+                # The next call is planned now; built ahead for this outcome, it is queued before the yield.
+                plan = drafter.plan(i, max_new - i, ctx - cache[0].offset)
+                call = take_ahead(ahead, out, plan, cache)
+            del ahead
+            clock.mark("update")
+            if call is not None:
+                mx.async_eval(*call.arrays)
+                clock.mark("queue")
+            clock.tag("rows", rows)
+            t = time.perf_counter() - t_start
+            info = {"proposed": n, "accepted": c, "rows": rows, "time": t, "source": source}
+            yield block, {**info, "logprobs": out.logprobs}
+    finally:
+        if call is not None:  # queued but never read (the consumer stopped first): its rows leave the cache
+            for layer_cache in cache:
+                layer_cache.trim(layer_cache.offset - call.offset)
+
+
+def ahead_default() -> int:
+    """Outcomes to build ahead by default: one on a GPU, where ``mx.async_eval`` returns at once and the build
+    overlaps the whole call; none on MLX's CPU backend, where it returns only near the end of a large graph, so a
+    build ahead overlaps just the tail and competes with the compute for the same cores (measured no faster:
+    docs/results/profile/issue23/)."""
+    return 1 if mx.default_device() == mx.gpu else 0
+
+
+def _ahead_limit(limit: int, built: int, t_built: float, t_wait: float) -> int:
+    """How many outcomes to build ahead next time: one more while the host still waited for the call after its
+    builds, one fewer (down to 1) when it did not wait at all (the builds outlasted the compute)."""
+    per = t_built / built if built else 0.0
+    if built >= limit and t_wait > per:
+        return min(limit + 1, 8)
+    return max(1, limit - 1) if t_wait < 0.1 * per else limit
+
+
+def _burst(pm, cache, last, u, i, s, length, drafter, hook=None):
+    """Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive burst instead.
+    Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``."""
+    burst = ar_calls(pm, cache, last, Shifted(u, i), s, length, hook=hook)
+    done = 0
+    for block, info in burst:
         last = block[-1]
-        i += len(block)
-        t = time.perf_counter() - t_start
-        n = len(plan.drafts) + len(plan.alts)
-        source = "alt" if out.alt is not None else plan.source if n else None
-        info = {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": source}
-        yield block, {**info, "logprobs": out.logprobs}
+        done += 1
+        drafter.emitted(block)
+        yield block, info
+        if done < length and drafter.ready():
+            # The next step is already queued and has fed ``last`` into the cache: trim it so the
+            # cache again ends just before ``last`` (the lookup call feeds it at the same position).
+            burst.close()
+            for layer_cache in cache:
+                layer_cache.trim(1)
+            break
+    return last, done

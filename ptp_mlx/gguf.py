@@ -14,8 +14,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from .cli_common import UserError
 from .conversion import FLOAT_DTYPES, Mapping, Summary, check_output, dir_size, dtype_name, progress
+from .errors import UserError
 from .paths import atomic_dir
 
 SUPPORTED_ARCHS = {"llama"}

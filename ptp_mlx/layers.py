@@ -27,7 +27,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from .cli_common import UserError
+from .errors import UserError
 
 # Families whose PTP pass is verified token for token against autoregressive decoding by the test suite
 # (tests/test_families.py). mlx-lm maps "mistral" onto its llama module.
@@ -250,6 +250,14 @@ class PTPKVCache(KVCache):
     def __init__(self, ctx: PTPContext):
         super().__init__()
         self._ctx = ctx
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        if self.keys is not None:
+            # Write through fresh handles of the same arrays (no copy): mlx-lm's in-place slice assignment then
+            # leaves the arrays an earlier state holds untouched, so decoding can build the next call for several
+            # outcomes on top of one state (``ptp_mlx/ahead.py``). Unreferenced, the old buffer is reused.
+            self.keys, self.values = mx.array(self.keys), mx.array(self.values)
+        return super().update_and_fetch(keys, values)
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
         plan = self._ctx.plan

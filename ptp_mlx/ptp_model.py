@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .adapter import U_EMBEDDING_KINDS, AdapterConfig
+from .adapter_config import U_EMBEDDING_KINDS, AdapterConfig
 from .layers import (
     CallPlan,
     PTPKVCache,

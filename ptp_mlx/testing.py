@@ -11,6 +11,8 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from .drafting.protocol import CallResult, Drafter, Plan
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -140,7 +142,7 @@ def _embedding(model):
     return getattr(inner, "embed_tokens", None) or inner.embeddings
 
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """A test drafter without an adapter: ``tokens[g]`` is proposed as the draft for generated token ``g`` (the
     teacher's own continuation makes every draft right, a wrong one makes every draft wrong). Each call then
     verifies up to ``width - 1`` drafts and runs no auxiliary rows."""
@@ -149,16 +151,14 @@ class OracleDrafter:
         self.tokens, self.width = [int(t) for t in tokens], width
 
     def plan(self, i: int, remaining: int, room: int):
-        from .budget import Plan
-
         n = max(0, min(self.width - 1, remaining - 1, room - 1))
         return Plan(self.tokens[i : i + n], [])
 
-    def update(self, plan, accepted: int, aux_tokens, aux_conf, **kw) -> None:
+    def update(self, plan: Plan, result: CallResult) -> None:
         pass
 
 
-class TreeDrafter:
+class TreeDrafter(Drafter):
     """A test drafter of random token trees: each call verifies a random chain (each draft the teacher's own
     token ``tokens[g]`` with probability ``p_right``, else a random one), random alternatives to its first draft
     (sometimes the right token), and random auxiliary branches for the chain's outcomes and for each
@@ -176,8 +176,6 @@ class TreeDrafter:
         return int(self.rng.integers(3, self.vocab))
 
     def plan(self, i: int, remaining: int, room: int):
-        from .budget import Plan
-
         rng = self.rng
         n = int(rng.integers(0, min(self.width, remaining, room)))
         drafts = [self._token(i + k, rng.random() < self.p_right) for k in range(n)]
@@ -198,8 +196,8 @@ class TreeDrafter:
                 rows += 1 + w
         return Plan(drafts, branches, alts=alts)
 
-    def update(self, plan, accepted: int, aux_tokens, aux_conf, alt=None, **kw) -> None:
-        self.alt_hits += alt is not None
+    def update(self, plan: Plan, result: CallResult) -> None:
+        self.alt_hits += result.alt is not None
 
 
 def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int = 0) -> Path:

@@ -11,7 +11,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from ptp_mlx.adapter import CONFIG, WEIGHTS, load_adapter, make_config, read_config, save_adapter, shipped_adapter
-from ptp_mlx.cli_common import UserError
+from ptp_mlx.errors import UserError
 from ptp_mlx.ptp_model import PTPAdapter
 from ptp_mlx.testing import make_tiny_model, randomize_adapter
 

@@ -28,7 +28,7 @@ from ptp_mlx.app.widgets import AnswerView, BlocksView, HelpScreen, StatsBar, Us
 from textual.widgets import Input, Markdown, OptionList  # noqa: E402
 from textual.widgets._markdown import MarkdownFence  # noqa: E402
 
-from ptp_mlx.cli_common import UserError  # noqa: E402
+from ptp_mlx.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 

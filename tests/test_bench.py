@@ -9,7 +9,7 @@ from ptp_mlx.bench.methods import Measured
 from ptp_mlx.bench.metrics import ALL, summarize
 from ptp_mlx.bench.prompts import load_prompts, messages_for, parse_prompts
 from ptp_mlx.bench.run import Record, compare, diagnose, first_difference, run_bench
-from ptp_mlx.cli_common import UserError
+from ptp_mlx.errors import UserError
 from ptp_mlx.sampler import SamplingSettings
 
 PROMPTS = [
@@ -90,7 +90,16 @@ def test_profile_splits_real_calls_into_phases(engine, prompt_file):
     for r in ptp:  # the phases add up to about the whole call (medians of sums vs sums of medians)
         assert r["total"] > 0 and sum(r["phases"].values()) <= 1.5 * r["total"] + 0.5
     assert text.splitlines()[0].startswith("ptp-bench --profile") and "| ptp 3+" in text
+    assert any(r["name"].endswith(" ahead") for r in ptp)  # every shape also pipelined (ptp_mlx/ahead.py)
     assert doc["diverged"] == [] and "every PTP shape == ar" in text  # padded drafts included: still exact
+    # Host time on the critical path: wall time minus compute, for every kind of call; unpipelined calls are
+    # exactly their phases, so their host part is the phases other than compute.
+    assert "host on path" in text.splitlines()[1] and set(doc["host_on_path"]) == set(names)
+    for r in doc["rows"]:
+        assert r["compute"] > 0 and 0 <= r["host_on_path"] <= r["total"]
+    unpiped = next(r for r in doc["rows"] if r["name"] == "ar (unpipelined)")
+    host = sum(v for k, v in unpiped["phases"].items() if k != "compute")
+    assert abs(unpiped["host_on_path"] - host) < 1e-6
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from ptp_mlx.budget import Budget, CostCurve
-from ptp_mlx.generate import ChainDrafter, ContextFull, DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.drafting.budget import Budget
+from ptp_mlx.drafting.chain import ChainDrafter
+from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.protocol import CallResult, Drafter, Plan
+from ptp_mlx.generate import ContextFull, DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.layers import token_embedding
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins
@@ -366,7 +369,7 @@ def test_ptp_needs_an_adapter_or_oracle(varied):
 def test_prompt_cache_carries_a_conversation(pm_sticky, varied, mode):
     """A conversation continued from its cache: each turn prefills only its new tokens and answers exactly as a
     fresh cache would, greedy and sampled; a prompt that shares less (a new chat) trims the cache back."""
-    from ptp_mlx.generate import PromptCache
+    from ptp_mlx.prompt_cache import PromptCache
 
     tok = varied[1]
     for s in (SETTINGS["greedy"], with_seed(SETTINGS["T0.7-k20-p0.9"], 6)):
@@ -401,7 +404,7 @@ def test_ptp_samples_follow_the_model_at_temperature_one(pm_sticky, varied):
     (chi-squared, alpha 1e-4, as vLLM tests its samplers)."""
     from scipy.stats import chisquare
 
-    from ptp_mlx.generate import PromptCache
+    from ptp_mlx.prompt_cache import PromptCache
 
     model, tok = varied
     ids = encode_prompt(tok, PROMPTS[3])
@@ -438,7 +441,7 @@ def test_ptp_samples_follow_the_model_at_temperature_one(pm_sticky, varied):
 
 
 def test_lookup_candidates_follow_the_latest_match():
-    from ptp_mlx.lookup import LookupDrafter
+    from ptp_mlx.drafting.lookup import LookupDrafter
 
     d = LookupDrafter(ChainDrafter(Budget(CostCurve(), 4)), [5, 6, 7, 8, 9, 1, 2, 6, 7], max_draft=3)
     assert d.candidates() == [8, 9, 1]  # "6 7" occurred before, followed by 8 9 1
@@ -454,8 +457,7 @@ def test_lookup_candidates_follow_the_latest_match():
 def test_lookup_strands_are_exact(pm_sticky, varied, name):
     """Lookup drafts that are right (the answer itself planted in the history), wrong (another answer) or cut by
     EOS and the token limit inside a strand: the output is the autoregressive one, and right ones are accepted."""
-    from ptp_mlx.generate import ChainDrafter
-    from ptp_mlx.lookup import LookupDrafter
+    from ptp_mlx.drafting.lookup import LookupDrafter
 
     tok = varied[1]
     s = with_seed(SETTINGS[name], 7)
@@ -527,7 +529,7 @@ def test_the_budget_verifies_the_runner_up_when_rows_are_cheap(varied, pm_sticky
 
 
 def test_bursts_back_off_while_probes_fail_and_reset_when_a_draft_lands():
-    from ptp_mlx.budget import AR_BURST, MAX_BURST
+    from ptp_mlx.drafting.budget import AR_BURST, MAX_BURST
 
     b = Budget(CostCurve(), max_width=4, calibrate=True)
     lens = []
@@ -547,41 +549,38 @@ def test_bursts_back_off_while_probes_fail_and_reset_when_a_draft_lands():
 
 
 def test_drafts_after_an_alternative_come_from_its_branch():
-    from ptp_mlx.budget import Plan
-    from ptp_mlx.generate import ChainDrafter
+    from ptp_mlx.drafting.tree import TreeDrafter
 
-    d = ChainDrafter(Budget(CostCurve(), max_width=4))
+    d = TreeDrafter(Budget(CostCurve(), max_width=4))
     plan = Plan([7, 8], [(0, 2), (2, 3)], alts=[(9, 0), (5, 3)])
     aux = [10, 11, 20, 21, 22, 50, 51, 52]  # branch 0 | branch 2 | alternative 1's branch (alternative 0 has none)
     second = [(t + 100, 0.1) for t in aux]
-    d.update(plan, 1, aux, [0.5] * 8, alt=1, second=second)
+    d.update(plan, CallResult([], 1, aux, [0.5] * 8, second, alt=1))
     assert d.drafts == [51, 52] and d.second == (151, 0.1)
-    d.update(plan, 0, aux, [0.5] * 8, alt=None, second=second)
+    d.update(plan, CallResult([], 0, aux, [0.5] * 8, second, alt=None))
     assert d.drafts == [11] and d.second == (111, 0.1)
-    d.update(plan, 2, aux, [0.5] * 8, second=second)
+    d.update(plan, CallResult([], 2, aux, [0.5] * 8, second))
     assert d.drafts == [21, 22]
-    d.update(plan, 1, aux, [0.5] * 8, alt=0, second=second)
+    d.update(plan, CallResult([], 1, aux, [0.5] * 8, second, alt=0))
     assert d.drafts == [] and d.second is None  # an alternative without a branch leaves no drafts
 
 
-class _AlwaysBurst:
+class _AlwaysBurst(ChainDrafter):
     """An inner drafter whose budget never drafts: every plan is a 16-token autoregressive burst."""
 
     def __init__(self, width):
-        self.budget, self.conf, self.step, self.drafts = Budget(CostCurve(), max_width=width), [], "fused", []
+        super().__init__(Budget(CostCurve(), max_width=width))
 
     def plan(self, i, remaining, room):
-        from ptp_mlx.budget import Plan
-
         return Plan([], [], burst=min(16, remaining))
 
-    def update(self, *a, **kw):
+    def update(self, plan, result):
         pass
 
 
 @pytest.mark.parametrize("name", ["greedy", "T1.0"])
 def test_a_ready_lookup_chain_ends_a_burst_early_and_stays_exact(varied, pm_sticky, name):
-    from ptp_mlx.lookup import LookupDrafter
+    from ptp_mlx.drafting.lookup import LookupDrafter
 
     _, tok = varied
     s = with_seed(SETTINGS[name], 4)
@@ -596,8 +595,7 @@ def test_a_ready_lookup_chain_ends_a_burst_early_and_stays_exact(varied, pm_stic
 
 
 def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
-    from ptp_mlx.budget import Pace, Plan
-    from ptp_mlx.generate import ChainDrafter
+    from ptp_mlx.drafting.budget import Pace
 
     budget = Budget(CostCurve([1, 64], [1.0, 64.0]), max_width=4, calibrate=True, survival=[1.0, 0.99, 0.98, 0.97])
     d = ChainDrafter(budget)
@@ -605,7 +603,43 @@ def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
     assert not d.plan(0, 100, 100).burst  # the prediction says drafting pays
     plan = Plan([5, 6], [(0, 2), (1, 2), (2, 2)])
     for _ in range(3):  # three calls of 9 rows (cost 9 plain steps each) that delivered 1 token each
-        d.update(plan, 0, [1] * 6, [0.99] * 6)
+        d.update(plan, CallResult([], 0, [1] * 6, [0.99] * 6))
         d.drafts, d.conf = [5, 6], [0.99, 0.99]
     assert d.plan(3, 100, 100).burst  # what was delivered overrules the prediction
     assert d.pace == Pace()  # and the next episode starts afresh
+
+
+class _RepeatDrafter(Drafter):
+    """A new drafter is one class against one protocol: it drafts the latest token repeated (right in runs of a
+    repeated token), learns the history from ``begin`` and ``emitted``, and runs one auxiliary branch per call
+    for the mere exercise of the rows (its drafts ignore them)."""
+
+    def __init__(self, n: int = 2):
+        self.n, self.history, self.calls, self.hits = n, [], 0, 0
+
+    def begin(self, session):
+        self.history = list(session.prompt)
+
+    def plan(self, i, remaining, room):
+        n = max(0, min(self.n, remaining - 1, room - 3))
+        return Plan([self.history[-1]] * n, [(0, 2)] if room >= n + 3 else [], source="repeat")
+
+    def update(self, plan, result):
+        self.calls += 1
+        self.hits += result.accepted
+
+    def emitted(self, tokens):
+        self.history.extend(tokens)
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0-k50-p0.8"])
+def test_a_drafter_defined_here_decodes_exactly(varied, pm_sticky, name):
+    _, tok = varied
+    for k, prompt in enumerate(PROMPTS):
+        s = with_seed(SETTINGS[name], 20 + k)
+        ids = encode_prompt(tok, prompt)
+        drafter = _RepeatDrafter()
+        steps = assert_same(pm_sticky, tok, ids, s, 20, {"drafter": drafter})
+        out = [t for st in steps for t in st.tokens]
+        # every call reported back; the history saw every block (a block may run past the output's end: EOS)
+        assert drafter.calls == len(steps) and drafter.history[len(ids) : len(ids) + len(out)] == out

@@ -9,7 +9,8 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from ptp_mlx.budget import Budget, CostCurve
+from ptp_mlx.drafting.budget import Budget
+from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.ptp_model import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings

@@ -158,7 +158,7 @@ def test_prompt_builder_reads_wheels_and_splits_every_source(tmp_path):
 
     import pytest
 
-    from ptp_mlx.cli_common import UserError
+    from ptp_mlx.errors import UserError
     from ptp_mlx.train.corpora import build_prompts
 
     cb = tmp_path / "chatterbot_corpus-1.3.3-py2.py3-none-any.whl"
@@ -189,7 +189,7 @@ def test_prompt_builder_reads_wheels_and_splits_every_source(tmp_path):
 def test_init_starts_from_an_adapter_and_reload_picks_up_new_records(tiny, tmp_path):
     import pytest
 
-    from ptp_mlx.cli_common import UserError
+    from ptp_mlx.errors import UserError
 
     model, _ = tiny
     recs = _predictable_records()
@@ -294,7 +294,7 @@ def test_teacher_files_and_prompt_splits_fail_clearly(tiny_model_dir, tmp_path, 
 def test_slot_weights_parse_and_reject_bad_specs():
     import pytest
 
-    from ptp_mlx.cli_common import UserError
+    from ptp_mlx.errors import UserError
     from ptp_mlx.train.windows import slot_weights
 
     assert slot_weights(None, 3).tolist() == [1, 1, 1]

@@ -11,7 +11,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from ..cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
+from ..cli_common import add_model_flags, add_sampling_flags, run_cli, sampling_from_args
+from ..errors import UserError
 from .methods import METHODS
 
 DEFAULT_WIDTHS = "1,2,4,8,12,16,24,32,48,64"
@@ -144,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
     eng = Engine.load(args.model, args.adapter)
     if args.free_rows:
-        from ..budget import CostCurve
+        from ..drafting.cost import CostCurve
 
         for b in [eng.budget, *eng.mode_budgets.values()]:
             if b is not None:

@@ -5,7 +5,16 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
 - ``ar``: our pipelined autoregressive path per token, and the same step unpipelined, split into graph
   building on the host, compute (``mx.eval``: the pass, waited for) and reading the token;
 - ``ptp R+A``: PTP calls of a fixed shape (R token rows: the last token and R-1 drafts; A auxiliary rows),
-  split by ``PhaseClock`` into planning, graph building, compute, reading + cache trim, and the drafter's update.
+  split by ``PhaseClock`` into planning, graph building, building the next call ahead (``ptp_mlx/ahead.py``),
+  compute (the wait for it), reading + cache trim, and the drafter's update with the next plan and its queueing.
+  A fixed shape is known ahead, so these calls run pipelined: plan and build are empty when the call was
+  queued from its build ahead.
+
+Every row also reports **host time on the critical path** per call: the wall time of a call as the consumer of
+``stream_generate`` sees it (yield to yield) minus its compute, i.e. the host work the device waited for. For
+unpipelined calls compute is the wait in ``mx.eval``; for pipelined steps (mlx-lm's and ours), whose host work
+hides behind the previous step's compute, it is the same step's time when many steps are queued back to back
+(built first, then evaluated at once), so the host adds nothing there.
 """
 
 from __future__ import annotations
@@ -17,12 +26,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..budget import Plan
 from ..call import PhaseClock
-from ..generate import ChainDrafter, DecodeOptions, decoding_settings, stream_generate
+from ..drafting.protocol import CallResult, Drafter, Guess, Plan
+from ..generate import DecodeOptions, decoding_settings, stream_generate
 from ..sampler import SamplingSettings, UniformStream, pick
 
-PHASES = ("plan", "build", "compute", "read+trim", "update")
+PHASES = ("plan", "build", "queue", "ahead", "compute", "read+trim", "update")
 # (drafts verified, [(branch, width), ...]): 3+7 is the issue's reference shape (2 drafts, 7 auxiliaries).
 SHAPES: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] = (
     (0, ((0, 2),)),
@@ -39,37 +48,49 @@ class ProfileRow:
     rows: int
     calls: int
     phases: dict[str, float]  # median milliseconds per call
-    total: float  # median milliseconds per call, all phases
+    total: float  # median milliseconds per call (wall time, yield to yield; unpipelined AR: its phases)
     tokens_per_call: float
     tokens: list[int] | None = None  # what the calls emitted (PTP rows: compared with AR, a free lossless check)
+    compute: float = 0.0  # median milliseconds of compute per call (the device's part)
+    calls_raw: list[dict] | None = None  # (PTP rows, while profiling: every call's phases in seconds)
+
+    @property
+    def host_on_path(self) -> float:
+        """Host milliseconds per call that the device waited for (wall time minus compute, at least 0)."""
+        return max(0.0, self.total - self.compute)
 
     def to_json(self) -> dict:
-        return {**self.__dict__}
+        return {**{k: v for k, v in self.__dict__.items() if k != "calls_raw"}, "host_on_path": self.host_on_path}
 
 
-class ShapeDrafter:
+class ShapeDrafter(Drafter):
     """The adapter's own drafts, verified in a fixed call shape."""
 
     def __init__(self, drafts: int, branches: Sequence[tuple[int, int]], width: int):
         self.n, self.branches = drafts, list(branches)
-        self.chain = ChainDrafter(_NeverBudget(), "fused")
+        self.drafts: list[int] = []
         self.width = width
 
     def plan(self, i: int, remaining: int, room: int) -> Plan:
         n = max(0, min(self.n, remaining - 1))
         # Short of drafts (a narrow branch was taken), pad with the last one: verification rejects what is
         # wrong, exactly as ever, and every call keeps the shape being profiled.
-        drafts = (self.chain.drafts + [self.chain.drafts[-1] if self.chain.drafts else 0] * n)[:n]
+        drafts = (self.drafts + [self.drafts[-1] if self.drafts else 0] * n)[:n]
         branches = [(d, min(w, self.width)) for d, w in self.branches if d <= n]
         return Plan(drafts, branches, source="ptp" if n else None)
 
-    def update(self, plan: Plan, accepted: int, aux_tokens, aux_conf, **kw) -> None:
-        self.chain.update(plan, accepted, aux_tokens, aux_conf, observe=False, **kw)
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        # The shape is fixed, so the next call is known before this one is read (queued as soon as it is).
+        r, w = plan.branch_rows(accepted) or (0, 1)
+        n = max(0, min(self.n, remaining - 1))
+        if n and w < 2:
+            return None  # no drafts in the branch: the padding is a constant the plan makes on the host
+        branches = [(d, min(b, self.width)) for d, b in self.branches if d <= n]
+        return Guess(Plan([0] * n, branches, source="ptp" if n else None), [r + 1 + min(k, w - 2) for k in range(n)])
 
-
-class _NeverBudget:
-    def observe(self, *a) -> None:
-        pass
+    def update(self, plan: Plan, result: CallResult) -> None:
+        rows = plan.branch_rows(result.accepted, result.alt)
+        self.drafts = result.aux_tokens[rows[0] + 1 : rows[0] + rows[1]] if rows else []
 
 
 def _describe(s: SamplingSettings) -> str:
@@ -80,26 +101,75 @@ def _median_ms(xs: list[float]) -> float:
     return 1000.0 * statistics.median(xs) if xs else 0.0
 
 
-def profile_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> ProfileRow:
-    import mlx_lm
-
+def _yield_gaps(steps) -> list[float]:
+    """Seconds between consecutive items of an iterator, as its consumer sees them (the first item excluded)."""
     times, last = [], None
-    for _ in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=max_tokens):
+    for _ in steps:
         now = time.perf_counter()
         if last is not None:
             times.append(now - last)
         last = now
-    return ProfileRow("mlx-lm", 1, len(times), {}, _median_ms(times), 1.0)
+    return times
+
+
+def queued_compute(model, ids: list[int], step, n: int = 16, repeats: int = 2) -> float:
+    """Pure compute of one autoregressive step, in milliseconds: ``n`` steps (``step(logits, i)`` picks
+    the token from the logits) are built first and then evaluated at once, so no host work sits between them;
+    the best of ``repeats`` runs. The cache is a fresh prefill of ``ids[:-1]``."""
+    from ..ar import prefill
+
+    best = float("inf")
+    for _ in range(repeats):
+        cache = _make_cache(model)
+        prefill(model, ids[:-1], cache)
+        tok = mx.array([ids[-1]])
+        mx.eval(tok)
+        toks = []
+        for i in range(n):
+            tok = step(model(tok.reshape(1, 1), cache=cache)[0, -1], i).reshape(1)
+            toks.append(tok)
+        t0 = time.perf_counter()
+        mx.eval(toks)  # sync: every queued step, back to back (we are timing compute)
+        best = min(best, (time.perf_counter() - t0) / n)
+    return 1000.0 * best
+
+
+def _make_cache(model):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(model)
+
+
+def profile_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> ProfileRow:
+    import mlx_lm
+
+    times = _yield_gaps(mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=max_tokens))
+
+    def greedy(logits, i):  # mlx-lm's default sampler: the argmax of the log-probabilities
+        return mx.argmax(logits - mx.logsumexp(logits, keepdims=True), axis=-1)
+
+    compute = queued_compute(model, ids, greedy)
+    return ProfileRow("mlx-lm", 1, len(times), {}, _median_ms(times), 1.0, compute=compute)
 
 
 def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> list[ProfileRow]:
     """Our pipelined AR step per token, then the same step unpipelined, split into phases."""
-    steps = list(eng.generate(ids, mode="ar", sampling=s, max_tokens=max_tokens))
+    steps, times, last = [], [], None
+    for st in eng.generate(ids, mode="ar", sampling=s, max_tokens=max_tokens):
+        now = time.perf_counter()
+        if last is not None:
+            times.append(now - last)
+        last = now
+        steps.append(st)
     toks = [t for st in steps for t in st.tokens]
-    times = [st.step_time for st in steps][1:]
-    rows = [ProfileRow("ar (pipelined)", 1, len(times), {}, _median_ms(times), 1.0, toks)]
     pm, u = eng.pm, UniformStream(s.seed)
     s = decoding_settings(pm, s)  # the adapter's CDF order, as generate uses
+
+    def ours(logits, i):
+        return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+
+    compute = queued_compute(pm.base, ids, ours)
+    rows = [ProfileRow("ar (pipelined)", 1, len(times), {}, _median_ms(times), 1.0, toks, compute=compute)]
     cache = pm.make_cache()
     mx.eval(pm.base(mx.array([ids[:-1]]), cache=cache))
     tok, ph = mx.array([ids[-1]]), {k: [] for k in ("build", "compute", "read+trim")}
@@ -115,38 +185,72 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> lis
         for k, a, b in (("build", t0, t1), ("compute", t1, t2), ("read+trim", t2, t3)):
             ph[k].append(b - a)
     med = {k: _median_ms(v) for k, v in ph.items()}
-    rows.append(ProfileRow("ar (unpipelined)", 1, max_tokens, med, sum(med.values()), 1.0))
+    rows.append(ProfileRow("ar (unpipelined)", 1, max_tokens, med, sum(med.values()), 1.0, compute=med["compute"]))
     return rows
 
 
 def profile_ptp(eng, ids: list[int], max_tokens: int, s: SamplingSettings, shapes=SHAPES) -> list[ProfileRow]:
-    """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape."""
+    """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape. Each
+    shape runs twice: one call at a time (``ahead=0``: the call is built after the previous one is read; its
+    queue + compute phases are the call's pure compute), then pipelined (the next call built ahead while this
+    one computes, ``ptp_mlx/ahead.py``, one outcome ahead); host time on the path is wall time minus that pure
+    compute."""
     out = []
     width = eng.pm.config.window
     for n, branches in shapes:
-        clock = PhaseClock()
-        opts = DecodeOptions(
-            mode="ptp", max_tokens=max_tokens, sampling=s, drafter=ShapeDrafter(n, branches, width), clock=clock
-        )
-        steps = list(stream_generate(eng.pm, eng.tokenizer, ids, opts))
-        rows = 1 + n + sum(w for _, w in branches)
-        full = [c for c in clock.calls if c.get("rows") == rows]
-        if not full:
-            continue
-        med = {k: _median_ms([c.get(k, 0.0) for c in full]) for k in PHASES}
-        total = _median_ms([sum(c.get(k, 0.0) for k in PHASES) for c in full])
-        tpc = sum(len(st.tokens) for st in steps) / max(1, len(steps))
-        toks = [t for st in steps for t in st.tokens]
-        out.append(ProfileRow(f"ptp {1 + n}+{rows - 1 - n}", rows, len(full), med, total, tpc, toks))
+        sync = None
+        for ahead in (0, 1):
+            row = _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead)
+            if row is None:
+                break
+            if sync is None:
+                sync = row
+                row.compute = _median_ms([c.get("queue", 0.0) + c.get("compute", 0.0) for c in row.calls_raw])
+            else:
+                row.name += " ahead"
+                row.compute = sync.compute
+            row.calls_raw = None
+            out.append(row)
     return out
+
+
+def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead) -> ProfileRow | None:
+    clock = PhaseClock()
+    opts = DecodeOptions(
+        mode="ptp",
+        max_tokens=max_tokens,
+        sampling=s,
+        drafter=ShapeDrafter(n, branches, width),
+        clock=clock,
+        ahead=ahead,
+    )
+    steps, stamps = [], []
+    for st in stream_generate(eng.pm, eng.tokenizer, ids, opts):
+        stamps.append(time.perf_counter())
+        steps.append(st)
+    rows = 1 + n + sum(w for _, w in branches)
+    # Call k (k >= 1) took stamps[k] - stamps[k-1] of wall time (one clock entry and one step per call).
+    full = [k for k, c in enumerate(clock.calls) if c.get("rows") == rows and 1 <= k < len(stamps)]
+    if not full:
+        return None
+    calls = [clock.calls[k] for k in full]
+    med = {k: _median_ms([c.get(k, 0.0) for c in calls]) for k in PHASES}
+    total = _median_ms([stamps[k] - stamps[k - 1] for k in full])
+    tpc = sum(len(st.tokens) for st in steps) / max(1, len(steps))
+    toks = [t for st in steps for t in st.tokens]
+    name = f"ptp {1 + n}+{rows - 1 - n}"
+    return ProfileRow(name, rows, len(full), med, total, tpc, toks, calls_raw=[{**c} for c in calls])
 
 
 def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:
     """The fixed-format table: one line per kind of call, milliseconds per call, and the ratio to an AR step."""
-    cols = ["call", "rows", "calls"] + list(PHASES) + ["total ms", "x ar step", "tokens/call"]
+    cols = ["call", "rows", "calls"] + list(PHASES) + ["host on path", "total ms", "x ar step", "tokens/call"]
     lines = [header, "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         ph = [f"{r.phases[k]:.2f}" if k in r.phases else "" for k in PHASES]
+        if "compute" not in r.phases:  # pipelined steps: compute measured with the steps queued back to back
+            ph[PHASES.index("compute")] = f"({r.compute:.2f})"
+        ph.append(f"{r.host_on_path:.2f}")
         lines.append(
             "| "
             + " | ".join(
@@ -180,8 +284,10 @@ def run_profile(eng, ids: list[int], max_tokens: int, s: SamplingSettings, round
     header = (
         f"ptp-bench --profile | {len(ids)} prompt tokens | {max_tokens} new tokens | {_describe(s)} | "
         f"median ms per call, best of {rounds} interleaved rounds | ar step {ar_ms:.2f} ms | "
-        f"mlx-lm step {best['mlx-lm'].total:.2f} ms"
+        f"mlx-lm step {best['mlx-lm'].total:.2f} ms | host on path = wall time per call - compute "
+        f"(compute in parentheses: steps queued back to back)"
     )
     text = profile_table(rows, ar_ms, header)
     text += "\nlossless: " + (f"DIFFERS from ar: {', '.join(diverged)}" if diverged else "every PTP shape == ar")
-    return text, {"ar_step_ms": ar_ms, "rows": [r.to_json() for r in rows], "diverged": diverged}
+    host = {r.name: round(r.host_on_path, 3) for r in rows}
+    return text, {"ar_step_ms": ar_ms, "rows": [r.to_json() for r in rows], "diverged": diverged, "host_on_path": host}

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cli_common import UserError
+from ..errors import UserError
 
 BUNDLED = Path(__file__).resolve().parent.parent / "data" / "bench_prompts.jsonl"
 

@@ -11,7 +11,8 @@ import socket
 import sys
 from pathlib import Path
 
-from ..cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
+from ..cli_common import add_model_flags, add_sampling_flags, run_cli, sampling_from_args
+from ..errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,8 +15,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..cli_common import UserError
-from ..generate import ContextFull, PromptCache
+from ..errors import UserError
+from ..generate import ContextFull
+from ..prompt_cache import PromptCache
 from ..stats import RunStats
 from .schema import APIError, GenRequest, Usage
 from .stops import StopMatcher

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli_common import UserError, run_cli
+from ..cli_common import run_cli
+from ..errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ import random
 import zipfile
 from pathlib import Path
 
-from ..cli_common import UserError
+from ..errors import UserError
 
 NEWS_TEMPLATES = [
     "Summarize the following news report in two sentences.\n\n{t}",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..cli_common import UserError
+from ..errors import UserError
 
 
 def is_validation(prompt_id: str) -> bool:

@@ -19,7 +19,7 @@ import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 from tqdm import tqdm
 
-from ..cli_common import UserError
+from ..errors import UserError
 from ..generate import encode_prompt
 from ..layers import install, make_cache
 from ..sampler import SamplingSettings, bins, pick_with_bins

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..cli_common import UserError
+from ..errors import UserError
 from ..paths import atomic_write_bytes
 
 RECIPE_KEYS = ("init", "rank", "window", "cdf_order", "slot_weights", "data", "steps", "lr")

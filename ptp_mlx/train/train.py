@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from tqdm import tqdm
 
 from ..adapter import make_config, save_adapter
-from ..cli_common import UserError
+from ..errors import UserError
 from ..layers import batched_rope, language_model, token_embedding
 from ..ptp_model import PTPAdapter, PTPModel
 from .batch import accumulate, step_items, weighted_ce_sum

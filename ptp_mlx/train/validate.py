@@ -8,7 +8,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..cli_common import UserError
+from ..errors import UserError
 from ..layers import batched_rope
 from ..ptp_model import PTPAdapter, PTPModel
 from ..sampler import SamplingSettings, pick

@@ -7,7 +7,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..cli_common import UserError
+from ..errors import UserError
 from ..layers import StaticKV
 from ..ptp_model import PTPAdapter, PTPModel, Window
 from ..sampler import SamplingSettings, bins

@@ -1,41 +1,60 @@
 """How many drafts to verify and how wide each draft branch is, per call (docs/method.md, section 5).
 
 The cost of a pass grows with its rows in a machine-specific way (flat on a GPU or with a fast BLAS up to
-some width, linear with the reference BLAS). The budget spends rows only while the expected number of tokens
-they buy, per unit of measured cost, keeps rising, so PTP degrades towards plain decoding when drafts are poor.
+some width, linear with the reference BLAS). The adaptive ``Budget`` spends rows only while the expected number
+of tokens they buy, per unit of measured cost, keeps rising, so PTP degrades towards plain decoding when drafts
+are poor. ``FixedBudget`` (``--num-draft-tokens N``) spends the same rows every call. Both implement
+``BudgetPolicy``, the one interface drafters use.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
-PROBE_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+from .cost import CostCurve
+from .protocol import Plan
+
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
-MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget doubles up to this)
+MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
 
 
-@dataclass
-class Plan:
-    """The rows of one PTP call: verify ``drafts`` (a prefix of those in hand) and draft ``branches``
-    ``[(d, width), ...]`` (branch d assumes d drafts accepted). ``burst > 0`` means: decode that many tokens
-    autoregressively instead (drafting does not pay)."""
+class BudgetPolicy(Protocol):
+    """What a drafter asks of a budget: rows per call, what calls cost, and what was observed."""
 
-    drafts: list[int]
-    branches: list[tuple[int, int]]
-    burst: int = 0
-    source: str | None = None  # who proposed the drafts: "ptp" (the adapter) or "lookup" (prompt lookup)
-    # Token tree: alternatives to the first draft, verified as sibling strands in the same call, each
-    # ``(token, width)`` with an auxiliary branch of ``width`` rows (0: none) for the drafts after it.
-    alts: list[tuple[int, int]] = field(default_factory=list)
+    curve: CostCurve  # relative cost of a call by rows
+    calibrate: bool  # whether it learns from observed acceptance (and may turn to bursts)
+    burst_len: int  # the next autoregressive burst's length
+    builds_trees: bool  # whether ``plan`` weighs a runner-up sibling (``second``)
+    shape_only: bool  # whether ``plan`` depends only on how many drafts are in hand (not on their confidences)
+    max_width: int
 
     @property
-    def rows(self) -> int:
-        return 1 + len(self.drafts) + sum(w for _, w in self.branches) + len(self.alts) + sum(w for _, w in self.alts)
+    def ratio(self) -> float:
+        """Observed / predicted acceptance (1.0 when it does not calibrate)."""
+        ...
+
+    def plan(
+        self,
+        drafts: list[int],
+        confidences: list[float],
+        remaining: int,
+        room: int,
+        step: str = "fused",
+        second: tuple[int, float] | None = None,
+    ) -> Plan:
+        """The rows of the next call for ``drafts`` in hand with ``confidences``."""
+        ...
+
+    def observe(self, confidences: list[float], accepted: int) -> None:
+        """One call's verified drafts' confidences and how many leading ones stood."""
+        ...
+
+    def relax(self, keep: float = 0.5) -> None:
+        """An autoregressive burst ran: fade the evidence."""
+        ...
 
 
 @dataclass
@@ -89,97 +108,6 @@ def _fit(n: int, branches: list[tuple[int, int]], remaining: int, room: int, min
 
 
 @dataclass
-class CostCurve:
-    """Forward time of a pass with ``w`` rows relative to one row, interpolated between probed widths."""
-
-    widths: list[int] = field(default_factory=lambda: [1, 64])
-    rel: list[float] = field(default_factory=lambda: [1.0, 1.0])
-
-    def __call__(self, rows: int) -> float:
-        return float(np.interp(rows, self.widths, self.rel))
-
-    def to_dict(self) -> dict:
-        return {"widths": list(self.widths), "relative": list(self.rel)}
-
-    @classmethod
-    def linear(cls, per_row: float = 1.0) -> CostCurve:
-        return cls([1, 64], [1.0, 1.0 + 63 * per_row])
-
-
-def measure_cost_curve(
-    pm, widths=PROBE_WIDTHS, context: int = 256, repeats: int = 3, aux: bool = False, time_budget: float = 8.0
-) -> tuple[CostCurve, list[float]]:
-    """Time passes of each width on top of a ``context``-token cache. Returns the curve and seconds.
-
-    Widths are probed narrow to wide; once ``time_budget`` seconds are spent (a slow machine or BLAS), the
-    wider ones are extrapolated linearly from the last two measured, so a first start never waits minutes.
-
-    ``aux=False`` times plain token passes (the machine's forward cost). ``aux=True`` times real calls the
-    way decoding makes them, so the budget pays what decoding pays: width 1 is a pipelined autoregressive
-    step (graph building hidden behind the previous pass), wider ones are whole PTP calls (``ptp_call``: one
-    token row plus ``w - 1`` auxiliary rows through the adapter, the pick, the drafts' argmax and
-    confidence, the host read and the cache trim).
-    """
-    import mlx.core as mx
-
-    from .call import ptp_call
-    from .generate import _ar_calls
-    from .sampler import SamplingSettings, UniformStream
-
-    real = aux and pm.adapter is not None
-    greedy, u = SamplingSettings(), UniformStream(0)
-
-    cache = pm.make_cache()
-    mx.eval(pm(mx.zeros((context,), dtype=mx.int32), cache=cache))
-    secs: list[float] = []
-    start = time.perf_counter()
-    for w in widths:
-        if len(secs) >= 2 and time.perf_counter() - start > time_budget:
-            w0, w1 = widths[len(secs) - 2], widths[len(secs) - 1]
-            slope = max(0.0, (secs[-1] - secs[-2]) / (w1 - w0))
-            secs.append(secs[-1] + slope * (w - w1))
-            continue
-        if real and w == 1:
-            steps = list(_ar_calls(pm, cache, 0, u, greedy, None, repeats + 3, 1 << 30))
-            best = min(info["time"] for _, info in steps[1:-1])  # the first and last steps are not pipelined
-            for c in cache:  # the steps left their tokens in the cache
-                c.trim(c.offset - context)
-        else:
-            best = float("inf")
-            for _ in range(repeats + 1):
-                t0 = time.perf_counter()
-                if real:
-                    ptp_call(pm, cache, 0, Plan([], [(0, w - 1)]), u, 0, greedy, pm.config.greedy_u)
-                else:
-                    mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
-                best = min(best, time.perf_counter() - t0)
-                for c in cache:
-                    c.trim(c.offset - context)
-        secs.append(best)
-    rel = [s / secs[0] for s in secs]
-    return CostCurve(list(widths), rel), secs
-
-
-def cached_cost_curve(pm, key: str, cache_dir: Path, log=None) -> CostCurve:
-    """The measured PTP-call curve for this machine, model and adapter shape, measured once, cached as JSON."""
-    path = Path(cache_dir) / f"cost-curve-{key}.json"
-    if path.exists():
-        try:
-            d = json.loads(path.read_text())
-            return CostCurve(d["widths"], d["relative"])
-        except (json.JSONDecodeError, KeyError):
-            pass
-    if log:
-        log("measuring this machine's PTP cost curve once (a few seconds)...")
-    curve, secs = measure_cost_curve(pm, aux=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**curve.to_dict(), "seconds": secs}))
-    tmp.replace(path)
-    return curve
-
-
-@dataclass
 class Budget:
     """Chooses ``(n_verify, branches)`` for a fused call.
 
@@ -202,6 +130,8 @@ class Budget:
     expected: float = 0.0  # sum of those drafts' confidences
     burst_len: int = AR_BURST  # the next burst's length (calibrating budgets back off when probes fail)
     landed: bool = True  # some draft was accepted since the last burst
+    builds_trees: bool = True  # it weighs the runner-up of the first draft as a sibling strand (``second``)
+    shape_only: bool = False  # its rows follow the drafts' confidences
 
     @property
     def ratio(self) -> float:
@@ -335,12 +265,26 @@ class FixedBudget:
 
     num_draft: int
     max_width: int = 8
+    curve: CostCurve = field(default_factory=CostCurve)  # (flat: a fixed budget does not weigh rows)
+    calibrate: bool = False
+    ratio: float = 1.0
+    burst_len: int = 0
+    builds_trees: bool = False
+    shape_only: bool = True  # the same rows whatever the drafts' confidences
 
     def __post_init__(self):
         if not 1 <= self.num_draft <= self.max_width - 1:
             raise ValueError(f"--num-draft-tokens must be between 1 and {self.max_width - 1} for this adapter")
 
-    def plan(self, drafts: list[int], confidences: list[float], remaining: int, room: int, step: str = "fused") -> Plan:
+    def plan(
+        self,
+        drafts: list[int],
+        confidences: list[float],
+        remaining: int,
+        room: int,
+        step: str = "fused",
+        second: tuple[int, float] | None = None,
+    ) -> Plan:
         k = self.num_draft
         if step == "simple":
             n, branches = (len(drafts), []) if drafts else (0, [(0, k + 1)])
@@ -351,4 +295,7 @@ class FixedBudget:
         return Plan(drafts[:n], branches)
 
     def observe(self, confidences: list[float], accepted: int) -> None:
+        pass
+
+    def relax(self, keep: float = 0.5) -> None:
         pass

@@ -10,17 +10,26 @@ where the lookup stops.
 
 from __future__ import annotations
 
-from .budget import Pace, Plan, reach
+from .budget import Pace
+from .chain import ChainDrafter
+from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
 
 NGRAMS = (4, 3, 2)
 
 
-class LookupDrafter:
-    """Wraps the adapter's ``ChainDrafter`` with prompt-lookup chains (``source`` of a plan: "lookup" or "ptp")."""
+class LookupDrafter(Drafter):
+    """Prompt-lookup chains beside the adapter's ``ChainDrafter`` (``source`` of a plan: "lookup" or "ptp")."""
 
-    def __init__(self, inner, prompt_ids: list[int], max_draft: int = 7, prior: tuple[float, float] = (1.0, 1.0)):
+    def __init__(
+        self,
+        inner: ChainDrafter,
+        prompt_ids: list[int] | None = None,
+        max_draft: int = 7,
+        prior: tuple[float, float] = (1.0, 1.0),
+    ):
         self.inner = inner
-        self.history = list(prompt_ids)
+        self.history = list(prompt_ids or [])
+        self._own_history = prompt_ids is not None  # else ``begin`` starts it from the prompt
         self.max_draft = max_draft
         self.hits, self.misses = prior  # per-draft outcomes of verified lookup drafts (leading ones only)
         # n-gram -> latest start among n-grams followed by at least max_draft tokens (a match right behind the
@@ -28,6 +37,19 @@ class LookupDrafter:
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
         self.pace = Pace()  # what lookup calls delivered in this answer (discarded burst steps charged too)
+
+    def begin(self, session: DraftSession) -> None:
+        if not self._own_history:
+            self.history, self._index, self._indexed = list(session.prompt), {}, 0
+        self.inner.begin(session)
+
+    @property
+    def runner_up(self) -> bool:
+        return self.inner.runner_up
+
+    @property
+    def mode_mass(self) -> bool:
+        return self.inner.mode_mass
 
     @property
     def rate(self) -> float:
@@ -54,10 +76,6 @@ class LookupDrafter:
                     return h[start + n : start + n + self.max_draft]
         return []
 
-    @property
-    def runner_up(self) -> bool:
-        return getattr(self.inner, "runner_up", False)
-
     def ready(self, worth: float = 0.9) -> bool:
         """A lookup chain expected to land at least ``worth`` drafts is in hand: reason to end an autoregressive
         burst early (which wastes the step already queued, and the call costs more than a plain step)."""
@@ -74,27 +92,27 @@ class LookupDrafter:
         look = self.candidates()
         if look:
             budget = self.inner.budget
-            ratio = getattr(budget, "ratio", 1.0)
-            conf = self.inner.confidences(i) if hasattr(self.inner, "confidences") else self.inner.conf
-            adapter = float(reach(conf, ratio)[1:].sum())  # expected accepted adapter drafts
             r = self.rate
-            if sum(r**k for k in range(1, len(look) + 1)) > adapter:
+            if sum(r**k for k in range(1, len(look) + 1)) > self.inner.expected(i):
                 # The budget fits the lookup chain to this machine's cost (it sees the hit rate as confidences).
-                alt = budget.plan(look, [min(0.99, r / ratio)] * len(look), remaining, room, self.inner.step)
+                conf = [min(0.99, r / budget.ratio)] * len(look)
+                alt = budget.plan(look, conf, remaining, room, self.inner.step)
                 if alt.drafts:
                     alt.source = "lookup"
                     return alt
         return self.inner.plan(i, remaining, room)
 
-    def update(self, plan: Plan, accepted: int, aux_tokens: list[int], aux_conf: list[float], **kw) -> None:
-        lookup = plan.source == "lookup"
-        if lookup:
-            self.hits += accepted
-            self.misses += accepted < len(plan.drafts)
-            curve = getattr(self.inner.budget, "curve", None)  # (a fixed budget has none: a call costs a step)
-            self.pace.add(accepted + 1, curve(plan.rows) if curve else 1.0)
-        self.inner.update(plan, accepted, aux_tokens, aux_conf, observe=not lookup, **kw)
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        # The adapter's next call, guessed ahead; when a lookup chain wins instead, the guess is not confirmed
+        # and that call is built after the read (a synchronous call).
+        return self.inner.guess(plan, accepted, i, remaining, room)
+
+    def update(self, plan: Plan, result: CallResult) -> None:
+        if plan.source == "lookup":
+            self.hits += result.accepted
+            self.misses += result.accepted < len(plan.drafts)
+            self.pace.add(result.accepted + 1, self.inner.budget.curve(plan.rows))
+        self.inner.update(plan, result)
 
     def emitted(self, tokens: list[int]) -> None:
-        """Tokens the answer gained (every block, autoregressive bursts included)."""
         self.history.extend(tokens)

@@ -1,0 +1,89 @@
+"""The next PTP call, built while this one computes (docs/method.md, section 5, "Pipelined calls").
+
+A call's inputs depend on what it accepted, which the host learns only when it reads the call. For drafters that
+can tell the next call's rows before that read (``Drafter.guess``: a fixed budget's shape, the drafts being rows of
+this call's output), the next call is built for each likely outcome while this one computes: its token rows are
+gathered on the device from this call's exact tokens and auxiliary argmax, never read by the host. After the read,
+the build of the outcome that happened is queued at once if the drafter's real plan is the guessed one (same
+rows, same drafts); otherwise it is dropped and the call is built as ever. Either way the same call runs on the
+same rows, so the output is unchanged.
+
+Building never mutates a state another build starts from: the cache writes through fresh array handles
+(``layers.PTPKVCache.update_and_fetch``), so each build starts from this call's state and keeps its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .call import PendingCall, build_call
+from .drafting.protocol import CallResult, Drafter, Guess, Plan
+
+
+@dataclass
+class Ahead:
+    """The next call built for one outcome of the current call: ``accepted`` drafts standing."""
+
+    accepted: int
+    guess: Guess
+    call: PendingCall
+    state: list[tuple]  # per layer (keys, values, offset) after the build
+
+
+def _state(cache) -> list[tuple]:
+    return [(c.keys, c.values, c.offset) for c in cache]
+
+
+def _restore(cache, state: list[tuple]) -> None:
+    for c, (k, v, o) in zip(cache, state, strict=True):
+        c.keys, c.values, c.offset = k, v, o
+
+
+def build_ahead(
+    pm, cache, drafter: Drafter, call: PendingCall, u, s, greedy_u, max_new: int, ctx: int, limit: int
+) -> dict[int, Ahead]:
+    """Build the call after ``call`` (queued, not read) for up to ``limit`` of its outcomes, fewest accepted
+    drafts first; the cache is left as it was."""
+    plan = call.plan
+    out: dict[int, Ahead] = {}
+    if limit <= 0 or plan.alts or len(call.outs) < 2:  # (a landed alternative moves K/V rows on the host)
+        return out
+    state = _state(cache)
+    try:
+        for g in range(len(plan.drafts) + 1):
+            i, offset = call.i + 1 + g, call.offset + 1 + g
+            if len(out) >= limit or i >= max_new:
+                break
+            guess = drafter.guess(plan, g, i, max_new - i, ctx - offset)
+            if guess is None or guess.plan.burst or guess.plan.alts:
+                continue
+            for c in cache:
+                c.offset = offset  # the path that stands when g drafts are accepted
+            # The next call's token rows: the exact token at g, then its drafts, gathered on the device.
+            rows = [call.outs[0][g : g + 1].astype(mx.int32)]
+            if guess.draft_rows:
+                rows.append(call.outs[1][mx.array(guess.draft_rows, dtype=mx.int32)].astype(mx.int32))
+            tokens = mx.concatenate(rows) if len(rows) > 1 else rows[0]
+            nxt = build_call(
+                pm, cache, 0, guess.plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass, tokens=tokens
+            )
+            out[g] = Ahead(g, guess, nxt, _state(cache))
+            _restore(cache, state)
+    finally:
+        _restore(cache, state)
+    return out
+
+
+def take_ahead(ahead: dict[int, Ahead], result: CallResult, plan: Plan, cache) -> PendingCall | None:
+    """The call built ahead for what ``result`` accepted, if ``plan`` (the drafter's real next plan) is the one
+    that was guessed; it then becomes the cache's state. None: build ``plan`` as usual."""
+    a = ahead.get(result.accepted) if result.alt is None else None
+    if a is None or plan.burst or plan.alts or plan.branches != a.guess.plan.branches:
+        return None
+    if plan.drafts != [result.aux_tokens[j] for j in a.guess.draft_rows] or a.call.offset != cache[0].offset:
+        return None
+    _restore(cache, a.state)
+    a.call.plan = plan  # the same rows; the host now knows the drafts it verifies
+    return a.call

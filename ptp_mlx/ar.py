@@ -1,0 +1,64 @@
+"""Autoregressive decoding steps: the prefill, and mlx-lm's pipelined step loop (plain decoding and the bursts
+inside a PTP run). Token ``g`` is ``pick(u[g], P(. | prefix))``, the same rule every PTP call verifies with."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import mlx.core as mx
+
+from .sampler import SamplingSettings, UniformStream, pick
+
+PREFILL_CHUNK = 512
+
+
+class Shifted:
+    """The uniform stream seen from index ``start`` (an autoregressive burst inside a PTP run)."""
+
+    def __init__(self, u: UniformStream, start: int):
+        self.u, self.start = u, start
+
+    def __getitem__(self, i: int) -> float:
+        return self.u[self.start + i]
+
+
+def prefill(model, tokens: list[int], cache) -> None:
+    """Run ``tokens`` through ``model`` into ``cache``, in chunks."""
+    for s in range(0, len(tokens), PREFILL_CHUNK):
+        model(mx.array(tokens[s : s + PREFILL_CHUNK])[None], cache=cache)
+        mx.eval([c.state for c in cache])  # sync per chunk: bounds memory on long prompts
+
+
+def ar_calls(pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None) -> Iterator[tuple[list[int], dict]]:
+    """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token.
+
+    Yields ``([token], {"time": seconds})`` per step (with ``"logprobs"`` when ``hook`` asks for them); the cache
+    gains each fed token (``last`` first). ``hook``: the answer's penalties, logit_bias and logprobs."""
+    base = pm.base
+
+    def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
+        logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
+        if hook is None:
+            return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), None
+        # The token fed at i > 0 is not committed yet (read back after this pass is queued): ``pending``.
+        logits = hook.rows(logits[None], pending=tok if i > 0 else None)
+        t = pick(mx.array([u[i]]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+        return t[0], hook.score(logits, t)
+
+    tok, scored = step(mx.array([last]), 0)
+    mx.async_eval(tok, *(scored or []))
+    for i in range(max_new):
+        t_start = time.perf_counter()
+        nxt = nxt_scored = None
+        if i + 1 < max_new:
+            nxt, nxt_scored = step(tok, i + 1)
+            mx.async_eval(nxt, *(nxt_scored or []))
+        t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
+        if t < 0:
+            raise ValueError("cannot sample: the model produced non-finite logits")
+        info = {"time": time.perf_counter() - t_start}
+        if scored is not None:
+            info["logprobs"] = hook.read(scored, [0], [t])
+        yield [t], info
+        tok, scored = nxt, nxt_scored

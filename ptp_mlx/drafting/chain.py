@@ -1,0 +1,96 @@
+"""The adapter's own drafts: after each call, the auxiliary branch of the path that stood (docs/method.md, §5)."""
+
+from __future__ import annotations
+
+from .budget import BudgetPolicy, Pace, reach, u_factor
+from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
+
+
+class ChainDrafter(Drafter):
+    """A chain of the adapter's drafts per call, its rows chosen by a budget.
+
+    ``plan`` asks the budget for the call's rows (or an autoregressive burst, when calls have delivered fewer
+    tokens than plain steps would have); ``update`` takes the next drafts from the call's auxiliary outputs.
+    """
+
+    def __init__(self, budget: BudgetPolicy, step: str = "fused"):
+        self.budget, self.step = budget, step
+        self.drafts: list[int] = []
+        self.conf: list[float] = []
+        self.pace = Pace()  # what the adapter's calls really delivered since the last burst
+        # Sampling in probability order (the adapter's CDF order): the uniforms of the drafted positions are
+        # known, and a draft can only be right if its u falls inside the mode's bin (``u_factor``).
+        self.uniforms = None
+        self.mode: list[float] = []  # each draft's top probability at the decoding temperature
+        self.planned: list[float] = []  # the confidences the last plan used (what the budget calibrates on)
+
+    def begin(self, session: DraftSession) -> None:
+        s = session.settings
+        # Sampling in probability order, its drafts' uniforms sharpen their confidences (``u_factor``).
+        self.uniforms = session.uniforms if s.order == "prob" and not s.greedy else None
+
+    @property
+    def mode_mass(self) -> bool:
+        return self.uniforms is not None
+
+    def confidences(self, i: int) -> list[float]:
+        """The drafts' confidences for a call at generated position ``i`` (draft k predicts position i+1+k),
+        sharpened by their uniforms when sampling in probability order."""
+        if self.uniforms is None or len(self.mode) != len(self.conf):
+            return self.conf
+        us = self.uniforms.take(i + 1, len(self.conf))
+        return [c * u_factor(float(x), m) for c, x, m in zip(self.conf, us, self.mode, strict=True)]
+
+    def expected(self, i: int) -> float:
+        """Expected accepted drafts of the chain in hand, for a call at generated position ``i``."""
+        return float(reach(self.confidences(i), self.budget.ratio)[1:].sum())
+
+    def _second(self) -> tuple[int, float] | None:
+        return None  # a chain has no sibling strands (``TreeDrafter`` has)
+
+    def plan(self, i: int, remaining: int, room: int) -> Plan:
+        conf = self.planned = self.confidences(i)
+        if self.budget.calibrate and self.pace.behind():
+            # Drafting calls delivered fewer tokens than plain steps would have in the same time: decode
+            # plainly for a while, whatever the predictions say.
+            plan = Plan([], [], burst=min(self.budget.burst_len, remaining))
+        else:
+            plan = self.budget.plan(self.drafts, conf, remaining, room, self.step, second=self._second())
+        if plan.burst:
+            self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
+            self.pace = Pace()
+        elif plan.drafts:
+            plan.source = "ptp"
+        return plan
+
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        """Known ahead when the budget's rows depend only on the number of drafts (``FixedBudget``): the next
+        drafts are the branch of ``accepted``, slots 1.. (as ``update`` takes them)."""
+        if not self.budget.shape_only or self.budget.calibrate:
+            return None
+        rows = plan.branch_rows(accepted)
+        r, w = rows if rows is not None else (0, 1)
+        n = w - 1
+        nxt = self.budget.plan([0] * n, [1.0] * n, remaining, room, self.step)
+        if nxt.burst or nxt.alts:
+            return None
+        if nxt.drafts:
+            nxt.source = "ptp"
+        return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))])
+
+    def update(self, plan: Plan, result: CallResult) -> None:
+        own = plan.source in (None, "ptp")  # the adapter's calls; another drafter's chain (lookup) is not evidence
+        if own and result.alt is None:  # the budget calibrates on the adapter's own chain drafts only
+            self.budget.observe(self.planned[: len(plan.drafts)], result.accepted)
+        if own:  # the adapter's calls: their real pace
+            self.pace.add(result.accepted + 1, self.budget.curve(plan.rows))
+        self.drafts, self.conf, self.mode, self.planned = [], [], [], []
+        rows = plan.branch_rows(result.accepted, result.alt)
+        if rows is not None:  # slot 0 predicts the exact token just emitted: the drafts start at slot 1
+            r, w = rows
+            self.drafts, self.conf = result.aux_tokens[r + 1 : r + w], result.aux_conf[r + 1 : r + w]
+            self.mode = result.aux_mode[r + 1 : r + w] if result.aux_mode else []
+        self._took(result, rows)
+
+    def _took(self, result: CallResult, rows: tuple[int, int] | None) -> None:
+        """Hook for what else a drafter keeps from the branch it took (``TreeDrafter``: the runner-up)."""

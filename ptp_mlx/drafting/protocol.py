@@ -1,0 +1,123 @@
+"""The drafting protocol: a ``Plan`` per call, a ``CallResult`` back, and the ``Drafter`` lifecycle.
+
+The lifecycle follows llama.cpp's speculative decoding: ``begin`` once per answer, then per PTP call ``plan``
+(what to verify and which auxiliary branches to draft) and ``update`` (learn from what the call settled), and
+``emitted`` for every block the answer gains (autoregressive bursts included). The decoding loop talks to
+drafters only through this protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ..sampler import SamplingSettings, UniformStream
+
+
+@dataclass
+class Plan:
+    """The rows of one PTP call: verify ``drafts`` (a prefix of those in hand) and draft ``branches``
+    ``[(d, width), ...]`` (branch d assumes d drafts accepted). ``burst > 0`` means: decode that many tokens
+    autoregressively instead (drafting does not pay)."""
+
+    drafts: list[int]
+    branches: list[tuple[int, int]]
+    burst: int = 0
+    source: str | None = None  # who proposed the drafts: "ptp" (the adapter) or "lookup" (prompt lookup)
+    # Token tree: alternatives to the first draft, verified as sibling strands in the same call, each
+    # ``(token, width)`` with an auxiliary branch of ``width`` rows (0: none) for the drafts after it.
+    alts: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return 1 + len(self.drafts) + sum(w for _, w in self.branches) + len(self.alts) + sum(w for _, w in self.alts)
+
+    def branch_rows(self, accepted: int, alt: int | None = None) -> tuple[int, int] | None:
+        """``(first auxiliary row, width)`` of the branch that follows the path that stood (``accepted`` chain
+        drafts, or the alternative ``alt``), or None when that path has no branch. Auxiliary rows are laid out
+        as the chain's branches in order, then each alternative's branch."""
+        r = 0
+        for d, w in self.branches:
+            if d == accepted and alt is None:
+                return r, w
+            r += w
+        for k, (_, w) in enumerate(self.alts):
+            if k == alt and w:
+                return r, w
+            r += w
+        return None
+
+
+@dataclass
+class CallResult:
+    """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (the alternative counts as
+    one), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences, and the index of
+    the alternative strand that landed (None: the chain)."""
+
+    block: list[int]
+    accepted: int
+    aux_tokens: list[int] = field(default_factory=list)
+    aux_conf: list[float] = field(default_factory=list)
+    second: list[tuple[int, float]] = field(default_factory=list)
+    alt: int | None = None
+    aux_mode: list[float] | None = None  # each row's top probability at the decoding temperature (``mode_mass``)
+    logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
+
+
+@dataclass
+class Guess:
+    """The next call's rows as a drafter can tell them before the current call is read: ``plan`` (its drafts are
+    placeholders) and ``draft_rows``, the current call's auxiliary rows whose argmax tokens are those drafts."""
+
+    plan: Plan
+    draft_rows: list[int]
+
+
+@dataclass
+class DraftSession:
+    """What a drafter learns when an answer starts: the prompt, the answer's uniforms and its sampling settings."""
+
+    prompt: list[int]
+    uniforms: UniformStream
+    settings: SamplingSettings
+
+
+class Drafter(Protocol):
+    """What a PTP call verifies. Subclass it to inherit the defaults of the optional parts."""
+
+    @property
+    def runner_up(self) -> bool:
+        """Whether calls should read each auxiliary row's second-best token (``CallResult.second``)."""
+        return False
+
+    @property
+    def mode_mass(self) -> bool:
+        """Whether calls should read each auxiliary row's top probability (``CallResult.aux_mode``)."""
+        return False
+
+    def begin(self, session: DraftSession) -> None:
+        """A new answer starts (called once, before the first ``plan``)."""
+
+    def plan(self, i: int, remaining: int, room: int) -> Plan:
+        """The next call's rows, for generated position ``i``, ``remaining`` tokens wanted and ``room`` rows
+        left in the context."""
+        ...
+
+    def update(self, plan: Plan, result: CallResult) -> None:
+        """Learn from the call that ran ``plan`` (the next drafts, acceptance statistics)."""
+        ...
+
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (the next
+        call then starts at generated position ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if
+        it can tell before that call is read; None otherwise. Decoding builds the guessed call while the current
+        one computes and queues it the moment the read confirms it (``ptp_mlx/ahead.py``)."""
+        return None
+
+    def emitted(self, tokens: list[int]) -> None:
+        """Tokens the answer gained (every block, autoregressive bursts included)."""
+
+    def ready(self) -> bool:
+        """During an autoregressive burst: whether a draft worth a call is in hand (ends the burst early)."""
+        return False

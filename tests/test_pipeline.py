@@ -1,0 +1,128 @@
+"""Pipelined PTP calls (ptp_mlx/ahead.py): the next call built for the likely outcomes while this one computes,
+queued right after the read when the drafter's real plan is the guessed one. The output must stay the
+autoregressive one token for token (greedy and sampled, EOS and the token limit inside a block, the cache's
+growth, a conversation's carried cache, a consumer that stops with a call still queued)."""
+
+from collections import Counter
+
+import mlx.core as mx
+import pytest
+from test_decode import PROMPTS, SETTINGS, WINDOW, ar, assert_same, pm_random, pm_sticky, varied, with_seed  # noqa: F401
+
+import ptp_mlx.generate as generate
+from ptp_mlx.generate import DecodeOptions, _ahead_limit, encode_prompt, stream_generate
+from ptp_mlx.layers import PTPContext, PTPKVCache
+from ptp_mlx.prompt_cache import PromptCache
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Builds ahead up to two outcomes whatever the device (on the CPU the default is none), and counts the calls
+    queued from a build ahead ("hit") and those built after the read ("miss")."""
+    monkeypatch.setattr(generate, "ahead_default", lambda: 2)
+    seen = Counter()
+    take = generate.take_ahead
+
+    def counted(ahead, result, plan, cache):
+        call = take(ahead, result, plan, cache)
+        seen["hit" if call is not None else "miss"] += 1
+        seen["built"] += len(ahead)
+        return call
+
+    monkeypatch.setattr(generate, "take_ahead", counted)
+    return seen
+
+
+@pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0-k50-p0.8", "T1.0"])
+def test_pipelined_fixed_budget_calls_are_exact(pm_sticky, pm_random, varied, spy, name):  # noqa: F811
+    tok = varied[1]
+    accepted = Counter()
+    for pm in (pm_sticky, pm_random):
+        for n_draft in (1, 2, 3):
+            for k, p in enumerate(PROMPTS[:3]):
+                s = with_seed(SETTINGS[name], 30 + k)
+                steps = assert_same(pm, tok, encode_prompt(tok, p), s, 20, {"num_draft_tokens": n_draft})
+                accepted.update(st.accepted for st in steps)
+    assert spy["hit"] > 0 and spy["miss"] >= 0 and spy["built"] >= spy["hit"], spy
+    assert accepted[0] > 0 and sum(v for a, v in accepted.items() if a > 0) > 0, accepted  # both kinds of outcome
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 8])
+def test_pipelined_calls_with_eos_and_max_tokens_inside_a_block(pm_sticky, varied, spy, max_tokens):  # noqa: F811
+    tok = varied[1]
+    for name in ("greedy", "T1.0"):
+        s = with_seed(SETTINGS[name], 9)
+        ids = encode_prompt(tok, PROMPTS[0])
+        full = ar(pm_sticky, tok, ids, s, 24, eos=set())[0]
+        kw = {"num_draft_tokens": WINDOW - 1}
+        steps = assert_same(pm_sticky, tok, ids, s, max_tokens, kw, eos=set())
+        assert [t for st in steps for t in st.tokens] == full[:max_tokens]
+        eos = {full[min(max_tokens, len(full) - 1)]}  # an end token inside some block
+        steps = assert_same(pm_sticky, tok, ids, s, 24, kw, eos=eos)
+        assert steps[-1].finish_reason in ("stop", "length")
+    assert spy["hit"] > 0 or max_tokens < 5, spy  # (one or two calls leave nothing to queue ahead)
+
+
+def test_pipelined_calls_across_the_cache_growth(pm_sticky, varied, spy):  # noqa: F811
+    """mlx-lm's cache grows in steps of 256 rows: calls built ahead across that boundary stay exact."""
+    tok = varied[1]
+    ids = encode_prompt(tok, "abcdefgh " * 26)
+    assert 230 < len(ids) < 256
+    for name in ("greedy", "T1.0-k50-p0.8"):
+        s = with_seed(SETTINGS[name], 2)
+        for n_draft in (2, 3):
+            assert_same(pm_sticky, tok, ids, s, 40, {"num_draft_tokens": n_draft})
+    assert spy["hit"] > 0
+
+
+def test_a_consumer_that_stops_with_a_call_queued_leaves_the_cache_consistent(pm_sticky, varied, spy):  # noqa: F811
+    """A server's stop string ends the answer one call late: the call queued meanwhile leaves the carried cache,
+    so the next turn reuses it and answers exactly as a fresh cache would."""
+    tok = varied[1]
+    for s in (SETTINGS["greedy"], with_seed(SETTINGS["T1.0"], 3)):
+        pc = PromptCache()
+        opts = DecodeOptions(mode="ptp", max_tokens=16, sampling=s, num_draft_tokens=3)
+        messages = [{"role": "user", "content": "hello there"}]
+        ids = encode_prompt(tok, messages)
+        gen = stream_generate(pm_sticky, tok, ids, opts, eos_ids=set(), prompt_cache=pc)
+        first = [next(gen), next(gen)]
+        gen.close()  # stopped by the consumer, the next call possibly queued
+        assert pc.cache is not None and pc.cache[0].offset == len(pc.tokens)
+        answer = [t for st in first for t in st.tokens]
+        assert pc.tokens == (ids + answer)[: len(pc.tokens)] and len(pc.tokens) >= len(ids)
+        messages += [{"role": "assistant", "content": tok.decode(answer)}, {"role": "user", "content": "more"}]
+        ids2 = encode_prompt(tok, messages)
+        got = [t for st in stream_generate(pm_sticky, tok, ids2, opts, prompt_cache=pc) for t in st.tokens]
+        assert pc.reused > len(ids) // 2
+        assert got == [t for st in stream_generate(pm_sticky, tok, ids2, opts) for t in st.tokens]
+    assert spy["hit"] > 0
+
+
+def test_the_kv_cache_never_writes_into_an_earlier_state():
+    """Building ahead needs a state that later writes leave alone (the cache writes through fresh handles)."""
+    c = PTPKVCache(PTPContext())
+    c.update_and_fetch(mx.ones((1, 2, 3, 4)), mx.ones((1, 2, 3, 4)))
+    keys, values, offset = c.keys, c.values, c.offset
+    mx.eval(keys, values)
+    before = float(keys.sum())
+    c.trim(1)
+    c.update_and_fetch(5 * mx.ones((1, 2, 2, 4)), 5 * mx.ones((1, 2, 2, 4)))
+    assert float(keys.sum()) == before and float(values.sum()) == before and offset == 3
+    assert c.offset == 4 and float(c.keys[..., :4, :].sum()) == 2 * 8 + 2 * 8 * 5
+
+
+def test_ahead_limit_follows_the_slack():
+    assert _ahead_limit(1, 1, 0.01, 0.05) == 2  # the host still waited after one build: build one more
+    assert _ahead_limit(3, 3, 0.03, 0.0) == 2  # builds outlasted the compute: fewer
+    assert _ahead_limit(1, 1, 0.01, 0.0) == 1  # never fewer than one
+    assert _ahead_limit(2, 1, 0.01, 0.05) == 2  # fewer outcomes than allowed were built: no evidence for more
+    assert _ahead_limit(8, 8, 0.08, 1.0) == 8
+
+
+def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):  # noqa: F811
+    tok = varied[1]
+    ids = encode_prompt(tok, PROMPTS[0])
+    opts = DecodeOptions(mode="ptp", max_tokens=16, num_draft_tokens=2, ahead=0)
+    got = [t for st in stream_generate(pm_sticky, tok, ids, opts) for t in st.tokens]
+    assert got == ar(pm_sticky, tok, ids, SETTINGS["greedy"], 16)[0]
+    assert spy["built"] == 0 and spy["hit"] == 0 and spy["miss"] > 0
