@@ -170,5 +170,7 @@ def accumulate(grad_fn, adapter: PTPAdapter, pm: PTPModel, items: list, width: i
         loss = loss + part
         rows += mb.rows
         mx.eval(grads, loss)  # sync: frees this micro-batch's graph before the next is built
+    if grads is None:  # no scored row in this step (every token outside a producible bin): a zero update
+        return loss, tree_map(mx.zeros_like, adapter.trainable_parameters()), rows
     scale = 1.0 / max(total, 1e-9)
     return loss * scale, tree_map(lambda g: g * scale, grads), rows
