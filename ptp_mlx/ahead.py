@@ -87,3 +87,20 @@ def take_ahead(ahead: dict[int, Ahead], result: CallResult, plan: Plan, cache) -
     _restore(cache, a.state)
     a.call.plan = plan  # the same rows; the host now knows the drafts it verifies
     return a.call
+
+
+def ahead_default() -> int:
+    """Outcomes to build ahead by default: one on a GPU, where ``mx.async_eval`` returns at once and the build
+    overlaps the whole call; none on MLX's CPU backend, where it returns only near the end of a large graph, so a
+    build ahead overlaps just the tail and competes with the compute for the same cores (measured no faster:
+    docs/results/profile/issue23/)."""
+    return 1 if mx.default_device() == mx.gpu else 0
+
+
+def ahead_limit(limit: int, built: int, t_built: float, t_wait: float) -> int:
+    """How many outcomes to build ahead next time: one more while the host still waited for the call after its
+    builds, one fewer (down to 1) when it did not wait at all (the builds outlasted the compute)."""
+    per = t_built / built if built else 0.0
+    if built >= limit and t_wait > per:
+        return min(limit + 1, 8)
+    return max(1, limit - 1) if t_wait < 0.1 * per else limit

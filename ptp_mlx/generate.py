@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
-from .ahead import build_ahead, take_ahead
+from .ahead import ahead_default, ahead_limit, build_ahead, take_ahead
 from .ar import Shifted, ar_calls, prefill
 from .call import NO_CLOCK, build_call, finish_call
 from .drafting.budget import Budget, BudgetPolicy, FixedBudget
@@ -240,7 +240,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             t_wait = time.perf_counter()
             clock.mark("ahead")
             out = finish_call(cache, call, clock)
-            limit = min(most, _ahead_limit(limit, len(ahead), t_wait - t_ahead, time.perf_counter() - t_wait))
+            limit = min(most, ahead_limit(limit, len(ahead), t_wait - t_ahead, time.perf_counter() - t_wait))
             plan, call = call.plan, None
             # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
             drafter.update(plan, out)
@@ -267,23 +267,6 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         if call is not None:  # queued but never read (the consumer stopped first): its rows leave the cache
             for layer_cache in cache:
                 layer_cache.trim(layer_cache.offset - call.offset)
-
-
-def ahead_default() -> int:
-    """Outcomes to build ahead by default: one on a GPU, where ``mx.async_eval`` returns at once and the build
-    overlaps the whole call; none on MLX's CPU backend, where it returns only near the end of a large graph, so a
-    build ahead overlaps just the tail and competes with the compute for the same cores (measured no faster:
-    docs/results/profile/issue23/)."""
-    return 1 if mx.default_device() == mx.gpu else 0
-
-
-def _ahead_limit(limit: int, built: int, t_built: float, t_wait: float) -> int:
-    """How many outcomes to build ahead next time: one more while the host still waited for the call after its
-    builds, one fewer (down to 1) when it did not wait at all (the builds outlasted the compute)."""
-    per = t_built / built if built else 0.0
-    if built >= limit and t_wait > per:
-        return min(limit + 1, 8)
-    return max(1, limit - 1) if t_wait < 0.1 * per else limit
 
 
 def _burst(pm, cache, last, u, i, s, length, drafter, hook=None):

@@ -10,7 +10,8 @@ import pytest
 from test_decode import PROMPTS, SETTINGS, WINDOW, ar, assert_same, pm_random, pm_sticky, varied, with_seed  # noqa: F401
 
 import ptp_mlx.generate as generate
-from ptp_mlx.generate import DecodeOptions, _ahead_limit, encode_prompt, stream_generate
+from ptp_mlx.ahead import ahead_limit as _ahead_limit
+from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.layers import PTPContext, PTPKVCache
 from ptp_mlx.prompt_cache import PromptCache
 
