@@ -176,19 +176,20 @@ def _auto(a: argparse.Namespace, grp, where: dict) -> int:
     inst = run.done("install")
     if inst and not inst.get("installed") and a.install_anyway and grp.main:
         (run.root / "phases" / "install.json").unlink()  # asked now: install what the finished run made
+    grp.agree(0)  # sync: every process reads the same markers (data parallel: dist.py)
     todo = [p for p in PHASES if not run.done(p)]
     if todo and todo[0] != PHASES[0]:
         _say(f"auto: resuming at phase {todo[0]} in {run.root}")
 
     def phase(name: str, fn, every: bool = False):
         where["phase"] = name
-        if not run.done(name):
+        if name in todo:
             if grp.main or every:
                 t0 = time.perf_counter()
                 info = fn() or {}
                 if grp.main:
                     run.mark(name, {**info, "seconds": round(time.perf_counter() - t0, 1)})
-            grp.agree(0)  # sync: the other processes wait for process 0's phases (data parallel: dist.py)
+            grp.agree(0)  # sync: the other processes wait for process 0's phases
         return run.done(name)
 
     phase("prompts", lambda: _prompts(a, run))
