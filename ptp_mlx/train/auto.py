@@ -223,11 +223,17 @@ def _prompts(a, run: RunFolder) -> dict:
 
 
 def _probe(a, base, tok, run: RunFolder, minutes: float, processes: int) -> dict:
-    from .plan import make_plan, probe
+    from ..paths import atomic_write_bytes
+    from .plan import Probe, make_plan, probe
 
-    _say("auto: probing this machine with this model (about a minute)...")
-    pr = probe(base, tok, run.prompts, run.probe_dir)
-    shutil.rmtree(run.probe_dir, ignore_errors=True)
+    saved = run.root / "probe.json"
+    if saved.is_file():  # measured by an earlier try (whose budget was refused): not measured again
+        pr = Probe(**{**json.loads(saved.read_text()), "seconds": 0.0})  # its time was spent in that try
+    else:
+        _say("auto: probing this machine with this model (under a minute on an idle machine)...")
+        pr = probe(base, tok, run.prompts, run.probe_dir)
+        shutil.rmtree(run.probe_dir, ignore_errors=True)
+        atomic_write_bytes(saved, json.dumps(pr.__dict__).encode())
     plan = make_plan(pr, minutes, processes, bench_prompts=a.bench_prompts, bench_tokens=a.bench_tokens,
                      rank=a.rank, rows_per_step=a.rows_per_step, steps=a.steps)  # fmt: skip
     free = _free_bytes(run.root)

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..cli_common import UserError
 
 ROWS_PER_SEQ = 16 * 8  # windows per sequence x window width (the recipe's)
-VAL_PROMPTS, VAL_PER_PROMPT, VAL_TOKENS = 24, 2, 96
+VAL_PROMPTS, VAL_PER_PROMPT, VAL_TOKENS = 16, 2, 96
 TRAIN_PER_PROMPT, TRAIN_TOKENS = 2, 128
 BENCH_METHODS = 3  # mlx-lm, ar (the lossless check) and ptp
 BYTES_PER_TOKEN = 100  # a teacher record's JSON per completion token (id, bins in both CDF orders)
@@ -71,7 +71,7 @@ def _fmt(s: float) -> str:
 
 
 def probe(model, tokenizer, prompts_file: Path, work: Path, log=None) -> Probe:
-    """Measure this machine with this model (about a minute for a 135M model on two CPU cores)."""
+    """Measure this machine with this model (under a minute for a 135M model on two idle CPU cores)."""
     import contextlib
     import io
 
@@ -84,18 +84,19 @@ def probe(model, tokenizer, prompts_file: Path, work: Path, log=None) -> Probe:
     t0 = time.perf_counter()
     quiet = io.StringIO()
     with contextlib.redirect_stderr(quiet):  # the probe's own progress bars are noise here
-        t = time.perf_counter()
-        pregenerate(model, tokenizer, prompts_file, work / "one.jsonl", n=1, max_new=16, split="all", limit=1)
+        for name in ("warm", "one"):  # the first call warms up; the second is timed
+            t = time.perf_counter()
+            pregenerate(model, tokenizer, prompts_file, work / f"{name}.jsonl", n=1, max_new=12, split="all", limit=1)
         one = read_records(work / "one.jsonl")
         decode = sum(len(r["tokens"]) - r["start"] for r in one) / max(time.perf_counter() - t, 1e-9)
         t = time.perf_counter()
         f = work / "batch.jsonl"
-        pregenerate(model, tokenizer, prompts_file, f, n=2, max_new=24, split="all", limit=8, batch_prompts=8)
+        pregenerate(model, tokenizer, prompts_file, f, n=2, max_new=16, split="all", limit=4, batch_prompts=4)
         recs = read_records(f)
         teacher = sum(len(r["tokens"]) - r["start"] for r in recs) / max(time.perf_counter() - t, 1e-9)
         p = argparse.ArgumentParser()
         add_train_args(p)
-        a = p.parse_args(["--data", "x", "--run", str(work / "train"), "--steps", "3", "--rows-per-step", "512"])
+        a = p.parse_args(["--data", "x", "--run", str(work / "train"), "--steps", "2", "--rows-per-step", "256"])
         a.save_every, a.warmup = 1000, 1
         train(model, recs, [], a, log=lambda m: None)
     steps = [json.loads(x) for x in (work / "train" / "train.log").read_text().splitlines()]
@@ -124,7 +125,10 @@ def make_plan(
     left = budget - val_gen - evaluate - bench
     if left < 60:
         need = (minutes * 60 - left + 60) / 60
-        raise UserError(f"--minutes {minutes:g} is too short for this model on this machine: give at least {need:.0f}")
+        raise UserError(
+            f"--minutes {minutes:g} is too short for this model on this machine: give at least {need:.0f} "
+            f"(probe: {pr.teacher_tokens_per_s:.0f} teacher tokens/s, {pr.seconds_per_row * 1e3:.1f} ms a training row)"
+        )
     gen, fit = 0.45 * left, 0.55 * left
     per_row = pr.seconds_per_row / max(1, processes)  # data parallel: each process runs its slice (estimate)
     if rows_per_step is None:
