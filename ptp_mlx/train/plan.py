@@ -22,7 +22,11 @@ ROWS_PER_SEQ = 16 * 8  # windows per sequence x window width (the recipe's)
 VAL_PROMPTS, VAL_PER_PROMPT, VAL_TOKENS = 16, 2, 96
 TRAIN_PER_PROMPT, TRAIN_TOKENS = 2, 128
 BENCH_METHODS = 3  # mlx-lm, ar (the lossless check) and ptp
-BYTES_PER_TOKEN = 100  # a teacher record's JSON per completion token (id, bins in both CDF orders)
+BYTES_PER_TOKEN = 100
+SHORT, LONG = (
+    2,
+    18,
+)  # the probe's two decode lengths  # a teacher record's JSON per completion token (id, bins in both CDF orders)
 
 
 @dataclass
@@ -83,17 +87,26 @@ def probe(model, tokenizer, prompts_file: Path, work: Path, log=None) -> Probe:
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     quiet = io.StringIO()
-    with contextlib.redirect_stderr(quiet):  # the probe's own progress bars are noise here
-        for name in ("warm", "one"):  # the first call warms up; the second is timed
-            t = time.perf_counter()
-            pregenerate(model, tokenizer, prompts_file, work / f"{name}.jsonl", n=1, max_new=12, split="all", limit=1)
-        one = read_records(work / "one.jsonl")
-        decode = sum(len(r["tokens"]) - r["start"] for r in one) / max(time.perf_counter() - t, 1e-9)
+
+    def timed(name: str, tokens: int, **kw) -> float:
         t = time.perf_counter()
-        f = work / "batch.jsonl"
-        pregenerate(model, tokenizer, prompts_file, f, n=2, max_new=16, split="all", limit=4, batch_prompts=4)
-        recs = read_records(f)
-        teacher = sum(len(r["tokens"]) - r["start"] for r in recs) / max(time.perf_counter() - t, 1e-9)
+        pregenerate(model, tokenizer, prompts_file, work / f"{name}.jsonl", max_new=tokens, split="all", **kw)
+        return time.perf_counter() - t
+
+    def rate(rows: int, length: int, short: float, long: float) -> float:
+        """Tokens a second at ``length`` tokens a row: the prompt's prefill (from the short run) once, then
+        ``length`` decoding steps (from the difference between the runs)."""
+        per_step = max(long - short, 0.25 * long) / (LONG - SHORT)  # floor: rows that ended early
+        prefill = max(short - SHORT * per_step, 0.0)
+        return rows * length / (prefill + length * per_step)
+
+    with contextlib.redirect_stderr(quiet):  # the probe's own progress bars are noise here
+        timed("warm", SHORT, n=1, limit=1)  # first use: allocation and set-up
+        decode = rate(1, 64, timed("one-short", SHORT, n=1, limit=1), timed("one-long", LONG, n=1, limit=1))
+        one = dict(n=2, limit=4, batch_prompts=4)
+        short, long = timed("batch-short", SHORT, **one), timed("batch-long", LONG, **one)
+        teacher = rate(8, TRAIN_TOKENS, short, long)
+        recs = read_records(work / "batch-long.jsonl")
         p = argparse.ArgumentParser()
         add_train_args(p)
         a = p.parse_args(["--data", "x", "--run", str(work / "train"), "--steps", "2", "--rows-per-step", "256"])
