@@ -168,3 +168,21 @@ def test_slower_verdict_is_not_installed_unless_asked(tmp_path):
     assert info["installed"] is None and "slower" in info["why"]
     line = auto.verdict_line({"mean_accepted": 1.5}, bench, info)
     assert line.startswith("verdict: slower, 0.80x") and "not installed" in line
+
+
+def test_installed_adapter_comes_before_a_shipped_one(tmp_path, monkeypatch):
+    import mlx_lm
+
+    from ptp_mlx import adapter as adapter_mod
+    from ptp_mlx.testing import save_random_adapter
+
+    m = make_tiny_model(tmp_path / "m")
+    shipped = tmp_path / "shipped"
+    save_random_adapter(m, shipped / "tiny", seed=1)
+    monkeypatch.setattr(adapter_mod, "shipped_adapters_dir", lambda: shipped)
+    base, _ = mlx_lm.load(str(m))
+    assert adapter_mod.adapter_for(base) == shipped / "tiny"
+    assert adapter_mod.adapter_for(base, shipped=False) is None
+    mine = Path(os.environ["PTP_MLX_HOME"]) / "adapters" / "m-1234"
+    save_random_adapter(m, mine, seed=2)
+    assert adapter_mod.adapter_for(base) == mine
