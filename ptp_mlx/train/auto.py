@@ -223,6 +223,7 @@ def _prompts(a, run: RunFolder) -> dict:
 
 
 def _probe(a, base, tok, run: RunFolder, minutes: float, processes: int) -> dict:
+    from ..adapter import adapter_for
     from ..paths import atomic_write_bytes
     from .plan import Probe, make_plan, probe
 
@@ -235,7 +236,8 @@ def _probe(a, base, tok, run: RunFolder, minutes: float, processes: int) -> dict
         shutil.rmtree(run.probe_dir, ignore_errors=True)
         atomic_write_bytes(saved, json.dumps(pr.__dict__).encode())
     plan = make_plan(pr, minutes, processes, bench_prompts=a.bench_prompts, bench_tokens=a.bench_tokens,
-                     rank=a.rank, rows_per_step=a.rows_per_step, steps=a.steps)  # fmt: skip
+                     rank=a.rank, rows_per_step=a.rows_per_step, steps=a.steps,
+                     previous=adapter_for(base) is not None)  # fmt: skip
     free = _free_bytes(run.root)
     if free < plan.disk_bytes:
         raise UserError(f"too little disk space: the run needs about {plan.disk_bytes / 2**20:.0f} MiB, "

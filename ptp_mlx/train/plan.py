@@ -128,12 +128,16 @@ def make_plan(
     rank: int | None = None,
     rows_per_step: int | None = None,
     steps: int | None = None,
+    previous: bool = False,
 ) -> Plan:
-    """Size every phase from the probe's rates; ``UserError`` when the budget cannot hold a useful run."""
+    """Size every phase from the probe's rates; ``UserError`` when the budget cannot hold a useful run.
+
+    ``previous``: the model has an adapter already (the eval phase scores it too)."""
     budget = minutes * 60 - pr.seconds
     val_gen = val_prompts * VAL_PER_PROMPT * VAL_TOKENS / pr.teacher_tokens_per_s
     val_rows = val_prompts * VAL_PER_PROMPT * 8 * 8
-    evaluate = 10 + val_rows * pr.seconds_per_row / 2  # forward only: about a third of a training row, plus reading
+    validate = val_rows * pr.seconds_per_row / 2  # forward only: about a third of a training row
+    evaluate = 10 + validate * (2 if previous else 1)
     bench = 30 + bench_prompts * 2 * BENCH_METHODS * (bench_tokens + 8) / pr.decode_tokens_per_s
     left = budget - val_gen - evaluate - bench
     if left < 60:
@@ -142,16 +146,16 @@ def make_plan(
             f"--minutes {minutes:g} is too short for this model on this machine: give at least {need:.0f} "
             f"(probe: {pr.teacher_tokens_per_s:.0f} teacher tokens/s, {pr.seconds_per_row * 1e3:.1f} ms a training row)"
         )
-    gen, fit = 0.45 * left, 0.55 * left
+    gen, fit = 0.45 * left, 0.55 * left - 2 * validate  # training validates half way and at the end
     per_row = pr.seconds_per_row / max(1, processes)  # data parallel: each process runs its slice (estimate)
     if rows_per_step is None:
         rows_per_step = int(fit / (300 * per_row)) // ROWS_PER_SEQ * ROWS_PER_SEQ  # aim at a few hundred steps
         rows_per_step = max(ROWS_PER_SEQ, min(8192, rows_per_step))
     if steps is None:
-        steps = max(10, int(fit / (rows_per_step * per_row)))
+        steps = max(10, int(max(fit, 0.0) / (rows_per_step * per_row)))
     if rank is None:
         rank = 16 if steps * rows_per_step >= 100_000 else 8  # few rows seen: a smaller adapter learns as much
     tokens = int(gen * pr.teacher_tokens_per_s)
     disk = (tokens + val_prompts * VAL_PER_PROMPT * VAL_TOKENS) * BYTES_PER_TOKEN + 64 * 2**20
-    phases = {"pregenerate": val_gen + gen, "train": fit, "eval": evaluate, "bench": bench}
+    phases = {"pregenerate": val_gen + gen, "train": 0.55 * left, "eval": evaluate, "bench": bench}
     return Plan(minutes, rank, rows_per_step, steps, processes, val_prompts, phases, tokens, disk)
