@@ -116,6 +116,8 @@ def train_from_args(a: argparse.Namespace) -> int:
     from .dist import init
 
     grp = init()  # more than one process under mlx.launch: data parallel
+    if grp.size > 1 and getattr(a, "reload_every", 0):
+        raise UserError("--reload-every needs one process: each would read a different file length")
     return train(base, records, val, a, reload=read_all if getattr(a, "reload_every", 0) else None, grp=grp)
 
 
