@@ -265,7 +265,8 @@ def _pregenerate(a, base, tok, run: RunFolder, plan: Plan) -> dict:
         for f in (run.val, run.teacher):
             _trim_partial_line(f)
         pregenerate(base, tok, run.prompts, run.val, n=VAL_PER_PROMPT, sampling=s, max_new=VAL_TOKENS,
-                    split="val", limit=plan.val_prompts, seed=7, batch_prompts=8)  # fmt: skip
+                    split="val", limit=plan.val_prompts, seed=7, batch_prompts=8,
+                    deadline=t0 + 0.35 * max(1.0, seconds - spent))  # fmt: skip
         deadline = t0 + max(1.0, seconds - spent - (time.perf_counter() - t0))
         pregenerate(base, tok, run.prompts, run.teacher, n=TRAIN_PER_PROMPT, sampling=s, max_new=TRAIN_TOKENS,
                     split="train", limit=a.max_prompts, seed=a.seed, batch_prompts=8, deadline=deadline)  # fmt: skip
@@ -288,12 +289,20 @@ def _train(a, base, run: RunFolder, plan: Plan, grp) -> dict:
     p = argparse.ArgumentParser()
     add_train_args(p)
     steps = plan.steps
+    # --steps given: exactly that many (a resumed run then equals an uninterrupted one). Else the plan's time is a
+    # hard stop and the steps follow the measured pace (up to three times the plan's, on a faster machine).
+    timed = (
+        []
+        if a.steps
+        else ["--minutes", f"{plan.fit_seconds / 60:.3f}", "--eval-minutes", f"{plan.fit_seconds / 120:.3f}"]
+    )
     t = p.parse_args(
         ["--data", str(run.teacher), "--val", str(run.val), "--run", str(run.train), "--out", str(run.adapter),
-         "--resume", "--steps", str(steps), "--rank", str(plan.rank), "--alpha", str(2 * plan.rank),
-         "--rows-per-step", str(plan.rows_per_step), "--cdf-order", "prob", "--slot-weights", "decay:0.7",
-         "--eval-every", str(max(1, steps // 2)), "--save-every", str(max(1, min(50, steps // 10))),
-         "--warmup", str(min(20, max(1, steps // 10))), "--seed", str(a.seed)]
+         "--resume", "--steps", str(steps if a.steps else 3 * steps), "--rank", str(plan.rank),
+         "--alpha", str(2 * plan.rank), "--rows-per-step", str(plan.rows_per_step), "--cdf-order", "prob",
+         "--slot-weights", "decay:0.7", "--eval-every", str(max(1, steps // 2)),
+         "--save-every", str(max(1, min(50, steps // 10))), "--warmup", str(min(20, max(1, steps // 10))),
+         "--seed", str(a.seed), *timed]
     )  # fmt: skip
     t.name = model_name(a.model)
     records = read_records(run.teacher)

@@ -48,6 +48,7 @@ class Plan:
     phase_seconds: dict  # phase -> estimated seconds
     train_tokens: int  # estimated completion tokens the pregenerate phase writes
     disk_bytes: int  # estimated bytes the run writes
+    fit_seconds: float = 0.0  # training time proper (validation excluded): the train phase's hard stop
 
     def describe(self) -> str:
         """What ``auto`` says up front: each phase's estimated time and the training shape."""
@@ -158,4 +159,4 @@ def make_plan(
     tokens = int(gen * pr.teacher_tokens_per_s)
     disk = (tokens + val_prompts * VAL_PER_PROMPT * VAL_TOKENS) * BYTES_PER_TOKEN + 64 * 2**20
     phases = {"pregenerate": val_gen + gen, "train": 0.55 * left, "eval": evaluate, "bench": bench}
-    return Plan(minutes, rank, rows_per_step, steps, processes, val_prompts, phases, tokens, disk)
+    return Plan(minutes, rank, rows_per_step, steps, processes, val_prompts, phases, tokens, disk, max(fit, 30.0))
