@@ -186,3 +186,16 @@ def test_installed_adapter_comes_before_a_shipped_one(tmp_path, monkeypatch):
     mine = Path(os.environ["PTP_MLX_HOME"]) / "adapters" / "m-1234"
     save_random_adapter(m, mine, seed=2)
     assert adapter_mod.adapter_for(base) == mine
+
+
+def test_one_auto_per_run_folder(tmp_path, capsys):
+    import fcntl
+
+    m = make_tiny_model(tmp_path / "m")
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a running auto holds it
+        assert main(["auto", "--model", str(m), "--run", str(run), "--minutes", "5"]) == 2
+    assert "another ptp-train auto is running" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]

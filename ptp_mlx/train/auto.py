@@ -127,6 +127,9 @@ def run_auto(a: argparse.Namespace) -> int:
         if e.errno == errno.ENOSPC:
             raise UserError(f"no space left on the device during {where['phase']}: free some and run again") from None
         raise
+    finally:
+        while _LOCKS:
+            _LOCKS.pop().close()  # releases the run folder
 
 
 def _checks(a: argparse.Namespace):
@@ -168,6 +171,8 @@ def _auto(a: argparse.Namespace, grp, where: dict) -> int:
     base, tok, minutes = _checks(a)
     fp = model_fingerprint(base)
     run = RunFolder(a.run)
+    if grp.main:
+        _lock(run.root)
     meta = run.root / "auto.json"
     if meta.is_file() and json.loads(meta.read_text()).get("fingerprint") != fp:
         raise UserError(f"run folder {run.root} belongs to another model: pass --run DIR")
@@ -204,6 +209,22 @@ def _auto(a: argparse.Namespace, grp, where: dict) -> int:
     if grp.main:
         print(verdict_line(ev, bench, inst))
     return 0
+
+
+def _lock(root: Path) -> None:
+    """One ``auto`` per run folder: a second one would write the same files (the lock goes with the process)."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    f = open(root / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise UserError(f"another ptp-train auto is running in {root}") from None
+    _LOCKS.append(f)  # held until the run ends
+
+
+_LOCKS: list = []
 
 
 def _eta(name: str, seconds: float) -> None:
