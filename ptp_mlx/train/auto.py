@@ -204,7 +204,7 @@ def _auto(a: argparse.Namespace, grp, where: dict) -> int:
     phase("pregenerate", lambda: _pregenerate(a, base, tok, run, plan))
     phase("train", lambda: _train(a, base, run, plan, grp), every=True)
     ev = phase("eval", lambda: _eval(base, run))
-    bench = phase("bench", lambda: _bench(a, run))
+    bench = phase("bench", lambda: _bench(a, run, plan))
     inst = phase("install", lambda: _install(a, run, fp, bench))
     if grp.main:
         print(verdict_line(ev, bench, inst))
@@ -348,7 +348,7 @@ def _eval(base, run: RunFolder) -> dict:
     return out
 
 
-def _bench(a, run: RunFolder) -> dict:
+def _bench(a, run: RunFolder, plan: Plan) -> dict:
     from tqdm import tqdm
 
     from ..bench.methods import make_runners
@@ -360,7 +360,7 @@ def _bench(a, run: RunFolder) -> dict:
     from ..sampler import SamplingSettings
 
     eng = Engine.load(a.model, str(run.adapter), log=lambda m: None)
-    prompts = load_prompts(None, a.bench_prompts)
+    prompts = load_prompts(None, plan.bench_prompts)
     methods = ["mlx-lm", "ar", "ptp"]
     runners = make_runners(eng, methods)
     out: dict = {"settings": {}}

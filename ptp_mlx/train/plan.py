@@ -49,6 +49,7 @@ class Plan:
     train_tokens: int  # estimated completion tokens the pregenerate phase writes
     disk_bytes: int  # estimated bytes the run writes
     fit_seconds: float = 0.0  # training time proper (validation excluded): the train phase's hard stop
+    bench_prompts: int = 3  # bundled prompts per setting in the bench phase
 
     def describe(self) -> str:
         """What ``auto`` says up front: each phase's estimated time and the training shape."""
@@ -123,7 +124,7 @@ def make_plan(
     pr: Probe,
     minutes: float,
     processes: int = 1,
-    val_prompts: int = VAL_PROMPTS,
+    val_prompts: int | None = None,
     bench_prompts: int = 3,
     bench_tokens: int = 64,
     rank: int | None = None,
@@ -133,7 +134,20 @@ def make_plan(
 ) -> Plan:
     """Size every phase from the probe's rates; ``UserError`` when the budget cannot hold a useful run.
 
-    ``previous``: the model has an adapter already (the eval phase scores it too)."""
+    ``previous``: the model has an adapter already (the eval phase scores it too). A tight budget gets fewer
+    held-out prompts (16, then 8) and then one bench prompt per setting before it is refused."""
+    tries = [(val_prompts, bench_prompts)] if val_prompts else [(VAL_PROMPTS, bench_prompts), (8, bench_prompts)]
+    tries += [(tries[-1][0], 1)] if bench_prompts > 1 else []
+    for i, (vp, bp) in enumerate(tries):
+        try:
+            return _plan(pr, minutes, processes, vp, bp, bench_tokens, rank, rows_per_step, steps, previous)
+        except UserError:
+            if i == len(tries) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _plan(pr, minutes, processes, val_prompts, bench_prompts, bench_tokens, rank, rows_per_step, steps, previous):
     budget = minutes * 60 - pr.seconds
     val_gen = val_prompts * VAL_PER_PROMPT * VAL_TOKENS / pr.teacher_tokens_per_s
     val_rows = val_prompts * VAL_PER_PROMPT * 8 * 8
@@ -159,4 +173,6 @@ def make_plan(
     tokens = int(gen * pr.teacher_tokens_per_s)
     disk = (tokens + val_prompts * VAL_PER_PROMPT * VAL_TOKENS) * BYTES_PER_TOKEN + 64 * 2**20
     phases = {"pregenerate": val_gen + gen, "train": 0.55 * left, "eval": evaluate, "bench": bench}
-    return Plan(minutes, rank, rows_per_step, steps, processes, val_prompts, phases, tokens, disk, max(fit, 30.0))
+    return Plan(
+        minutes, rank, rows_per_step, steps, processes, val_prompts, phases, tokens, disk, max(fit, 30.0), bench_prompts
+    )
