@@ -65,6 +65,7 @@ class CallOut:
     second: list[tuple[int, float]]
     alt: int | None = None
     aux_mode: list[float] | None = None  # each row's top probability at the decoding temperature (``mode_mass``)
+    logprobs: list | None = None  # the block's ``TokenLogprob``s when the hook asks for them
 
 
 def ptp_call(
@@ -79,6 +80,7 @@ def ptp_call(
     clock=NO_CLOCK,
     runner_up: bool = False,
     mode_mass: bool = False,
+    hook=None,
 ) -> CallOut:
     """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
     ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
@@ -106,7 +108,11 @@ def ptp_call(
     row_u = u.take(i, n + 1)
     if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
         row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
-    targets = pick(mx.array(row_u), logits[:n_tok], s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+    rows = logits[:n_tok]
+    if hook is not None:  # penalties and logit_bias: a row counts the drafts before it (ptp_mlx/logits.py)
+        rows = hook.rows(rows, [plan.drafts[:j] for j in range(n + 1)] + [[a] for a, _ in alts])
+    targets = pick(mx.array(row_u), rows, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+    scored = hook.score(rows, targets) if hook is not None else None
     outs, mode = [targets], None
     if windows:
         aux = logits[n_tok:].astype(mx.float32)
@@ -120,7 +126,8 @@ def ptp_call(
             rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
             outs += [mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
     clock.mark("build")
-    mx.eval(*outs, *([] if mode is None else [mode]))  # sync: one host read per call for targets and next drafts
+    extra = ([] if mode is None else [mode]) + (scored or [])
+    mx.eval(*outs, *extra)  # sync: one host read per call for targets, next drafts (and logprobs)
     clock.mark("compute")
     targets_l = targets.tolist()
     aux_l = [o.tolist() for o in outs[1:]] + [[]] * (5 - len(outs))
@@ -147,4 +154,6 @@ def ptp_call(
     clock.mark("read+trim")
     second = list(zip(aux_l[2], aux_l[3], strict=True))
     mode_l = None if mode is None else mode.tolist()
-    return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l)
+    block_rows = list(range(c + 1)) if alt is None else [0, n + 1 + alt]
+    lps = hook.read(scored, block_rows, block) if scored is not None else None
+    return CallOut(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l, lps)

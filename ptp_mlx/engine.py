@@ -19,6 +19,7 @@ from .adapter import adapter_for, load_adapter, shipped_adapter
 from .budget import Budget, CostCurve, cached_cost_curve
 from .cli_common import UserError
 from .generate import DecodeOptions, GenerationStep, PromptCache, encode_prompt, stream_generate
+from .logits import LogitsHook, LogitsSettings
 from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root
 from .ptp_model import PTPModel
@@ -123,8 +124,14 @@ class Engine:
         """An empty cache to carry one conversation from answer to answer (``generate(prompt_cache=...)``)."""
         return PromptCache()
 
-    def encode(self, prompt: str | Sequence[dict]) -> list[int]:
-        return encode_prompt(self.tokenizer, prompt)
+    def encode(self, prompt: str | Sequence[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of a prompt string or chat messages; ``tools`` (OpenAI function definitions) go to the chat
+        template, as mlx-lm passes them."""
+        if not tools:
+            return encode_prompt(self.tokenizer, prompt)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
     def generate(
         self,
@@ -137,19 +144,24 @@ class Engine:
         prompt_cache: PromptCache | None = None,
         lookup: bool = True,
         trees: bool = True,
+        logits: LogitsSettings | None = None,
+        tools: list[dict] | None = None,
     ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids.
 
         ``num_draft_tokens`` fixes the draft budget (default: the adaptive budget); ``prompt_cache`` (one per
         conversation) lets a follow-up prefill only its new tokens; ``lookup=False`` turns prompt-lookup drafts
-        off; ``trees=False`` verifies chains only (no sibling strands)."""
+        off; ``trees=False`` verifies chains only (no sibling strands). ``logits``: ``frequency_penalty``,
+        ``presence_penalty``, ``logit_bias`` (exact parts of the sampler, PTP stays lossless) and ``logprobs`` (each
+        step's ``logprobs``); see ``ptp_mlx/logits.py``. ``tools``: function definitions for the chat template
+        (``ptp_mlx.tools.parse_tool_calls`` reads the calls back)."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
             raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
         if isinstance(prompt, (list, tuple)) and prompt and isinstance(prompt[0], int):
             ids = list(prompt)
         else:
-            ids = self.encode(prompt)
+            ids = self.encode(prompt, tools=tools)
         sampling = sampling or SamplingSettings()
         if num_draft_tokens is not None and not 1 <= num_draft_tokens <= self.pm.config.window - 1:
             raise UserError(f"--num-draft-tokens must be between 1 and {self.pm.config.window - 1} for this adapter")
@@ -163,4 +175,7 @@ class Engine:
             lookup=lookup,
             trees=trees,
         )
+        if logits is not None and logits.active:
+            vocab = getattr(self.pm.args, "vocab_size", None)
+            opts.logits = LogitsHook(logits.validate(vocab), sampling.temperature, self.tokenizer)
         return stream_generate(self.pm, self.tokenizer, ids, opts, prompt_cache=prompt_cache)

@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from .budget import Budget, CostCurve, FixedBudget, Pace, Plan, u_factor
 from .call import NO_CLOCK, ptp_call
+from .logits import LogitsHook, TokenLogprob
 from .lookup import LookupDrafter
 from .ptp_model import PTPModel
 from .sampler import SamplingSettings, UniformStream, pick
@@ -50,6 +51,7 @@ class GenerationStep:
     finish_reason: str | None = None  # "stop" (EOS), "length" (max tokens / context) or None
     peak_memory: float = 0.0  # GB
     source: str | None = None  # who proposed the accepted drafts: "ptp" (chain), "alt" (sibling), "lookup"; None: none
+    logprobs: list[TokenLogprob] | None = None  # one per token of ``tokens`` when the answer asked for them
 
 
 @dataclass
@@ -64,6 +66,7 @@ class DecodeOptions:
     trees: bool = True  # let the adaptive budget verify the runner-up of the first draft as a sibling strand
     drafter: object | None = None  # default: ChainDrafter (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
+    logits: LogitsHook | None = None  # penalties, logit_bias and logprobs of one answer (ptp_mlx/logits.py)
 
 
 class ContextFull(ValueError):
@@ -178,6 +181,8 @@ def stream_generate(
                 if generated + len(out) >= max_new:
                     finish = "length"
                     break
+            if opts.logits is not None:
+                opts.logits.commit(block)  # later rows' penalties count these tokens
             for t in out:
                 detok.add_token(t)
             if finish:
@@ -197,6 +202,7 @@ def stream_generate(
                 finish_reason=finish or ("length" if generated >= max_new else None),
                 peak_memory=_peak_gb(),
                 source=info.get("source"),
+                logprobs=info["logprobs"][: len(out)] if info.get("logprobs") is not None else None,
             )
             if finish or generated >= max_new:
                 return
@@ -218,23 +224,34 @@ def _ar_calls(pm, cache, last, u, s: SamplingSettings, opts, max_new, ctx):
     """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token."""
     base = pm.base
 
-    def step(tok: mx.array, i: int) -> mx.array:
-        logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
-        return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+    hook = getattr(opts, "logits", None)  # penalties, logit_bias, logprobs (ptp_mlx/logits.py); None: untouched
 
-    tok = step(mx.array([last]), 0)
-    mx.async_eval(tok)
+    def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
+        logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
+        if hook is None:
+            return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), None
+        # The token fed at i > 0 is not committed yet (read back after this pass is queued): ``pending``.
+        logits = hook.rows(logits[None], pending=tok if i > 0 else None)
+        t = pick(mx.array([u[i]]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+        return t[0], hook.score(logits, t)
+
+    tok, scored = step(mx.array([last]), 0)
+    mx.async_eval(tok, *(scored or []))
     for i in range(max_new):
         t_start = time.perf_counter()
         nxt = None
         if i + 1 < max_new:
-            nxt = step(tok, i + 1)
-            mx.async_eval(nxt)
+            nxt, nxt_scored = step(tok, i + 1)
+            mx.async_eval(nxt, *(nxt_scored or []))
         t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
         if t < 0:
             raise ValueError("cannot sample: the model produced non-finite logits")
-        yield [t], {"time": time.perf_counter() - t_start}
-        tok = nxt
+        info = {"time": time.perf_counter() - t_start}
+        if scored is not None:
+            info["logprobs"] = hook.read(scored, [0], [t])
+        yield [t], info
+        if nxt is not None:
+            tok, scored = nxt, nxt_scored
 
 
 class ChainDrafter:
@@ -379,7 +396,9 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             continue
         clock.mark("plan")
         # 2. One call: verify, draft, accept, trim (ptp_call).
-        out = ptp_call(pm, cache, last, plan, u, i, s, greedy_u, clock, runner_up, mode_mass=chain is not None)
+        out = ptp_call(
+            pm, cache, last, plan, u, i, s, greedy_u, clock, runner_up, mode_mass=chain is not None, hook=opts.logits
+        )
         block, c = out.block, out.accepted
         # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
         drafter.update(plan, c, out.aux_tokens, out.aux_conf, alt=out.alt, second=out.second, aux_mode=out.aux_mode)
@@ -392,4 +411,5 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
         t = time.perf_counter() - t_start
         n = len(plan.drafts) + len(plan.alts)
         source = "alt" if out.alt is not None else plan.source if n else None
-        yield block, {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": source}
+        info = {"proposed": n, "accepted": c, "rows": plan.rows, "time": t, "source": source}
+        yield block, {**info, "logprobs": out.logprobs}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 from .cli_common import UserError, add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 
@@ -18,7 +19,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     p.add_argument("--no-lookup", action="store_true", help="no prompt-lookup drafts (the adapter's chain only)")
     p.add_argument("--show-blocks", action="store_true", help="mark accepted-block boundaries with '|' on stdout")
+    p.add_argument(
+        "--frequency-penalty", type=float, default=0.0, help="subtract this per earlier occurrence in the answer"
+    )
+    p.add_argument(
+        "--presence-penalty", type=float, default=0.0, help="subtract this once a token occurs in the answer"
+    )
+    p.add_argument(
+        "--logit-bias",
+        action="append",
+        default=[],
+        metavar="ID=BIAS",
+        help="add BIAS (-100..100) to token ID's logit (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="constrain the answer to a JSON object")
+    p.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the answer to JSON matching a schema")
     return p
+
+
+def _grammar(args: argparse.Namespace) -> str | None:
+    if not args.json and args.json_schema is None:
+        return None
+    import json
+    from pathlib import Path
+
+    from .constrain import json_grammar
+
+    schema = None
+    if args.json_schema is not None:
+        try:
+            schema = json.loads(Path(args.json_schema).read_text())
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read the JSON schema {args.json_schema}: {e}") from None
+    try:
+        return json_grammar(schema)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def logits_from_args(args: argparse.Namespace):
+    """Validated ``LogitsSettings`` from the penalty, bias and JSON flags (``UserError`` on bad values)."""
+    from .logits import LogitsSettings
+
+    bias = {}
+    for item in args.logit_bias:
+        tok, _, val = item.partition("=")
+        try:
+            bias[int(tok)] = float(val)
+        except ValueError:
+            raise UserError(f"--logit-bias takes ID=BIAS, got {item!r}") from None
+    try:
+        settings = LogitsSettings(args.frequency_penalty, args.presence_penalty, bias).validate()
+    except ValueError as e:
+        raise UserError(str(e).replace("_", "-")) from None
+    return replace(settings, grammar=_grammar(args))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +86,11 @@ def run(args: argparse.Namespace) -> int:
     if args.system is not None and args.no_chat:
         raise UserError("--system needs the chat template (drop --no-chat)")
     sampling = sampling_from_args(args)
+    logits = logits_from_args(args)
     eng = Engine.load(args.model, args.adapter)
+    vocab = getattr(eng.pm.args, "vocab_size", None)
+    if vocab is not None and any(not 0 <= t < vocab for t in logits.logit_bias):
+        raise UserError(f"--logit-bias token ids must be in [0, {vocab})")
     mode = args.mode or eng.default_mode()
     if args.no_chat:
         ids = list(eng.tokenizer.encode(prompt))
@@ -50,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
                 step=args.step,
                 num_draft_tokens=args.num_draft_tokens,
                 lookup=not args.no_lookup,
+                logits=logits,
             )
         ):
             sys.stdout.write(st.text + ("|" if args.show_blocks and st.tokens else ""))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -17,6 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..tools import supports_tools
 from .schema import APIError, Defaults, GenRequest, Shaper, parse_chat, parse_completion
 from .worker import Delta, Done, EngineWorker, Failed, Job
 
@@ -87,11 +89,31 @@ def create_app(worker: EngineWorker, model_id: str, defaults: Defaults, max_body
     async def health() -> dict:
         return {"status": "ok", "waiting": worker.waiting}
 
+    def check_extras(req: GenRequest) -> None:
+        """What needs the model: token ids of ``logit_bias``, and a chat template that defines tool calls."""
+        if vocab is not None and any(not 0 <= t < vocab for t in req.logits.logit_bias):
+            raise APIError(400, f"'logit_bias' token ids must be in [0, {vocab})", param="logit_bias")
+        if req.tools and not supports_tools(eng.tokenizer):
+            if not defaults.lenient:
+                raise APIError(
+                    400,
+                    "this model's chat template defines no tool-call format, so 'tools' cannot be honoured "
+                    "(ptp-serve --lenient ignores it)",
+                    param="tools",
+                    code="unsupported_parameter",
+                )
+            req.tools = None
+            req.ignored.append("tools")
+        if req.ignored:
+            logging.getLogger("uvicorn.error").warning("ignored (--lenient): %s", ", ".join(req.ignored))
+
     def prompt_ids(req: GenRequest) -> list[int]:
+        check_extras(req)
         param = "messages" if req.kind == "chat" else "prompt"
         if req.kind == "chat":
             try:
-                ids = eng.encode(req.messages)  # exactly as ptp-generate builds them (docs/conventions.md)
+                # exactly as ptp-generate builds them (docs/conventions.md); tools go to the template
+                ids = eng.encode(req.messages, tools=req.tools)
             except Exception as e:  # noqa: BLE001 - a template that refuses these messages (roles, order)
                 raise APIError(400, f"the chat template refused the messages: {e}", param=param) from None
         elif isinstance(req.prompt, str):
@@ -118,7 +140,7 @@ def create_app(worker: EngineWorker, model_id: str, defaults: Defaults, max_body
         if req.stream:
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(_sse(job, shaper), media_type="text/event-stream", headers=headers)
-        text = []
+        text, logprobs = [], []
         try:
             while True:
                 ev = await _next_event(job, request)
@@ -126,8 +148,10 @@ def create_app(worker: EngineWorker, model_id: str, defaults: Defaults, max_body
                     return JSONResponse({}, status_code=499)
                 if isinstance(ev, Delta):
                     text.append(ev.text)
+                    logprobs += ev.logprobs or []
                 elif isinstance(ev, Done):
-                    return JSONResponse(shaper.full("".join(text), ev.finish_reason, ev.usage))
+                    body = shaper.full("".join(text), ev.finish_reason, ev.usage, logprobs, ev.tool_calls)
+                    return JSONResponse(body)
                 else:
                     return _error(ev.error)
         finally:
@@ -168,8 +192,10 @@ async def _sse(job: Job, shaper: Shaper) -> AsyncIterator[str]:
         while True:
             ev = await _next_event(job, None)
             if isinstance(ev, Delta):
-                yield _sse_line(shaper.chunk(ev.text))
+                yield _sse_line(shaper.chunk(ev.text, logprobs=ev.logprobs))
             elif isinstance(ev, Done):
+                if ev.tool_calls:
+                    yield _sse_line(shaper.chunk(None, tool_calls=ev.tool_calls))
                 yield _sse_line(shaper.chunk(None, ev.finish_reason))
                 if shaper.req.include_usage:
                     yield _sse_line(shaper.usage_chunk(ev.usage))

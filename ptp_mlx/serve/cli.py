@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--model-id", default=None, help="the model's name in the API (default: the model folder's name)")
     p.add_argument("--no-access-log", action="store_true", help="do not log each request on stderr")
+    p.add_argument(
+        "--lenient",
+        action="store_true",
+        help="ignore request fields this server cannot honour (logged on stderr) instead of answering 400",
+    )
     return p
 
 
@@ -111,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--num-draft-tokens needs an adapter (--adapter DIR)")
         if n is not None and not 1 <= n <= eng.pm.config.window - 1:
             raise UserError(f"--num-draft-tokens must be between 1 and {eng.pm.config.window - 1} for this adapter")
-        defaults = Defaults(sampling, args.max_tokens)
+        defaults = Defaults(sampling, args.max_tokens, lenient=args.lenient)
         model_id = args.model_id or model_name(args.model)
         app = create_app(worker, model_id, defaults, args.max_body_bytes)
         host, port = sock.getsockname()[:2]

@@ -7,13 +7,29 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..logits import LogitsSettings
 from ..sampler import SamplingSettings
+from . import fields as F
 
 MAX_STOPS = 4
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+# Every field a request may carry. Fields this server honours, and fields that change nothing in the answer
+# (bookkeeping for the client or for OpenAI's platform), are accepted; any other field is refused with a 400 that
+# names it, so a client never gets an answer without what it asked for (``--lenient`` ignores them instead).
+COMMON_FIELDS = {
+    "model", "temperature", "top_p", "top_k", "n", "seed", "max_tokens", "stop", "stream", "stream_options",
+    "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+}  # fmt: skip
+CHAT_FIELDS = COMMON_FIELDS | {
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "response_format", "modalities",
+}  # fmt: skip
+COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "suffix", "best_of"}
+NO_EFFECT_FIELDS = {"user", "metadata", "store", "service_tier", "safety_identifier", "prompt_cache_key"}
 
 
 class APIError(Exception):
@@ -40,10 +56,12 @@ def bad(message: str, param: str | None = None, code: str | None = "invalid_valu
 
 @dataclass(frozen=True)
 class Defaults:
-    """The server's sampling flags: what a request gets for each field it leaves out."""
+    """The server's sampling flags: what a request gets for each field it leaves out. ``lenient``: fields the
+    server does not honour are ignored instead of refused."""
 
     sampling: SamplingSettings = SamplingSettings()
     max_tokens: int = 256
+    lenient: bool = False
 
 
 @dataclass
@@ -59,6 +77,9 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    logits: LogitsSettings = field(default_factory=LogitsSettings)  # penalties, logit_bias, logprobs
+    tools: list[dict] | None = None  # chat: given to the chat template; calls are parsed back
+    ignored: list[str] = field(default_factory=list)  # fields a lenient server ignored
 
 
 # --- field checks -------------------------------------------------------------------------------------------------
@@ -105,10 +126,12 @@ def _stops(body: dict) -> list[str]:
     return list(dict.fromkeys(stops))
 
 
-def _common(body: Any, served: str, defaults: Defaults) -> dict:
-    """Fields both endpoints share: model, sampling, length, stop, stream."""
+def _common(body: Any, served: str, defaults: Defaults, kind: str) -> tuple[dict, F.Refusals]:
+    """Fields both endpoints share: model, sampling, processing, length, stop, stream; unknown fields refused."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object", None, "invalid_type")
+    r = F.Refusals(defaults.lenient, bad)
+    F.check_names(body, CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS, NO_EFFECT_FIELDS, r)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad(f"'model' must be a string, got {model!r}", "model", "invalid_type")
@@ -147,13 +170,14 @@ def _common(body: Any, served: str, defaults: Defaults) -> dict:
         raise bad("'stream_options' must be an object", "stream_options", "invalid_type")
     include_usage = _bool(opts or {}, "include_usage")
     return {
+        "logits": F.logits_settings(body, kind, bad),
         "model": served,
         "sampling": SamplingSettings(temperature, top_k, top_p, seed),
         "max_tokens": max_tokens,
         "stop": _stops(body),
         "stream": stream,
         "include_usage": include_usage,
-    }
+    }, r
 
 
 def _content(v: Any, i: int) -> str:
@@ -174,7 +198,11 @@ def _content(v: Any, i: int) -> str:
 
 def parse_chat(body: Any, served: str, defaults: Defaults) -> GenRequest:
     """``POST /v1/chat/completions``: ``APIError`` on the first bad field."""
-    common = _common(body, served, defaults)
+    common, r = _common(body, served, defaults, "chat")
+    tools = F.chat_extras(body, r, bad)
+    grammar = F.response_grammar(body, bad)
+    if grammar is not None:
+        common["logits"] = replace(common["logits"], grammar=grammar)
     msgs = body.get("messages")
     if not isinstance(msgs, list) or not msgs:
         raise bad("'messages' must be a non-empty list of messages", "messages", "invalid_type")
@@ -186,13 +214,17 @@ def parse_chat(body: Any, served: str, defaults: Defaults) -> GenRequest:
         if role not in ROLES:
             raise bad(f"'role' must be one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
         # "developer" is the newer name of "system"; chat templates know the latter.
-        messages.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), i)})
-    return GenRequest(kind="chat", messages=messages, **common)
+        try:
+            messages.append(F.chat_message(m, i, _content))
+        except ValueError as e:
+            raise bad("'tool_calls' must be a list of function calls with a name and JSON arguments", str(e)) from None
+    return GenRequest(kind="chat", messages=messages, tools=tools, ignored=r.ignored, **common)
 
 
 def parse_completion(body: Any, served: str, defaults: Defaults) -> GenRequest:
     """``POST /v1/completions``: one prompt, text or token ids, without the chat template."""
-    common = _common(body, served, defaults)
+    common, r = _common(body, served, defaults, "completion")
+    F.completion_extras(body, r)
     p = body.get("prompt")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]  # a batch of one
@@ -204,7 +236,7 @@ def parse_completion(body: Any, served: str, defaults: Defaults) -> GenRequest:
         raise bad("only one prompt per request is supported", "prompt")
     else:
         raise bad("'prompt' must be a string or a list of token ids", "prompt", "invalid_type")
-    return GenRequest(kind="completion", prompt=prompt, **common)
+    return GenRequest(kind="completion", prompt=prompt, ignored=r.ignored, **common)
 
 
 # --- responses ----------------------------------------------------------------------------------------------------
@@ -241,8 +273,20 @@ class Usage:
         }
 
 
+def _first_per_key(top: list[dict]) -> dict[str, float]:
+    """The legacy ``{token: logprob}`` map; tokens whose text is the same (bytes of one character) keep the
+    likeliest."""
+    out: dict[str, float] = {}
+    for t in top:
+        out.setdefault(t["token"], t["logprob"])
+    return out
+
+
 class Shaper:
-    """Builds the response objects of one request (one id and timestamp for all its chunks)."""
+    """Builds the response objects of one request (one id and timestamp for all its chunks).
+
+    Log-probabilities arrive as chat entries (``{"token", "logprob", "bytes", "top_logprobs"}``, one per token);
+    completions get them in the legacy shape (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``)."""
 
     def __init__(self, req: GenRequest) -> None:
         self.req = req
@@ -250,29 +294,69 @@ class Shaper:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self.offset = 0  # completions' text_offset of the next token
 
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.req.model}
 
-    def full(self, text: str, finish_reason: str | None, usage: Usage) -> dict:
-        """The non-streamed answer."""
+    def logprobs(self, entries: list[dict] | None) -> dict | None:
+        if self.req.logits.logprobs is None or entries is None:
+            return None
         if self.req.kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None}
+            return {"content": entries, "refusal": None}
+        offsets = []
+        for e in entries:
+            offsets.append(self.offset)
+            self.offset += len(e["token"])
+        return {
+            "tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [_first_per_key(e["top_logprobs"]) for e in entries],
+            "text_offset": offsets,
+        }
+
+    def full(
+        self,
+        text: str,
+        finish_reason: str | None,
+        usage: Usage,
+        logprobs: list[dict] | None = None,
+        tool_calls: list[dict] | None = None,
+    ) -> dict:
+        """The non-streamed answer."""
+        lp = self.logprobs(logprobs)
+        if self.req.kind == "chat":
+            message: dict = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["content"] = text or None
+                message["tool_calls"] = tool_calls
+            choice = {"index": 0, "message": message, "logprobs": lp}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None}
+            choice = {"index": 0, "text": text, "logprobs": lp}
         choice["finish_reason"] = finish_reason
         return {**self._head(self.object), "choices": [choice], "usage": usage.as_dict()}
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
-        """One streamed chunk: a text delta, or the closing one with ``finish_reason``."""
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        first: bool = False,
+        logprobs: list[dict] | None = None,
+        tool_calls: list[dict] | None = None,
+    ) -> dict:
+        """One streamed chunk: a text delta (with its tokens' log-probabilities), the tool calls, or the closing
+        one with ``finish_reason``."""
+        lp = self.logprobs(logprobs)
         if self.req.kind == "chat":
             delta: dict = {"role": "assistant", "content": ""} if first else {}
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            if tool_calls:
+                delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(tool_calls)]
+            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "text": text or "", "logprobs": lp, "finish_reason": finish_reason}
             out = {**self._head("text_completion"), "choices": [choice]}
         if self.req.include_usage:
             out["usage"] = None  # as OpenAI: null on every chunk but the last

@@ -20,17 +20,20 @@ from ..generate import ContextFull, PromptCache
 from ..stats import RunStats
 from .schema import APIError, GenRequest, Usage
 from .stops import StopMatcher
+from .tools_out import AnswerText
 
 
 @dataclass
 class Delta:
     text: str
+    logprobs: list[dict] | None = None  # chat-shaped entries of the tokens behind ``text`` (when asked for)
 
 
 @dataclass
 class Done:
     finish_reason: str
     usage: Usage
+    tool_calls: list[dict] | None = None
 
 
 @dataclass
@@ -211,7 +214,7 @@ class EngineWorker:
     def _answer(self, job: Job) -> None:
         eng, req = self.engine, job.req
         pc = self.pool.take(job.ids) if self.pool is not None else None
-        stops = StopMatcher(req.stop)
+        out = AnswerText(eng.tokenizer, StopMatcher(req.stop), req.tools)
         stats = RunStats()
         usage = Usage(prompt_tokens=len(job.ids), mode=self.mode)
         finish = None
@@ -225,16 +228,17 @@ class EngineWorker:
                 max_tokens=req.max_tokens,
                 num_draft_tokens=self.num_draft_tokens,
                 prompt_cache=pc,
+                logits=req.logits,
             )
             for st in steps:
                 stats.add(st, final=False)
                 usage.drafts_proposed += st.proposed
                 usage.drafts_accepted += st.accepted
                 usage.completion_tokens = st.generated
-                text = stops.feed(st.text)
-                if text:
-                    job.post(Delta(text))
-                if stops.stopped:
+                text, lps = out.feed(st)
+                if text or lps:
+                    job.post(Delta(text, lps))
+                if out.stops.stopped:
                     finish = "stop"
                 elif st.finish_reason:
                     finish = st.finish_reason
@@ -248,11 +252,13 @@ class EngineWorker:
                 self.pool.put(pc, len(job.ids))
         if job.cancel.is_set():
             return  # nobody is listening
-        tail = stops.flush()
+        tail, calls = out.finish()
         if tail:
             job.post(Delta(tail))
+        if calls and finish == "stop":
+            finish = "tool_calls"
         usage.calls = stats.calls
         usage.tokens_per_call = stats.mean_accepted
         usage.accepted_by_source = dict(stats.by_source)
         usage.cached_tokens = pc.reused if pc is not None else 0
-        job.post(Done(finish or "length", usage))
+        job.post(Done(finish or "length", usage, calls or None))

@@ -71,20 +71,34 @@ class Micro:
 
 
 def pack(items: list[tuple[list[int], list[Window], np.ndarray, np.ndarray, np.ndarray]], width: int) -> Micro:
-    """Stack sequences (tokens, windows, u, labels, per-row weights) into one micro-batch; sequences with fewer
-    windows get unscored filler windows so every sequence has as many rows."""
-    n_win = max(len(w) for _, w, _, _, _ in items)
+    """Stack sequences (tokens, windows, u, labels, per-row weights) into one micro-batch; a sequence with fewer
+    auxiliary rows than the longest gets one unscored filler window, so every sequence has as many rows."""
+    n_rows = max(len(u) for _, _, u, _, _ in items)
     ctx = max(len(t) for t, _, _, _, _ in items)
     tokens = np.zeros((len(items), ctx), dtype=np.int32)
     wins, us, labels, weights = [], [], [], []
     for b, (toks, ws, u, lab, wt) in enumerate(items):
         tokens[b, : len(toks)] = toks
-        pad = n_win - len(ws)
-        wins.append(list(ws) + [Window(1, width)] * pad)
-        us.append(np.concatenate([u, np.full(pad * width, 0.5, np.float32)]))
-        labels.append(np.concatenate([lab, np.zeros(pad * width, np.int32)]))
-        weights.append(np.concatenate([wt, np.zeros(pad * width, np.float32)]))
+        pad = n_rows - len(u)
+        wins.append(list(ws) + ([Window(1, pad)] if pad else []))
+        us.append(np.concatenate([u, np.full(pad, 0.5, np.float32)]))
+        labels.append(np.concatenate([lab, np.zeros(pad, np.int32)]))
+        weights.append(np.concatenate([wt, np.zeros(pad, np.float32)]))
     return Micro(tokens, wins, np.stack(us), np.stack(labels), np.stack(weights))
+
+
+def cut_windows(windows: list[Window], u, labels, valid, weights, width: int):
+    """Each window cut after its last scored slot (past the sequence's end, or after a token no ``u`` produces,
+    rows are padding); a window with no scored slot is dropped. Later rows of a window never affect earlier ones
+    (causal), so the loss is unchanged and the step computes fewer rows."""
+    keep_w, keep = [], []
+    for i, w in enumerate(windows):
+        k = int(valid[i * width : (i + 1) * width].sum())  # valid slots form a prefix of the window
+        if k:
+            keep_w.append(Window(w.ctx_len, k, w.via))
+            keep.append(np.arange(i * width, i * width + k))
+    idx = np.concatenate(keep) if keep else np.zeros(0, np.int64)
+    return keep_w, u[idx], labels[idx], weights[idx]
 
 
 def teacher_kv(pm: PTPModel, tokens: np.ndarray) -> list[StaticKV]:
@@ -133,8 +147,10 @@ def step_items(pm: PTPModel, records: list[dict], n_windows: int, width: int, rn
         ensure_order(pm, rec, order)  # bins in the step's CDF order (recorded at generation, or rebuilt once)
         windows, u, labels, valid = make_windows(rec, n_windows, width, rng)
         if windows:
-            w = valid * (np.tile(weights, len(windows)) if weights is not None else 1.0)
-            items.append((rec["tokens"], windows, u, labels, w.astype(np.float32)))
+            w = (valid * (np.tile(weights, len(windows)) if weights is not None else 1.0)).astype(np.float32)
+            windows, u, labels, w = cut_windows(windows, u, labels, valid, w, width)
+            if windows:
+                items.append((rec["tokens"], windows, u, labels, w))
     return items
 
 

@@ -69,7 +69,11 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
         "--rows-per-step", type=int, default=None, help="auxiliary rows per step (sets --seqs-per-step from it)"
     )
     t.add_argument(
-        "--micro-rows", type=int, default=4096, help="auxiliary rows per student pass (a step's gradient sums them)"
+        "--micro-rows",
+        type=int,
+        default=None,
+        help="auxiliary rows per student pass (a step's gradient sums them; default: 8192 on a GPU, one sequence's "
+        "on the CPU, where padding sequences to one length costs more than the passes it saves)",
     )
     t.add_argument("--minutes", type=float, default=None, help="train for this long (training time only): sets --steps")
     t.add_argument("--eval-minutes", type=float, default=None, help="validate every N minutes of training (with --val)")
@@ -184,7 +188,7 @@ def train(
             "windows_per_seq": a.windows_per_seq,
             "seqs_per_step": seqs_per_step,
             "rows_per_step": seqs_per_step * a.windows_per_seq * a.window,
-            "micro_rows": getattr(a, "micro_rows", None),
+            "micro_rows": getattr(a, "micro_rows", None) or (8192 if mx.default_device() == mx.gpu else None),
             "minutes": getattr(a, "minutes", None),
             "lr": a.lr,
             "layers": a.layers,
@@ -199,7 +203,8 @@ def train(
     eval_width = getattr(a, "eval_window", None) or a.window
     minutes = getattr(a, "minutes", None)
     eval_minutes = getattr(a, "eval_minutes", None)
-    micro_seqs = max(1, getattr(a, "micro_rows", 4096) // (a.windows_per_seq * a.window))
+    micro_rows = getattr(a, "micro_rows", None) or (8192 if mx.default_device() == mx.gpu else 1)
+    micro_seqs = max(1, micro_rows // (a.windows_per_seq * a.window))
     if batched:
         grad_fn = nn.value_and_grad(adapter, lambda ad, kv, mb: weighted_ce_sum(ad, pm, kv, mb))
     else:

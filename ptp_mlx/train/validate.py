@@ -26,9 +26,11 @@ def _draft(logits: mx.array, u: np.ndarray, rec: dict, order: str, draft: str) -
     return mx.argmax(logits, axis=-1)
 
 
-def _predictions(pm, adapter, records, width, n_windows, seed, order, draft, micro_seqs: int = 32):
+def _predictions(pm, adapter, records, width, n_windows, seed, order, draft, micro_seqs: int | None = None):
     """(record, windows, labels, valid, drafts) per record with windows; many records a pass where the model's
     RoPE allows it (the same windows and u either way: each record draws from its own seeded stream)."""
+    # A GPU takes many records a pass; the CPU, compute-bound, one (padding records to one length costs there).
+    micro_seqs = micro_seqs or (32 if mx.default_device() == mx.gpu else 1)
     per = []
     for i, rec in enumerate(records):
         rng = np.random.default_rng([seed, 10_000_000 + i])
