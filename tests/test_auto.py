@@ -199,3 +199,17 @@ def test_one_auto_per_run_folder(tmp_path, capsys):
         assert main(["auto", "--model", str(m), "--run", str(run), "--minutes", "5"]) == 2
     assert "another ptp-train auto is running" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir()) == [".lock"]
+
+
+def test_not_installed_over_a_better_adapter_unless_asked(tmp_path):
+    bench = {"settings": {}, "speedup": 1.3, "identical": 2, "compared": 2}
+    ev = {"mean_accepted": 1.2, "previous": {"adapter": "shipped", "mean_accepted": 2.0}}
+    a = auto.argparse.Namespace(no_install=False, install_anyway=False, model=str(tmp_path / "m"))
+    info = auto._install(a, auto.RunFolder(tmp_path / "run"), "f" * 16, bench, ev)
+    assert info["installed"] is None and "scores higher" in info["why"]
+    (tmp_path / "run" / "adapter").mkdir(parents=True)
+    (tmp_path / "run" / "adapter" / "adapter_config.json").write_text("{}")
+    a.install_anyway = True
+    info = auto._install(a, auto.RunFolder(tmp_path / "run"), "f" * 16, bench, ev)
+    assert Path(info["installed"]).name == "m-ffffffff"
+    assert (Path(info["installed"]) / "adapter_config.json").is_file()

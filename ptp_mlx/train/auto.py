@@ -205,7 +205,7 @@ def _auto(a: argparse.Namespace, grp, where: dict) -> int:
     phase("train", lambda: _train(a, base, run, plan, grp), every=True)
     ev = phase("eval", lambda: _eval(base, run))
     bench = phase("bench", lambda: _bench(a, run, plan))
-    inst = phase("install", lambda: _install(a, run, fp, bench))
+    inst = phase("install", lambda: _install(a, run, fp, bench, ev))
     if grp.main:
         print(verdict_line(ev, bench, inst))
     return 0
@@ -383,13 +383,16 @@ def _bench(a, run: RunFolder, plan: Plan) -> dict:
     return out
 
 
-def _install(a, run: RunFolder, fp: str, bench: dict) -> dict:
+def _install(a, run: RunFolder, fp: str, bench: dict, ev: dict | None = None) -> dict:
     from ..paths import atomic_dir
 
     if a.no_install:
         return {"installed": None, "why": "--no-install"}
     if bench["speedup"] < 1.0 and not a.install_anyway:
         return {"installed": None, "why": "slower (--install-anyway installs it)"}
+    prev = (ev or {}).get("previous")
+    if prev and prev["mean_accepted"] > ev["mean_accepted"] and not a.install_anyway:
+        return {"installed": None, "why": "the model's adapter scores higher held-out (--install-anyway installs it)"}
     dest = installed_dir(a.model, fp)
     with atomic_dir(dest, overwrite=True) as tmp:
         for f in run.adapter.iterdir():
