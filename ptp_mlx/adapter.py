@@ -142,14 +142,16 @@ def shipped_adapter(model_name: str = DEFAULT_MODEL_NAME) -> Path | None:
     return p if (p / CONFIG).exists() and (p / WEIGHTS).exists() else None
 
 
-def adapter_for(base) -> Path | None:
-    """An adapter made for exactly this base model: a shipped one, or one under ``$PTP_MLX_HOME/adapters``, whose
-    recorded fingerprint matches the model's (so a converted copy of the default model still gets its adapter)."""
+def adapter_for(base, shipped: bool = True) -> Path | None:
+    """An adapter made for exactly this base model: one under ``$PTP_MLX_HOME/adapters`` (``ptp-train auto``
+    installs there; it comes first) or a shipped one, whose recorded fingerprint matches the model's, or whose
+    signature does (the same weights in another float dtype: a bf16 conversion on a GPU).
+    ``shipped=False``: installed ones only."""
     from .models import model_fingerprint, model_signature, signature_matches
     from .paths import cache_root
 
     want = have_sig = None
-    for root in (shipped_adapters_dir(), cache_root() / "adapters"):
+    for root in (cache_root() / "adapters", *([shipped_adapters_dir()] if shipped else [])):
         if not root.is_dir():
             continue
         for d in sorted(root.iterdir()):

@@ -64,12 +64,14 @@ class Engine:
         if adapter_dir is not None:
             check_ptp_model(model)  # before any weights load
         base, tokenizer = load(model, log=log)
-        if adapter is None and adapter_dir is None:
+        if adapter is None:
             from .layers import SUPPORTED_MODEL_TYPES, model_type
 
             if model_type(base) in SUPPORTED_MODEL_TYPES:
-                adapter_dir = adapter_for(base)  # adapters follow the model (its fingerprint), not the flag
-                if adapter_dir is not None:
+                # Adapters follow the model (its fingerprint), not the flag; one the user installed comes first.
+                found = adapter_for(base, shipped=adapter_dir is None)
+                if found is not None:
+                    adapter_dir = found
                     log(f"using the adapter made for this model: {adapter_dir}")
         ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, None)
         pm = PTPModel(base, ad, cfg, fuse=True)

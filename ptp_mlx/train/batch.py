@@ -154,14 +154,19 @@ def step_items(pm: PTPModel, records: list[dict], n_windows: int, width: int, rn
     return items
 
 
-def accumulate(grad_fn, adapter: PTPAdapter, pm: PTPModel, items: list, width: int, micro_seqs: int):
+def accumulate(grad_fn, adapter: PTPAdapter, pm: PTPModel, items: list, width: int, micro_seqs: int, total=None):
     """Loss and gradient of a whole step (weighted mean over its scored rows), summed micro-batch by micro-batch
-    (sequences of similar length together: less padding). Returns (loss, grads, auxiliary rows)."""
+    (sequences of similar length together: less padding). Returns (loss, grads, auxiliary rows).
+
+    ``total``: the step's whole scored weight when ``items`` is one process's slice of it (data parallel: the
+    slices' results then sum to the step's mean); default, the weight of ``items``."""
     from mlx.utils import tree_map
 
     items = sorted(items, key=lambda it: len(it[0]))
-    total = float(sum(it[4].sum() for it in items))
+    total = float(sum(it[4].sum() for it in items)) if total is None else total
     loss, grads, rows = mx.array(0.0), None, 0
+    if not items:  # a process whose slice of the step is empty contributes zeros
+        return loss, tree_map(mx.zeros_like, adapter.trainable_parameters()), 0
     for i in range(0, len(items), micro_seqs):
         mb = pack(items[i : i + micro_seqs], width)
         kv = teacher_kv(pm, mb.tokens)

@@ -1,4 +1,4 @@
-"""``ptp-train {pregenerate,train}``: distil a PTP adapter in two resumable phases."""
+"""``ptp-train {auto,prompts,pregenerate,corpus,train,eval,study}``: distil a PTP adapter in resumable phases."""
 
 from __future__ import annotations
 
@@ -67,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--out", required=True, type=Path, help="folder for study.md, study.json and study.png")
     y.add_argument("--baseline", type=Path, default=None, help="a 'ptp-train eval' JSON shown as the starting point")
     y.add_argument("--baseline-name", default="shipped", help="its name in the table")
+    u = sub.add_parser(
+        "auto", help="one command: prompts, completions, training, held-out score, bench, verdict and install"
+    )
+    from .auto import add_auto_args
+
+    add_auto_args(u)
     t = sub.add_parser("train", help="O-PTP distillation of the gated LoRA and u-embedding")
     from .train import add_train_args
 
@@ -78,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
     from ..models import check_ptp_model, load
     from ..sampler import SamplingSettings
 
+    if args.cmd == "auto":
+        from .auto import run_auto
+
+        return run_auto(args)
     if args.cmd in ("pregenerate", "train", "corpus", "eval"):
         from .. import blas
 

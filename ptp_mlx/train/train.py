@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from tqdm import tqdm
 
 from ..adapter import make_config, save_adapter
@@ -28,8 +29,9 @@ from ..layers import batched_rope, language_model, token_embedding
 from ..ptp_model import PTPAdapter, PTPModel
 from .batch import accumulate, step_items, weighted_ce_sum
 from .data import read_records
+from .dist import Group
 from .validate import evaluate
-from .windows import GREEDY_U, loss_fn, make_windows, slot_weights, teacher_kv
+from .windows import GREEDY_U, ensure_order, loss_fn, make_windows, slot_weights, teacher_kv
 
 
 def add_train_args(t: argparse.ArgumentParser) -> None:
@@ -115,16 +117,27 @@ def train_from_args(a: argparse.Namespace) -> int:
         raise UserError(f"no teacher records in {', '.join(map(str, a.data))}")
     val = read_records(a.val)[: a.eval_seqs] if a.val else []
     base, _ = load(a.model)
-    return train(base, records, val, a, reload=read_all if getattr(a, "reload_every", 0) else None)
+    from .dist import init
+
+    grp = init()  # more than one process under mlx.launch: data parallel
+    if grp.size > 1 and getattr(a, "reload_every", 0):
+        raise UserError("--reload-every needs one process: each would read a different file length")
+    return train(base, records, val, a, reload=read_all if getattr(a, "reload_every", 0) else None, grp=grp)
 
 
-def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log=None, reload=None) -> int:
+def train(
+    base, records: list[dict], val: list[dict], a: argparse.Namespace, log=None, reload=None, grp: Group | None = None
+) -> int:
     """Train (or resume) in ``a.run``; returns 0. ``a`` carries the ``add_train_args`` fields.
 
     ``reload`` (with ``a.reload_every``) re-reads the teacher records while pregenerate still appends to them;
-    such a run is only reproducible from the same final files, not bit-identical on resume.
+    such a run is only reproducible from the same final files, not bit-identical on resume. ``grp``: the
+    data-parallel group (``dist.py``); only its process 0 writes files and logs.
     """
+    grp = grp or Group()
     log = log or (lambda m: print(m, file=sys.stderr))
+    if not grp.main:
+        log = lambda m: None  # noqa: E731 - the other processes stay quiet
     order = getattr(a, "cdf_order", "id")
     run = Path(a.run)
     run.mkdir(parents=True, exist_ok=True)
@@ -196,8 +209,15 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         grad_fn = nn.value_and_grad(adapter, lambda ad, kv, mb: weighted_ce_sum(ad, pm, kv, mb))
     else:
         grad_fn = nn.value_and_grad(adapter, lambda ad, batch: loss_fn(ad, pm, batch, weights))
-    bar = tqdm(total=state["steps_total"], initial=state["step"], desc="train", unit="step", file=sys.stderr)
-    logf = open(run / "train.log", "a")
+    bar = tqdm(
+        total=state["steps_total"],
+        initial=state["step"],
+        desc="train",
+        unit="step",
+        file=sys.stderr,
+        disable=not grp.main,
+    )
+    logf = open(run / "train.log", "a") if grp.main else open(os.devnull, "w")
     step_times: list[float] = []
     next_eval = (len(state["evals"]) + 1) * eval_minutes * 60 if eval_minutes else None
     while state["step"] < state["steps_total"]:
@@ -212,17 +232,27 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         idxs = rng.choice(len(records), size=min(seqs_per_step, len(records)), replace=False)
         if batched:
             items = step_items(pm, [records[int(i)] for i in idxs], a.windows_per_seq, a.window, rng, weights, order)
-            loss, grads, rows = accumulate(grad_fn, adapter, pm, items, a.window, micro_seqs)
+            total = float(sum(it[4].sum() for it in items))  # the whole step's weight, whatever slice is ours
+            loss, grads, rows = accumulate(grad_fn, adapter, pm, grp.mine(items), a.window, micro_seqs, total)
         else:
-            batch = []
-            for idx in idxs:
+            batch, counts = [], []
+            for i, idx in enumerate(idxs):
                 rec = records[int(idx)]
-                kv = teacher_kv(pm, rec["tokens"], rec, order)  # rebins first (probability order)
+                ensure_order(pm, rec, order)  # bins in the step's CDF order before the windows draw u in them
                 windows, u, labels, valid = make_windows(rec, a.windows_per_seq, a.window, rng)
                 if windows:
-                    batch.append((kv, windows, u, labels, valid))
+                    w = valid * (np.tile(weights, len(windows)) if weights is not None else 1.0)
+                    counts.append((i, float(w.sum())))
+                    if i % grp.size == grp.rank:  # data parallel: only our slice runs the model
+                        batch.append((teacher_kv(pm, rec["tokens"], rec, order), windows, u, labels, valid))
             loss, grads = grad_fn(adapter, batch)
+            if grp.size > 1:  # this slice's part of the step's mean
+                share = sum(c for i, c in counts if i % grp.size == grp.rank) / max(sum(c for _, c in counts), 1e-9)
+                loss, grads = loss * share, tree_map(lambda g, k=share: g * k, grads)
             rows = sum(len(b[1]) * a.window for b in batch)
+        if grp.size > 1:  # sync: every process applies the same summed gradient (mx.distributed, docs: dist.py)
+            loss, grads = grp.sum(loss), grp.sum(grads)
+            rows = int(grp.sum(mx.array(rows)).item())
         opt.update(adapter, grads)
         mx.eval(adapter.parameters(), opt.state, loss)  # sync: one per step
         state["step"] = step + 1
@@ -235,11 +265,11 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
             # cosine schedule then ends near the time budget, and the budget itself is a hard stop.
             left = minutes * 60 - state["seconds"]
             pace = float(np.mean(step_times[-10:] if len(step_times) > 3 else step_times[-1:]))
-            state["steps_total"] = min(a.steps, state["step"] + max(0, int(left / pace)))
+            state["steps_total"] = grp.agree(min(a.steps, state["step"] + max(0, int(left / pace))))
             bar.total = state["steps_total"]
             if len(step_times) == 3:
                 log(f"--minutes {minutes}: {pace:.2f} s a step, about {state['steps_total']} steps")
-        if minutes and state["seconds"] >= minutes * 60:
+        if minutes and grp.agree(int(state["seconds"] >= minutes * 60)):  # process 0's clock decides
             state["steps_total"] = state["step"]
         rec_log = {"step": step + 1, "loss": round(loss.item(), 4), "lr": float(opt.learning_rate.item())}
         logf.write(json.dumps({**rec_log, "rows": rows, "seconds": round(dt, 3)}) + "\n")
@@ -251,7 +281,7 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
         )
         if next_eval is not None and due:
             next_eval += eval_minutes * 60
-        if val and (due or done):
+        if val and (due or done) and grp.main:
             t_ev = time.perf_counter()
             ev = evaluate(pm, adapter, val, eval_width, 8, a.seed, order)
             ev["seconds"] = round(time.perf_counter() - t_ev, 1)
@@ -288,12 +318,12 @@ def train(base, records: list[dict], val: list[dict], a: argparse.Namespace, log
                     },
                 )
                 save_adapter(adapter, cfg, run / "best")
-        if state["step"] % a.save_every == 0 or done:
+        if (state["step"] % a.save_every == 0 or done) and grp.main:
             _checkpoint(run, adapter, opt, state)
         logf.flush()
     bar.close()
     logf.close()
-    if a.out:
+    if a.out and grp.main:
         src = run / "best" if (run / "best").exists() else None
         if src is None:
             cfg = make_config(base, adapter, a.rank, a.alpha / a.rank, a.window, **config_extra)
