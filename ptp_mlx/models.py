@@ -210,20 +210,9 @@ def model_fingerprint(model) -> str:
     import mlx.core as mx
     import numpy as np
 
-    from .layers import language_model, token_embedding
+    from .layers import language_model
 
-    e = token_embedding(model)
-    if getattr(e, "mode", "affine") == "affine" and getattr(e, "biases", None) is not None:
-        # Dequantize in float32 like the GGUF converter does, so quantized and float conversions agree.
-        rows = mx.dequantize(
-            e.weight[:64],
-            e.scales[:64].astype(mx.float32),
-            e.biases[:64].astype(mx.float32),
-            group_size=e.group_size,
-            bits=e.bits,
-        )
-    else:
-        rows = e(mx.arange(64))
+    rows = _embedding_rows(model)
     emb = rows.astype(mx.float16)
     h = hashlib.sha256(np.array(emb).tobytes())
     a = language_model(model).args

@@ -165,7 +165,7 @@ def accumulate(grad_fn, adapter: PTPAdapter, pm: PTPModel, items: list, width: i
     items = sorted(items, key=lambda it: len(it[0]))
     total = float(sum(it[4].sum() for it in items)) if total is None else total
     loss, grads, rows = mx.array(0.0), None, 0
-    if not items:  # a process whose slice of the step is empty contributes zeros
+    if not items:  # an empty slice (data parallel) or no scored row in the step: a zero update
         return loss, tree_map(mx.zeros_like, adapter.trainable_parameters()), 0
     for i in range(0, len(items), micro_seqs):
         mb = pack(items[i : i + micro_seqs], width)
@@ -175,7 +175,5 @@ def accumulate(grad_fn, adapter: PTPAdapter, pm: PTPModel, items: list, width: i
         loss = loss + part
         rows += mb.rows
         mx.eval(grads, loss)  # sync: frees this micro-batch's graph before the next is built
-    if grads is None:  # no scored row in this step (every token outside a producible bin): a zero update
-        return loss, tree_map(mx.zeros_like, adapter.trainable_parameters()), rows
     scale = 1.0 / max(total, 1e-9)
     return loss * scale, tree_map(lambda g: g * scale, grads), rows

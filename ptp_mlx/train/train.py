@@ -160,6 +160,8 @@ def train(
     if getattr(a, "rows_per_step", None):
         seqs_per_step = max(1, -(-a.rows_per_step // (a.windows_per_seq * a.window)))
     batched = batched_rope(base)  # many sequences per pass; else one pass per sequence
+    # Rows per student pass: many on a GPU; one sequence's on the CPU, where padding costs more than passes save.
+    micro_rows = getattr(a, "micro_rows", None) or (8192 if mx.default_device() == mx.gpu else 1)
     state = {"step": 0, "best": None, "evals": [], "seconds": 0.0, "steps_total": a.steps}
     if getattr(a, "init", None) and not (a.resume and (run / "last" / "state.json").exists()):
         src = Path(a.init) / "adapter.safetensors"
@@ -188,7 +190,7 @@ def train(
             "windows_per_seq": a.windows_per_seq,
             "seqs_per_step": seqs_per_step,
             "rows_per_step": seqs_per_step * a.windows_per_seq * a.window,
-            "micro_rows": getattr(a, "micro_rows", None) or (8192 if mx.default_device() == mx.gpu else None),
+            "micro_rows": max(micro_rows, a.windows_per_seq * a.window),
             "minutes": getattr(a, "minutes", None),
             "lr": a.lr,
             "layers": a.layers,
@@ -203,7 +205,6 @@ def train(
     eval_width = getattr(a, "eval_window", None) or a.window
     minutes = getattr(a, "minutes", None)
     eval_minutes = getattr(a, "eval_minutes", None)
-    micro_rows = getattr(a, "micro_rows", None) or (8192 if mx.default_device() == mx.gpu else 1)
     micro_seqs = max(1, micro_rows // (a.windows_per_seq * a.window))
     if batched:
         grad_fn = nn.value_and_grad(adapter, lambda ad, kv, mb: weighted_ce_sum(ad, pm, kv, mb))

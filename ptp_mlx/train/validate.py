@@ -31,10 +31,10 @@ def _predictions(pm, adapter, records, width, n_windows, seed, order, draft, mic
     RoPE allows it (the same windows and u either way: each record draws from its own seeded stream)."""
     # A GPU takes many records a pass; the CPU, compute-bound, one (padding records to one length costs there).
     micro_seqs = micro_seqs or (32 if mx.default_device() == mx.gpu else 1)
-    per = []
+    per, batched = [], batched_rope(pm.base)
     for i, rec in enumerate(records):
         rng = np.random.default_rng([seed, 10_000_000 + i])
-        if batched_rope(pm.base):
+        if batched:
             ensure_order(pm, rec, order)
             kv = None
         else:
@@ -51,10 +51,11 @@ def _predictions(pm, adapter, records, width, n_windows, seed, order, draft, mic
         chunk = per[k : k + micro_seqs]
         mb = pack([(r["tokens"], w, u, lab, v.astype(np.float32)) for r, w, u, lab, v in chunk], width)
         logits = batch_logits(pm, adapter, batch_kv(pm, mb.tokens), mb)
+        argmax = None if draft == "coupled" else np.array(mx.argmax(logits, axis=-1))  # sync: one per chunk
         for b, (rec, windows, u, labels, valid) in enumerate(chunk):
             n = len(windows) * width
-            pred = _draft(logits[b, :n], u, rec, order, draft)
-            yield rec, windows, labels, valid, np.array(pred)
+            pred = argmax[b, :n] if argmax is not None else np.array(_draft(logits[b, :n], u, rec, order, draft))
+            yield rec, windows, labels, valid, pred
 
 
 def evaluate(
