@@ -247,3 +247,22 @@ def explain_divergence(pm, prompt_ids, s, want: list[int], got: list[int], eos_i
     tie = min((classify(logits, r, o, u, s) for r in refs for o in others), key=lambda t: (not t.near_tie, t.distance))
     report = f"first divergence at generated position {g}: {refs[0]} vs {others[0]}, u={u:.9f}: {tie.describe()}"
     return g, tie, report
+
+
+def multi_row_logit_gap(base, prompt_ids: list[int], answer: list[int], widths=(2, 3, 4, 8, 16, 24)) -> float:
+    """The largest logit gap between a row computed in a pass of several rows and the same row computed one row
+    at a time (docs/method.md, section 11), over every answer position and passes of each of ``widths`` rows
+    (and one over the whole answer). Tolerances of tests that compare verification rows with a one-row replay
+    derive from it, so they follow this machine's BLAS kernels instead of a constant."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    fed = [prompt_ids[-1], *answer[:-1]]  # the rows whose logits score the answer's tokens
+
+    def rows(width: int) -> np.ndarray:
+        cache = make_prompt_cache(base)
+        base(mx.array(prompt_ids[:-1])[None], cache=cache)
+        out = [base(mx.array(fed[s : s + width])[None], cache=cache)[0] for s in range(0, len(fed), width)]
+        return np.array(mx.concatenate(out).astype(mx.float32), dtype=np.float64)
+
+    one = rows(1)
+    return max(float(np.abs(rows(w) - one).max()) for w in (*widths, len(fed)))

@@ -16,7 +16,7 @@ from ptp_mlx.engine import Engine
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.logits import LogitsHook, LogitsSettings
 from ptp_mlx.sampler import SamplingSettings
-from ptp_mlx.testing import OracleDrafter, TreeDrafter, make_tiny_model, save_random_adapter
+from ptp_mlx.testing import OracleDrafter, TreeDrafter, make_tiny_model, multi_row_logit_gap, save_random_adapter
 
 PROMPT = "hello there"  # greedy repeats tokens here: penalties change the answer
 SAMPLINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
@@ -103,12 +103,12 @@ def test_logprobs_equal_a_plain_replay(engine, sname, mode):
     tol = 1e-5
     if mode == "ptp":
         # Verification rows come from passes of several rows, whose logits round differently from one-row passes
-        # (docs/method.md, section 11): allow that measured gap (a pass over the whole answer against the replay).
-        full = engine.pm.base(mx.array([ids + answer]))[0, len(ids) - 1 : -1].astype(mx.float32)
-        one = np.array(mx.concatenate([engine.pm.base(mx.array([ids + answer[:g]]))[0, -1:] for g in range(3)]))
-        gap = float(np.abs(np.array(full[:3]) - one).max())
-        tol += 2 * gap / (s.temperature or 1.0)
-        assert tol < 1e-4
+        # (docs/method.md, section 11). A log-softmax moves by at most twice its logits' largest change, over T; the
+        # gap is measured at every position for passes of several widths (a call's width is among them or near),
+        # with a factor 2 for the widths in between. Still far below a real error (a wrong penalty or T: > 1e-2).
+        gap = multi_row_logit_gap(engine.pm.base, ids, answer)
+        tol += 2 * 2 * gap / (s.temperature or 1.0)
+        assert tol < 1e-3
     for g, lp in enumerate(lps):
         assert abs(lp.logprob - ref[g, lp.token]) < tol, (g, tol)
         assert len(lp.top) == 5 and [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)

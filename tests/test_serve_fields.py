@@ -18,7 +18,7 @@ from ptp_mlx.generate_cli import main as generate_main
 from ptp_mlx.serve.app import create_app
 from ptp_mlx.serve.schema import Defaults
 from ptp_mlx.serve.worker import EngineWorker
-from ptp_mlx.testing import save_random_adapter
+from ptp_mlx.testing import multi_row_logit_gap, save_random_adapter
 from ptp_mlx.testing_tools import TOOL_CALL, make_tool_model
 
 MSG = [{"role": "user", "content": "hello there"}]
@@ -90,11 +90,14 @@ def test_chat_logprobs_equal_a_plain_replay(servers, replay_engine, temperature)
     answer = [t for st in steps for t in st.tokens]
     assert len(answer) == len(entries) and r.choices[0].message.content == "".join(st.text for st in steps)
     ref = replay(replay_engine, ids, answer, temperature)
+    # Within 1e-5 plus what multi-row passes round differently, measured here (as in tests/test_logits.py).
+    tol = 1e-5 + 4 * multi_row_logit_gap(replay_engine.pm.base, ids, answer) / (temperature or 1.0)
+    assert tol < 1e-3
     for g, e in enumerate(entries):
-        assert abs(e.logprob - ref[g, answer[g]]) < 1e-4  # within 1e-5 plus multi-row rounding (tests/test_logits.py)
+        assert abs(e.logprob - ref[g, answer[g]]) < tol
         tops = [t.logprob for t in e.top_logprobs]
         assert len(tops) == 3 and tops == sorted(tops, reverse=True)
-        assert np.allclose(tops, np.sort(ref[g])[::-1][:3], atol=1e-4)
+        assert np.allclose(tops, np.sort(ref[g])[::-1][:3], atol=tol)
         if temperature == 0:
             assert e.logprob == tops[0]
     # Streamed: the same entries, spread over the chunks.
