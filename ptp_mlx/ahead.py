@@ -9,7 +9,7 @@ rows, same drafts); otherwise it is dropped and the call is built as ever. Eithe
 same rows, so the output is unchanged.
 
 Building never mutates a state another build starts from: the cache writes through fresh array handles
-(``layers.PTPKVCache.update_and_fetch``), so each build starts from this call's state and keeps its own.
+(``model.kv.KVState``), so each build starts from this call's state and keeps its own.
 """
 
 from __future__ import annotations
@@ -29,28 +29,19 @@ class Ahead:
     accepted: int
     guess: Guess
     call: PendingCall
-    state: list[tuple]  # per layer (keys, values, offset) after the build
-
-
-def _state(cache) -> list[tuple]:
-    return [(c.keys, c.values, c.offset) for c in cache]
-
-
-def _restore(cache, state: list[tuple]) -> None:
-    for c, (k, v, o) in zip(cache, state, strict=True):
-        c.keys, c.values, c.offset = k, v, o
+    state: tuple  # the cache's snapshot after the build
 
 
 def build_ahead(
-    pm, cache, drafter: Drafter, call: PendingCall, u, s, greedy_u, max_new: int, ctx: int, limit: int
+    pm, cache, drafter: Drafter, call: PendingCall, u, s, greedy_u, max_new: int, ctx: int, limit: int, bank=None
 ) -> dict[int, Ahead]:
     """Build the call after ``call`` (queued, not read) for up to ``limit`` of its outcomes, fewest accepted
     drafts first; the cache is left as it was."""
     plan = call.plan
     out: dict[int, Ahead] = {}
-    if limit <= 0 or plan.alts or len(call.outs) < 2:  # (a landed alternative moves K/V rows on the host)
+    if limit <= 0 or plan.alts or call.out.aux_top is None:  # (a landed alternative moves K/V rows on the host)
         return out
-    state = _state(cache)
+    state = cache.snapshot()
     try:
         for g in range(len(plan.drafts) + 1):
             i, offset = call.i + 1 + g, call.offset + 1 + g
@@ -59,20 +50,19 @@ def build_ahead(
             guess = drafter.guess(plan, g, i, max_new - i, ctx - offset)
             if guess is None or guess.plan.burst or guess.plan.alts:
                 continue
-            for c in cache:
-                c.offset = offset  # the path that stands when g drafts are accepted
+            cache.offset = offset  # the path that stands when g drafts are accepted (its rows are in the state)
             # The next call's token rows: the exact token at g, then its drafts, gathered on the device.
-            rows = [call.outs[0][g : g + 1].astype(mx.int32)]
+            rows = [call.out.targets[g : g + 1].astype(mx.int32)]
             if guess.draft_rows:
-                rows.append(call.outs[1][mx.array(guess.draft_rows, dtype=mx.int32)].astype(mx.int32))
+                rows.append(call.out.aux_top[mx.array(guess.draft_rows, dtype=mx.int32)].astype(mx.int32))
             tokens = mx.concatenate(rows) if len(rows) > 1 else rows[0]
             nxt = build_call(
-                pm, cache, 0, guess.plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass, tokens=tokens
+                pm, cache, 0, guess.plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass, tokens, bank=bank
             )
-            out[g] = Ahead(g, guess, nxt, _state(cache))
-            _restore(cache, state)
+            out[g] = Ahead(g, guess, nxt, cache.snapshot())
+            cache.restore(state)
     finally:
-        _restore(cache, state)
+        cache.restore(state)
     return out
 
 
@@ -82,9 +72,9 @@ def take_ahead(ahead: dict[int, Ahead], result: CallResult, plan: Plan, cache) -
     a = ahead.get(result.accepted) if result.alt is None else None
     if a is None or plan.burst or plan.alts or plan.branches != a.guess.plan.branches:
         return None
-    if plan.drafts != [result.aux_tokens[j] for j in a.guess.draft_rows] or a.call.offset != cache[0].offset:
+    if plan.drafts != [result.aux_tokens[j] for j in a.guess.draft_rows] or a.call.offset != cache.offset:
         return None
-    _restore(cache, a.state)
+    cache.restore(a.state)
     a.call.plan = plan  # the same rows; the host now knows the drafts it verifies
     return a.call
 

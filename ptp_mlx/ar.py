@@ -30,14 +30,21 @@ def prefill(model, tokens: list[int], cache) -> None:
         mx.eval([c.state for c in cache])  # sync per chunk: bounds memory on long prompts
 
 
-def ar_calls(pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None) -> Iterator[tuple[list[int], dict]]:
+def ar_calls(
+    pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None, bank=None
+) -> Iterator[tuple[list[int], dict]]:
     """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token.
 
     Yields ``([token], {"time": seconds})`` per step (with ``"logprobs"`` when ``hook`` asks for them); the cache
-    gains each fed token (``last`` first). ``hook``: the answer's penalties, logit_bias and logprobs."""
+    gains each fed token (``last`` first). ``hook``: the answer's penalties, logit_bias and logprobs. ``bank``:
+    steps are the fixed-shape ones of ``decode/fixed.py`` (not with a hook, which stays eager)."""
     base = pm.base
+    if hook is not None:
+        bank = None
 
     def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
+        if bank is not None:
+            return bank.ar_step(cache, s, tok.reshape(1).astype(mx.int32), mx.array([u[i]], dtype=mx.float32)), None
         logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
         if hook is None:
             return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), None

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from .decode.fixed import CompileBank, outputs_head
+from .decode.shape import CallOutputs, CallShape, WindowShape
 from .drafting.protocol import CallResult, Plan
 from .ptp_model import PTPModel, Window
-from .sampler import SamplingSettings, pick
+from .sampler import SamplingSettings
 
 
 class PhaseClock:
@@ -57,20 +59,28 @@ NO_CLOCK = _NoClock()
 @dataclass
 class PendingCall:
     """A built PTP call: its plan, its position (``offset``: the cache length before it, where an abandoned call is
-    trimmed back to), and the lazy arrays its host read needs."""
+    trimmed back to), its shape and its outputs (lazy arrays until ``finish_call`` reads them)."""
 
     plan: Plan
     offset: int
     i: int
-    outs: list[mx.array]  # exact tokens of the token rows; then (with windows) the auxiliary rows' argmax,
-    # confidence, and (runner_up) their runner-up and its confidence
-    mode: mx.array | None = None
+    shape: CallShape
+    out: CallOutputs
     hook: object | None = None  # the answer's ``LogitsHook`` (penalties, logit_bias, logprobs), if any
-    scored: list[mx.array] | None = None  # what the hook reads back for logprobs
 
     @property
     def arrays(self) -> list[mx.array]:
-        return self.outs + ([] if self.mode is None else [self.mode]) + (self.scored or [])
+        return self.out.arrays()
+
+
+def call_shape(plan: Plan, runner_up: bool = False, mode_mass: bool = False) -> CallShape:
+    """The shape of the call that runs ``plan``: token rows ``[last, drafts, alternatives]`` (alternatives follow
+    ``last`` like ``q_1``), the chain's branches, then the alternatives' branches (each sees its strand)."""
+    n, alts = len(plan.drafts), plan.alts
+    parents = tuple(range(-1, n)) + (0,) * len(alts)
+    windows = [WindowShape(1 + d, w) for d, w in plan.branches]
+    windows += [WindowShape(2, w, via=n + 1 + k) for k, (_, w) in enumerate(alts) if w]
+    return CallShape(parents, tuple(windows), runner_up and bool(windows), mode_mass and bool(windows))
 
 
 def build_call(
@@ -86,67 +96,53 @@ def build_call(
     mode_mass: bool = False,
     tokens: mx.array | None = None,
     hook=None,
+    bank: CompileBank | None = None,
 ) -> PendingCall:
     """The lazy graph of one fused PTP call (docs/method.md, section 5): token rows ``[last, plan.drafts,
     alternatives]`` (or ``tokens``, the same row ids as an array the host has not read), then the auxiliary
-    windows of ``plan.branches`` and the alternatives' branches. The cache receives every row."""
-    offset = cache[0].offset
+    windows of ``plan.branches`` and the alternatives' branches. The cache receives every row.
+
+    With ``bank`` (and no logits hook) the call is the fixed-shape one of ``decode/fixed.py``; otherwise the
+    eager pass of ``PTPModel.__call__``: the same rows, masks and outputs."""
+    offset = cache.offset
     n, branches, alts = len(plan.drafts), plan.branches, plan.alts
-    # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
+    shape = call_shape(plan, runner_up, mode_mass)
     if tokens is None:
-        tokens = mx.array([last] + plan.drafts + [a for a, _ in alts])
-    parents = list(range(-1, n)) + [0] * len(alts) if alts else None  # alternatives follow ``last`` like q_1
-    windows = [Window(offset + 1 + d, w) for d, w in branches]
-    windows += [Window(offset + 2, w, via=n + 1 + k) for k, (_, w) in enumerate(alts) if w]
+        tokens = mx.array([last] + plan.drafts + [a for a, _ in alts], dtype=mx.int32)
     widths = [(d, w) for d, w in branches] + [(1, w) for _, w in alts if w]  # (depth, rows) of each window
-    aux_u = None
-    if windows:
-        aux_u = mx.array(
-            np.full(sum(w for _, w in widths), greedy_u, np.float32)
-            if greedy_u is not None
-            else np.concatenate([u.take(i + d, w) for d, w in widths])
-        )
-    logits = pm(tokens, aux_u, windows, cache, parents=parents)
-    n_tok = n + 1 + len(alts)
+    n_aux = shape.n_aux
+    if greedy_u is not None:
+        aux_u = np.full(n_aux, greedy_u, np.float32)
+    else:
+        aux_u = np.concatenate([u.take(i + d, w) for d, w in widths]) if widths else np.zeros(0, np.float32)
     row_u = u.take(i, n + 1)
     if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
         row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
-    rows = logits[:n_tok]
-    if hook is not None:  # penalties and logit_bias: a row counts the drafts before it (ptp_mlx/logits.py)
-        rows = hook.rows(rows, [plan.drafts[:j] for j in range(n + 1)] + [[a] for a, _ in alts])
-    targets = pick(mx.array(row_u), rows, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
-    scored = hook.score(rows, targets) if hook is not None else None
-    outs, mode = [targets], None
-    if windows:
-        aux = logits[n_tok:].astype(mx.float32)
-        top = mx.argmax(aux, axis=-1)
-        lse = mx.logsumexp(aux, axis=-1)
-        outs += [top, mx.exp(mx.max(aux, axis=-1) - lse)]
-        if mode_mass:  # the adapter's estimate of the mode's mass under the sampler's temperature
-            t = s.temperature
-            mode = mx.exp(mx.max(aux, axis=-1) / t - mx.logsumexp(aux / t, axis=-1))
-        if runner_up:
-            rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
-            outs += [mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)]
-    return PendingCall(plan, offset, i, outs, mode, hook, scored)
+    row_u, aux_u = mx.array(row_u), mx.array(aux_u)
+    if bank is not None and hook is None:
+        out = bank.call(cache, shape, s, tokens, row_u, aux_u)
+        return PendingCall(plan, offset, i, shape, out)
+    # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
+    windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
+    logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
+    prefixes = [plan.drafts[:j] for j in range(n + 1)] + [[a] for a, _ in alts]
+    out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes)
+    return PendingCall(plan, offset, i, shape, out, hook)
 
 
 def finish_call(cache, call: PendingCall, clock=NO_CLOCK) -> CallResult:
     """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path."""
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
     # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
-    plan, offset, outs = call.plan, call.offset, call.outs
+    plan, offset, o = call.plan, call.offset, call.out
     n, alts = len(plan.drafts), plan.alts
     mx.eval(*call.arrays)  # sync: one host read per call for targets and next drafts (and logprobs)
     clock.mark("compute")
-    targets_l = outs[0].tolist()
-    aux_l = [o.tolist() for o in outs[1:]] + [[]] * (5 - len(outs))
+    targets_l = o.targets.tolist()
     if min(targets_l) < 0:
         raise ValueError("cannot sample: the model produced non-finite logits")
     # 2. Accept the leading drafts that equal the exact tokens; if the first draft fell, an alternative may stand.
-    c = 0
-    while c < n and plan.drafts[c] == targets_l[c]:
-        c += 1
+    c = int(o.accepted.item())
     keep, block, alt = offset + 1 + c, targets_l[: c + 1], None
     if c == 0 and alts:
         hit = [k for k, (a, _) in enumerate(alts) if a == targets_l[0]]
@@ -154,20 +150,20 @@ def finish_call(cache, call: PendingCall, clock=NO_CLOCK) -> CallResult:
             alt = hit[0]
             block, keep = [targets_l[0], targets_l[n + 1 + alt]], offset + 2
             # Compact: the alternative's K/V row moves next to ``last``; the other strands are trimmed below.
-            src = offset + n + 1 + alt
-            for layer_cache in cache:
-                layer_cache.keys[..., offset + 1, :] = layer_cache.keys[..., src, :]
-                layer_cache.values[..., offset + 1, :] = layer_cache.values[..., src, :]
+            cache.copy_row(offset + n + 1 + alt, offset + 1)
     # 3. Trim the cache back to the accepted path: [last, q_1..q_c] (or [last, alternative]) stay.
-    for layer_cache in cache:
-        layer_cache.trim(layer_cache.offset - keep)
+    cache.trim_to(keep)
     clock.mark("read+trim")
-    second = list(zip(aux_l[2], aux_l[3], strict=True))
-    mode_l = None if call.mode is None else call.mode.tolist()
+
+    def read(a):
+        return [] if a is None else a.tolist()
+
+    second = list(zip(read(o.second), read(o.second_conf), strict=True))
+    mode_l = None if o.mode is None else o.mode.tolist()
     lps = None
-    if call.scored is not None:
-        lps = call.hook.read(call.scored, list(range(c + 1)) if alt is None else [0, n + 1 + alt], block)
-    return CallResult(block, c if alt is None else 1, aux_l[0], aux_l[1], second, alt, mode_l, lps)
+    if o.scored is not None:
+        lps = call.hook.read(o.scored, list(range(c + 1)) if alt is None else [0, n + 1 + alt], block)
+    return CallResult(block, c if alt is None else 1, read(o.aux_top), read(o.aux_conf), second, alt, mode_l, lps)
 
 
 def ptp_call(
@@ -183,10 +179,11 @@ def ptp_call(
     runner_up: bool = False,
     mode_mass: bool = False,
     hook=None,
+    bank: CompileBank | None = None,
 ) -> CallResult:
     """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
     ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
     in the cache. ``runner_up``: also read each auxiliary row's second-best token (for the next call's tree)."""
-    call = build_call(pm, cache, last, plan, u, i, s, greedy_u, runner_up, mode_mass, hook=hook)
+    call = build_call(pm, cache, last, plan, u, i, s, greedy_u, runner_up, mode_mass, hook=hook, bank=bank)
     clock.mark("build")
     return finish_call(cache, call, clock)

@@ -148,6 +148,7 @@ class Engine:
         trees: bool = True,
         logits: LogitsSettings | None = None,
         tools: list[dict] | None = None,
+        compiled: bool = True,
     ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids.
 
@@ -156,7 +157,8 @@ class Engine:
         off; ``trees=False`` verifies chains only (no sibling strands). ``logits``: ``frequency_penalty``,
         ``presence_penalty``, ``logit_bias`` (exact parts of the sampler, PTP stays lossless) and ``logprobs`` (each
         step's ``logprobs``); see ``ptp_mlx/logits.py``. ``tools``: function definitions for the chat template
-        (``ptp_mlx.tools.parse_tool_calls`` reads the calls back)."""
+        (``ptp_mlx.tools.parse_tool_calls`` reads the calls back). ``compiled=False`` runs the fixed-shape calls
+        eagerly (the reference the compiled ones are tested against)."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
             raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
@@ -176,6 +178,7 @@ class Engine:
             num_draft_tokens=num_draft_tokens,
             lookup=lookup,
             trees=trees,
+            compiled=compiled,
         )
         if logits is not None and logits.active:
             vocab = getattr(self.pm.args, "vocab_size", None)

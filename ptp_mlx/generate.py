@@ -17,6 +17,7 @@ import mlx.core as mx
 from .ahead import ahead_default, ahead_limit, build_ahead, take_ahead
 from .ar import Shifted, ar_calls, prefill
 from .call import NO_CLOCK, build_call, finish_call
+from .decode.fixed import bank_for
 from .drafting.budget import Budget, BudgetPolicy, FixedBudget
 from .drafting.chain import ChainDrafter
 from .drafting.cost import CostCurve
@@ -65,6 +66,8 @@ class DecodeOptions:
     # At most this many outcomes of a call to build the next call for while it computes (0: none; None: the device's
     # default, ``ahead_default``).
     ahead: int | None = None
+    # Calls and steps: the fixed-shape ones compiled (the default), or the same functions run eagerly (the reference).
+    compiled: bool = True
 
 
 class ContextFull(ValueError):
@@ -121,7 +124,7 @@ def stream_generate(
         cache, reused = pm.make_cache(), 0
     prefill(pm.base, prompt_ids[reused:-1], cache)
     if opts.mode == "ar":
-        calls = ar_calls(pm, cache, prompt_ids[-1], u, s, max_new, hook=opts.logits)
+        calls = ar_calls(pm, cache, prompt_ids[-1], u, s, max_new, hook=opts.logits, bank=bank_for(pm, opts.compiled))
     else:
         calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, prompt_ids, eos)
     generated = 0
@@ -210,6 +213,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     greedy_u = pm.config.greedy_u if s.greedy else None
     drafter = opts.drafter if opts.drafter is not None else default_drafter(pm, opts)
     drafter.begin(DraftSession(list(history), u, s))
+    bank = bank_for(pm, opts.compiled) if pm.adapter is not None or opts.drafter is None else None
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     hook = opts.logits
@@ -224,19 +228,19 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
                 # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
                 plan = plan or drafter.plan(i, max_new - i, ctx - cache[0].offset)
                 if plan.burst:
-                    last, done = yield from _burst(pm, cache, last, u, i, s, plan.burst, drafter, hook)
+                    last, done = yield from _burst(pm, cache, last, u, i, s, plan.burst, drafter, hook, bank)
                     i, plan = i + done, None
                     continue
                 clock.mark("plan")
                 # 2. One call: verify, draft (queued now; read, accepted and trimmed by ``finish_call``).
                 call = build_call(
-                    pm, cache, last, plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass, hook=hook
+                    pm, cache, last, plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass, hook=hook, bank=bank
                 )
                 clock.mark("build")
                 mx.async_eval(*call.arrays)  # (on MLX's CPU backend this returns only near the end of a large graph)
                 clock.mark("queue")
             t_ahead = time.perf_counter()
-            ahead = build_ahead(pm, cache, drafter, call, u, s, greedy_u, max_new, ctx, limit)
+            ahead = build_ahead(pm, cache, drafter, call, u, s, greedy_u, max_new, ctx, limit, bank)
             t_wait = time.perf_counter()
             clock.mark("ahead")
             out = finish_call(cache, call, clock)
@@ -265,14 +269,13 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             yield block, {**info, "logprobs": out.logprobs}
     finally:
         if call is not None:  # queued but never read (the consumer stopped first): its rows leave the cache
-            for layer_cache in cache:
-                layer_cache.trim(layer_cache.offset - call.offset)
+            cache.trim_to(call.offset)
 
 
-def _burst(pm, cache, last, u, i, s, length, drafter, hook=None):
+def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None):
     """Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive burst instead.
     Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``."""
-    burst = ar_calls(pm, cache, last, Shifted(u, i), s, length, hook=hook)
+    burst = ar_calls(pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank)
     done = 0
     for block, info in burst:
         last = block[-1]
@@ -283,7 +286,6 @@ def _burst(pm, cache, last, u, i, s, length, drafter, hook=None):
             # The next step is already queued and has fed ``last`` into the cache: trim it so the
             # cache again ends just before ``last`` (the lookup call feeds it at the same position).
             burst.close()
-            for layer_cache in cache:
-                layer_cache.trim(1)
+            cache.trim(1)
             break
     return last, done

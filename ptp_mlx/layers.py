@@ -9,8 +9,8 @@ installed into the stock model object (as mlx-lm's tuner installs its LoRA layer
   delta on auxiliary rows only (a 0/1 row gate), so token rows stay bit-identical to the base model;
 - ``RowRoPE`` wraps each attention's rope: every row gets its own position (an auxiliary predicting the token at
   ``p`` sits at ``p - 1``), applied per contiguous segment with the family's own RoPE variant;
-- ``PTPKVCache`` replaces the layer caches: its ``make_mask`` hands the window mask (plus the sliding window, where
-  the model asks for one) to attention through mlx-lm's own mask path, and it is always trimmable.
+- the layer caches are views of one ``model.kv.KVState``: their ``make_mask`` hands the window mask (plus the
+  sliding window, where the model asks for one) to attention through mlx-lm's own mask path; always trimmable.
 
 With no PTP call in progress (``PTPContext.plan`` is None) every wrapper is a pass-through, so autoregressive
 decoding and PTP verify rows run exactly the same code: the family's own attention, norms, MLP, RoPE variant,
@@ -28,6 +28,8 @@ import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from .errors import UserError
+from .model.fused import FusedGate
+from .model.kv import KVState
 
 # Families whose PTP pass is verified token for token against autoregressive decoding by the test suite
 # (tests/test_families.py). mlx-lm maps "mistral" onto its llama module.
@@ -188,14 +190,19 @@ class GatedLoRALinear(nn.Module):
         self.linear = linear
         self._ctx = ctx
         self._key = key
+        self.group = None  # a ``model.fused.FusedGroup`` once the projections are fused with an adapter
 
     @classmethod
     def from_base(cls, linear: nn.Module, ctx: PTPContext, key: tuple[int, str]) -> GatedLoRALinear:
         return cls(linear, ctx, key)
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self.linear(x)
-        lora = self._ctx.lora
+        lora, group = self._ctx.lora, self.group
+        if isinstance(lora, FusedGate):  # a fused adapter's pass: its groups add the delta in the same matmul
+            if group is not None and lora.owner == group.owner:
+                return group(self._key[1], x, lora)
+            lora = lora.fallback
+        y = self.linear(x) if group is None else group(self._key[1], x, None)
         if lora is None:
             return y
         d = lora(self._key, x)
@@ -230,6 +237,10 @@ class RowRoPE(nn.Module):
             B, H, R, D = x.shape
             y = self.rope(x.transpose(0, 2, 1, 3).reshape(B * R, H, 1, D), offset=plan.positions)
             return y.reshape(B, R, H, D).transpose(0, 2, 1, 3)
+        if getattr(plan, "fixed", False):  # a fixed-shape call (decode/fixed.py): positions are an array
+            if not self._batched:
+                raise UnsupportedModel(f"{type(self.rope).__name__} takes one offset per call: no fixed-shape call")
+            return mx.swapaxes(self.rope(mx.swapaxes(x, 0, 2), offset=plan.positions), 0, 2)
         segs = plan.segments
         if len(segs) == 1:
             return self.rope(x, offset=segs[0][2])
@@ -240,41 +251,19 @@ class RowRoPE(nn.Module):
         return mx.concatenate([self.rope(x[:, :, s:e], offset=p) for s, e, p in segs], axis=2)
 
 
-class PTPKVCache(KVCache):
-    """mlx-lm's ``KVCache`` whose mask comes from the PTP call in progress (stock masks otherwise).
-
-    Sliding-window layers use it too, with the window applied by the mask (the model passes ``window_size``), so
-    every layer can be trimmed back after a call; mlx-lm's rotating cache cannot once it has wrapped.
-    """
-
-    def __init__(self, ctx: PTPContext):
-        super().__init__()
-        self._ctx = ctx
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        if self.keys is not None:
-            # Write through fresh handles of the same arrays (no copy): mlx-lm's in-place slice assignment then
-            # leaves the arrays an earlier state holds untouched, so decoding can build the next call for several
-            # outcomes on top of one state (``ptp_mlx/ahead.py``). Unreferenced, the old buffer is reused.
-            self.keys, self.values = mx.array(self.keys), mx.array(self.values)
-        return super().update_and_fetch(keys, values)
-
-    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
-        plan = self._ctx.plan
-        if plan is not None:
-            return plan.mask(window_size)
-        return super().make_mask(N, window_size=window_size, return_array=return_array)
-
-
-class StaticKV(PTPKVCache):
-    """A teacher's K/V as constants (training): the student's auxiliary K/V are appended without mutating them."""
+class StaticKV:
+    """A teacher's K/V as constants (training): the student's auxiliary K/V are appended without mutating them;
+    the mask is the training plan's."""
 
     def __init__(self, ctx: PTPContext, keys: mx.array, values: mx.array):
-        super().__init__(ctx)
+        self._ctx = ctx
         self.keys, self.values, self.offset = keys, values, keys.shape[2]
 
     def update_and_fetch(self, k: mx.array, v: mx.array):
         return mx.concatenate([self.keys, k], axis=2), mx.concatenate([self.values, v], axis=2)
+
+    def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        return self._ctx.plan.mask(window_size)
 
 
 # Canonical order of projection names in adapter configs; other names follow alphabetically.
@@ -319,6 +308,12 @@ def projections(layer: nn.Module) -> dict[str, nn.Module]:
     return dict(sorted(found.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
+def projection_modules(layer: nn.Module) -> list[dict[str, GatedLoRALinear]]:
+    """The patched projections of one block: the attention's, then the MLP's, by name."""
+    parents = (layer.self_attn, layer.mlp)
+    return [{n: m for n, m in p.children().items() if isinstance(m, GatedLoRALinear)} for p in parents]
+
+
 def linear_dims(mod: nn.Module) -> tuple[int, int]:
     """(input, output) features of a linear layer, quantized or not."""
     w = mod.weight
@@ -346,11 +341,10 @@ def install(model: nn.Module) -> PTPContext:
     return ctx
 
 
-def make_cache(model: nn.Module, ctx: PTPContext) -> list[PTPKVCache]:
-    """One trimmable PTP cache per layer; refuses cache kinds PTP cannot rewind (SSM state, chunked, ...)."""
-    caches = []
+def make_cache(model: nn.Module, ctx: PTPContext) -> KVState:
+    """The model's K/V state (``model/kv.py``; sliding-window layers keep every row, the window applied by the
+    mask); refuses cache kinds PTP cannot rewind (SSM state, chunked, ...)."""
     for c in make_prompt_cache(model):
         if type(c) not in (KVCache, RotatingKVCache):
             raise UnsupportedModel(f"model type {model_type(model)!r} uses a {type(c).__name__}, which PTP cannot trim")
-        caches.append(PTPKVCache(ctx))
-    return caches
+    return KVState(len(model.layers), ctx)

@@ -20,19 +20,18 @@ class PromptCache:
     def take(self, pm: PTPModel, prompt_ids: list[int]) -> tuple[list, int]:
         """A cache holding a prefix of ``prompt_ids[:-1]`` and that prefix's length (0: a fresh cache)."""
         cache, self.cache = self.cache, None  # invalid while a generation works on it
-        if cache is None or cache[0].offset != len(self.tokens):  # (a failed call leaves rows it did not trim)
+        if cache is None or cache.offset != len(self.tokens):  # (a failed call leaves rows it did not trim)
             cache, keep = pm.make_cache(), 0
         else:
             keep = 0
             limit = min(len(self.tokens), len(prompt_ids) - 1)
             while keep < limit and self.tokens[keep] == prompt_ids[keep]:
                 keep += 1
-            for c in cache:  # trim: drop what the new prompt does not share (the end of the last answer, at least)
-                c.trim(c.offset - keep)
+            cache.trim_to(keep)  # drop what the new prompt does not share (the end of the last answer, at least)
         self.lease = cache
         return cache, keep
 
     def store(self, cache: list, seq: list[int]) -> None:
         """Record ``cache`` as holding ``seq[:offset]``, unless a later answer has taken the cache over since."""
         if self.lease is cache:
-            self.cache, self.tokens = cache, seq[: cache[0].offset]
+            self.cache, self.tokens = cache, seq[: cache.offset]

@@ -17,16 +17,19 @@ import numpy as np
 from .adapter_config import U_EMBEDDING_KINDS, AdapterConfig
 from .layers import (
     CallPlan,
-    PTPKVCache,
+    StaticKV,
     UnsupportedModel,
     Window,
     install,
     language_model,
     linear_dims,
     make_cache,
+    projection_modules,
     projections,
     token_embedding,
 )
+from .model.fused import FusedGate, fuse_projections
+from .model.kv import KVState
 
 __all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window", "build_mask"]
 
@@ -204,9 +207,27 @@ class PTPModel:
                 raise
             self.ctx = None  # plain autoregressive decoding only, with the stock caches
         self._fused = None
+        # The model's activation dtype (fixed-shape calls build their additive masks in it).
+        self.dtype = None if self.ctx is None else token_embedding(base)(mx.array([0])).dtype
+        self._grouped = False  # projections fused with the adapter's A (model/fused.py)
         if fuse and adapter is not None:  # inference only: fused copies do not follow later weight updates
-            dtype = token_embedding(base)(mx.array([0])).dtype
-            self._fused = FusedLoRA(adapter, dtype)
+            blocks = [projection_modules(layer) for layer in base.layers]
+            self._grouped = fuse_projections(blocks, adapter, self.dtype, id(self))
+            if not self._grouped:  # a quantized base: stacked LoRA matmuls beside the base ones
+                self._fused = FusedLoRA(adapter, self.dtype)
+
+    def lora_for(self, gate: mx.array | None, adapter: PTPAdapter | None = None):
+        """The ``lora(key, x)`` callable of one pass with this row gate (the fused form for the model's own
+        adapter when it has one)."""
+        adapter = adapter or self.adapter
+        if self._fused is not None and adapter is self.adapter:
+            return self._fused.bind(gate)
+
+        def lora(key, x, layers=adapter.layers):
+            mod = layers[key[0]].get(key[1])
+            return None if mod is None else mod(x, gate).astype(x.dtype)
+
+        return FusedGate(gate, id(self), lora) if self._grouped and adapter is self.adapter else lora
 
     def make_cache(self) -> list:
         """Fresh per-layer caches: trimmable PTP caches, or mlx-lm's own for a model PTP does not support."""
@@ -237,7 +258,7 @@ class PTPModel:
         tree = parents is not None and list(parents) != list(range(-1, len(parents) - 1))
         if not windows and not tree:
             return self.base(tokens[None], cache=cache)[0]
-        if self.ctx is None or not all(isinstance(c, PTPKVCache) for c in cache):
+        if self.ctx is None or not (isinstance(cache, KVState) or all(isinstance(c, StaticKV) for c in cache)):
             raise ValueError("auxiliary rows and token trees need the caches of PTPModel.make_cache()")
         n_tok = int(tokens.shape[0])
         plan = CallPlan(cache[0].offset, n_tok, windows, parents)
@@ -250,13 +271,7 @@ class PTPModel:
             # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows (in rank space).
             # Adding an exact zero leaves token rows bit-identical to the base model.
             gate = (mx.arange(plan.rows) >= n_tok).astype(mx.float32)[None, :, None] if n_tok else None
-            if self._fused is not None and adapter is self.adapter:
-                lora = self._fused.bind(gate)
-            else:
-
-                def lora(key, x, layers=adapter.layers):
-                    mod = layers[key[0]].get(key[1])
-                    return None if mod is None else mod(x, gate).astype(x.dtype)
+            lora = self.lora_for(gate, adapter)
 
         self.ctx.begin(plan, aux, lora)
         try:

@@ -12,7 +12,7 @@ from test_decode import PROMPTS, SETTINGS, WINDOW, ar, assert_same, pm_random, p
 import ptp_mlx.generate as generate
 from ptp_mlx.ahead import ahead_limit as _ahead_limit
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
-from ptp_mlx.layers import PTPContext, PTPKVCache
+from ptp_mlx.model.kv import KVState
 from ptp_mlx.prompt_cache import PromptCache
 
 
@@ -100,16 +100,20 @@ def test_a_consumer_that_stops_with_a_call_queued_leaves_the_cache_consistent(pm
 
 
 def test_the_kv_cache_never_writes_into_an_earlier_state():
-    """Building ahead needs a state that later writes leave alone (the cache writes through fresh handles)."""
-    c = PTPKVCache(PTPContext())
+    """Building ahead needs a state that later writes leave alone (snapshots are by value)."""
+    st = KVState(1)
+    c = st[0]
     c.update_and_fetch(mx.ones((1, 2, 3, 4)), mx.ones((1, 2, 3, 4)))
-    keys, values, offset = c.keys, c.values, c.offset
+    snap = st.snapshot()
+    keys, values, offset = snap[0][0], snap[1][0], snap[2]
     mx.eval(keys, values)
     before = float(keys.sum())
-    c.trim(1)
+    st.trim(1)
     c.update_and_fetch(5 * mx.ones((1, 2, 2, 4)), 5 * mx.ones((1, 2, 2, 4)))
     assert float(keys.sum()) == before and float(values.sum()) == before and offset == 3
-    assert c.offset == 4 and float(c.keys[..., :4, :].sum()) == 2 * 8 + 2 * 8 * 5
+    assert st.offset == 4 and float(st.contents()[0][0].sum()) == 2 * 8 + 2 * 8 * 5
+    st.restore(snap)
+    assert st.offset == 3 and float(st.contents()[0][0].sum()) == before
 
 
 def test_ahead_limit_follows_the_slack():

@@ -76,6 +76,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead of the method comparison: where the time of one call goes (AR steps, PTP calls of several "
         "shapes), on the first prompt",
     )
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="run our steps and PTP calls eagerly (the reference the compiled calls are tested against)",
+    )
     p.add_argument("--json", default=None, help="write every raw figure and the environment to this file")
     p.add_argument("--plot", default=None, help="write a PNG plot to this file")
     return p
@@ -279,7 +284,7 @@ def _profile(eng, prompt, sampling, args) -> int:
 
     ids = encode_prompt(eng.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
     print(f"profiling on {prompt.question_id} ({len(ids)} prompt tokens)...", file=sys.stderr)
-    text, doc = run_profile(eng, ids, args.max_tokens, sampling)
+    text, doc = run_profile(eng, ids, args.max_tokens, sampling, compiled=not args.eager)
     print(text)
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps({"profile": doc}, indent=1) + "\n").encode())

@@ -27,9 +27,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..call import PhaseClock
+from ..decode.fixed import bank_for
 from ..drafting.protocol import CallResult, Drafter, Guess, Plan
 from ..generate import DecodeOptions, decoding_settings, stream_generate
 from ..sampler import SamplingSettings, UniformStream, pick
+from .graph import call_primitives
 
 PHASES = ("plan", "build", "queue", "ahead", "compute", "read+trim", "update")
 # (drafts verified, [(branch, width), ...]): 3+7 is the issue's reference shape (2 drafts, 7 auxiliaries).
@@ -112,21 +114,21 @@ def _yield_gaps(steps) -> list[float]:
     return times
 
 
-def queued_compute(model, ids: list[int], step, n: int = 16, repeats: int = 2) -> float:
-    """Pure compute of one autoregressive step, in milliseconds: ``n`` steps (``step(logits, i)`` picks
-    the token from the logits) are built first and then evaluated at once, so no host work sits between them;
-    the best of ``repeats`` runs. The cache is a fresh prefill of ``ids[:-1]``."""
+def queued_compute(model, ids: list[int], step, n: int = 16, repeats: int = 2, make_cache=None) -> float:
+    """Pure compute of one autoregressive step, in milliseconds: ``n`` steps (``step(tok, i, cache)`` feeds a token
+    and returns the next) are built first and then evaluated at once, so no host work sits between them;
+    the best of ``repeats`` runs. The cache (``make_cache()``, default mlx-lm's) is a fresh prefill of ``ids[:-1]``."""
     from ..ar import prefill
 
     best = float("inf")
     for _ in range(repeats):
-        cache = _make_cache(model)
+        cache = (make_cache or (lambda: _make_cache(model)))()
         prefill(model, ids[:-1], cache)
-        tok = mx.array([ids[-1]])
+        tok = mx.array([ids[-1]], dtype=mx.int32)
         mx.eval(tok)
         toks = []
         for i in range(n):
-            tok = step(model(tok.reshape(1, 1), cache=cache)[0, -1], i).reshape(1)
+            tok = step(tok, i, cache).reshape(1)
             toks.append(tok)
         t0 = time.perf_counter()
         mx.eval(toks)  # sync: every queued step, back to back (we are timing compute)
@@ -145,17 +147,19 @@ def profile_mlx_lm(model, tokenizer, ids: list[int], max_tokens: int) -> Profile
 
     times = _yield_gaps(mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=max_tokens))
 
-    def greedy(logits, i):  # mlx-lm's default sampler: the argmax of the log-probabilities
+    def greedy(tok, i, cache):  # mlx-lm's default sampler: the argmax of the log-probabilities
+        logits = model(tok.reshape(1, 1), cache=cache)[0, -1]
         return mx.argmax(logits - mx.logsumexp(logits, keepdims=True), axis=-1)
 
     compute = queued_compute(model, ids, greedy)
     return ProfileRow("mlx-lm", 1, len(times), {}, _median_ms(times), 1.0, compute=compute)
 
 
-def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> list[ProfileRow]:
-    """Our pipelined AR step per token, then the same step unpipelined, split into phases."""
+def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings, compiled: bool = True) -> list[ProfileRow]:
+    """Our pipelined AR step per token, then the same step unpipelined, split into phases (the fixed-shape step,
+    compiled or eager, where the model has one; else the stock pass)."""
     steps, times, last = [], [], None
-    for st in eng.generate(ids, mode="ar", sampling=s, max_tokens=max_tokens):
+    for st in eng.generate(ids, mode="ar", sampling=s, max_tokens=max_tokens, compiled=compiled):
         now = time.perf_counter()
         if last is not None:
             times.append(now - last)
@@ -165,22 +169,26 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> lis
     pm, u = eng.pm, UniformStream(s.seed)
     s = decoding_settings(pm, s)  # the adapter's CDF order, as generate uses
 
-    def ours(logits, i):
+    bank = bank_for(pm, compiled)
+
+    def ours(tok, i, cache):
+        if bank is not None:
+            return bank.ar_step(cache, s, tok.astype(mx.int32), mx.array([u[i]], dtype=mx.float32))
+        logits = pm.base(tok.reshape(1, 1), cache=cache)[0, -1]
         return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
 
-    compute = queued_compute(pm.base, ids, ours)
+    compute = queued_compute(pm.base, ids, ours, make_cache=pm.make_cache)
     rows = [ProfileRow("ar (pipelined)", 1, len(times), {}, _median_ms(times), 1.0, toks, compute=compute)]
     cache = pm.make_cache()
     mx.eval(pm.base(mx.array([ids[:-1]]), cache=cache))
-    tok, ph = mx.array([ids[-1]]), {k: [] for k in ("build", "compute", "read+trim")}
+    tok, ph = mx.array([ids[-1]], dtype=mx.int32), {k: [] for k in ("build", "compute", "read+trim")}
     for i in range(max_tokens):
         t0 = time.perf_counter()
-        logits = pm.base(tok.reshape(1, 1), cache=cache)[0, -1]
-        nxt = pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+        nxt = ours(tok, i, cache)
         t1 = time.perf_counter()
         mx.eval(nxt)  # sync: unpipelined, to see the parts
         t2 = time.perf_counter()
-        tok = mx.array([int(nxt.item())])
+        tok = mx.array([int(nxt.item())], dtype=mx.int32)
         t3 = time.perf_counter()
         for k, a, b in (("build", t0, t1), ("compute", t1, t2), ("read+trim", t2, t3)):
             ph[k].append(b - a)
@@ -189,7 +197,9 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings) -> lis
     return rows
 
 
-def profile_ptp(eng, ids: list[int], max_tokens: int, s: SamplingSettings, shapes=SHAPES) -> list[ProfileRow]:
+def profile_ptp(
+    eng, ids: list[int], max_tokens: int, s: SamplingSettings, shapes=SHAPES, compiled: bool = True
+) -> list[ProfileRow]:
     """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape. Each
     shape runs twice: one call at a time (``ahead=0``: the call is built after the previous one is read; its
     queue + compute phases are the call's pure compute), then pipelined (the next call built ahead while this
@@ -200,7 +210,7 @@ def profile_ptp(eng, ids: list[int], max_tokens: int, s: SamplingSettings, shape
     for n, branches in shapes:
         sync = None
         for ahead in (0, 1):
-            row = _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead)
+            row = _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled)
             if row is None:
                 break
             if sync is None:
@@ -214,7 +224,7 @@ def profile_ptp(eng, ids: list[int], max_tokens: int, s: SamplingSettings, shape
     return out
 
 
-def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead) -> ProfileRow | None:
+def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled) -> ProfileRow | None:
     clock = PhaseClock()
     opts = DecodeOptions(
         mode="ptp",
@@ -223,6 +233,7 @@ def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead) -> Profil
         drafter=ShapeDrafter(n, branches, width),
         clock=clock,
         ahead=ahead,
+        compiled=compiled,
     )
     steps, stamps = [], []
     for st in stream_generate(eng.pm, eng.tokenizer, ids, opts):
@@ -263,15 +274,21 @@ def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:
     return "\n".join(lines)
 
 
-def run_profile(eng, ids: list[int], max_tokens: int, s: SamplingSettings, rounds: int = 2) -> tuple[str, dict]:
-    """Profile everything ``rounds`` times, interleaved (noise hits all kinds alike); keep each kind's best round."""
+def run_profile(
+    eng, ids: list[int], max_tokens: int, s: SamplingSettings, rounds: int = 2, compiled: bool = True
+) -> tuple[str, dict]:
+    """Profile everything ``rounds`` times, interleaved (noise hits all kinds alike); keep each kind's best round.
+    ``compiled=False``: our steps and calls as the eager reference runs them."""
     best: dict[str, ProfileRow] = {}
     order: list[str] = []
+    bank = bank_for(eng.pm, compiled)
+    if bank is not None:
+        bank.entries.clear()
     for _ in range(rounds):
         rows = [profile_mlx_lm(eng.pm.base, eng.tokenizer, ids, max_tokens)]
-        rows += profile_ar(eng, ids, max_tokens, s)
+        rows += profile_ar(eng, ids, max_tokens, s, compiled)
         if eng.has_adapter:
-            rows += profile_ptp(eng, ids, max_tokens, s)
+            rows += profile_ptp(eng, ids, max_tokens, s, compiled=compiled)
         for r in rows:
             if r.name not in best:
                 order.append(r.name)
@@ -290,4 +307,23 @@ def run_profile(eng, ids: list[int], max_tokens: int, s: SamplingSettings, round
     text = profile_table(rows, ar_ms, header)
     text += "\nlossless: " + (f"DIFFERS from ar: {', '.join(diverged)}" if diverged else "every PTP shape == ar")
     host = {r.name: round(r.host_on_path, 3) for r in rows}
-    return text, {"ar_step_ms": ar_ms, "rows": [r.to_json() for r in rows], "diverged": diverged, "host_on_path": host}
+    entries = 0 if bank is None else len(bank.entries)
+    prims = call_primitives(eng, ids, SHAPES, s, compiled)
+    text += "\n" + primitives_table(prims, len(eng.pm.base.layers), compiled, entries)
+    doc = {"ar_step_ms": ar_ms, "rows": [r.to_json() for r in rows], "diverged": diverged, "host_on_path": host}
+    return text, {**doc, "compiled": compiled, "primitives": prims, "compile_bank_entries": entries}
+
+
+def primitives_table(prims: dict[str, tuple[int, int]], layers: int, compiled: bool, entries: int) -> str:
+    """Compute primitives and views in one call's graph per kind of call, and the PTP calls' excess per layer
+    over our autoregressive step."""
+    base = prims.get("ar", prims["mlx-lm"])[0]
+    kind = "compiled" if compiled else "eager"
+    lines = [
+        f"primitives per call ({kind}; {layers} layers; compile bank after the profile: {entries} entries)",
+        "| call | compute primitives | views | more per layer than our ar step |",
+        "|---|---|---|---|",
+    ]
+    for name, (comp, views) in prims.items():
+        lines.append(f"| {name} | {comp} | {views} | {(comp - base) / layers:+.1f} |")
+    return "\n".join(lines)

@@ -69,8 +69,7 @@ def measure_cost_curve(
         if real and w == 1:
             steps = list(ar_calls(pm, cache, 0, u, greedy, repeats + 3))
             best = min(info["time"] for _, info in steps[1:-1])  # the first and last steps are not pipelined
-            for c in cache:  # the steps left their tokens in the cache
-                c.trim(c.offset - context)
+            cache.trim_to(context)  # the steps left their tokens in the cache
         else:
             best = float("inf")
             for _ in range(repeats + 1):
@@ -80,8 +79,7 @@ def measure_cost_curve(
                 else:
                     mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
                 best = min(best, time.perf_counter() - t0)
-                for c in cache:
-                    c.trim(c.offset - context)
+                cache.trim_to(context)
         secs.append(best)
     rel = [s / secs[0] for s in secs]
     return CostCurve(list(widths), rel), secs

@@ -106,10 +106,7 @@ def teacher_kv(pm: PTPModel, tokens: np.ndarray) -> list[StaticKV]:
     inner model only: training needs the K/V, not the vocabulary projection of every teacher token."""
     cache = pm.make_cache()
     language_model(pm.base).model(mx.array(tokens), cache=cache)
-    kv = [
-        StaticKV(pm.ctx, mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
-        for c in cache
-    ]
+    kv = [StaticKV(pm.ctx, mx.stop_gradient(k), mx.stop_gradient(v)) for k, v in cache.contents()]
     mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student
     return kv
 

@@ -63,8 +63,7 @@ def _complete(model, prompt_ids: list[int], n: int, greedy_first: bool, s, max_n
     """``n`` completions of one prompt: the prompt is prefilled once and its cache repeated over the batch."""
     cache = make_cache(model, install(model))  # plain KV caches in every layer, sliding ones included
     model(mx.array(prompt_ids[:-1])[None], cache=cache)
-    for c in cache:
-        c.keys, c.values = (mx.repeat(t[..., : c.offset, :], n, axis=0) for t in (c.keys, c.values))
+    cache.repeat(n)
     last = mx.array([prompt_ids[-1]] * n)[:, None]
     T, L, R = _decode(model, cache, last, n, greedy_first, s, max_new, eos, [rng])
     return _records(prompt_ids, T, L, R, greedy_first, eos, s.order)

@@ -27,10 +27,7 @@ def teacher_kv(pm: PTPModel, tokens: list[int], rec: dict | None = None, order: 
     logits = pm.base(mx.array(tokens)[None], cache=cache)
     if rec is not None and order != "id":
         rebin(rec, logits[0], order)
-    kv = [
-        StaticKV(pm.ctx, mx.stop_gradient(c.keys[..., : c.offset, :]), mx.stop_gradient(c.values[..., : c.offset, :]))
-        for c in cache
-    ]
+    kv = [StaticKV(pm.ctx, mx.stop_gradient(k), mx.stop_gradient(v)) for k, v in cache.contents()]
     mx.eval([(c.keys, c.values) for c in kv])  # sync: the teacher pass is a constant input to the student
     return kv
 

@@ -1,0 +1,193 @@
+"""The fixed-shape call: one pure function of arrays per ``CallShape``, run eagerly or under ``mx.compile``.
+
+A call's graph depends only on its shape, the attention bucket (``model.kv.round_up``: keys read, a multiple of 256)
+and the sampling settings; everything that changes from call to call is an input array: the token ids, the
+uniforms, the cache offset (int32) and the K/V buffers. So one traced graph serves every call of that shape and
+bucket, and ``mx.compile`` replays it in C++ without running Python per operation (docs/method.md, section 5,
+"Compiled calls"). Positions, the u-embedding, the mask and the accepted count are computed in the graph. The eager
+call is the same function, not compiled: the reference the compiled one is tested against.
+
+The autoregressive step is the same idea with one token row (``ar_step``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import mlx.core as mx
+import numpy as np
+
+from ..model.kv import FixedPass, KVState, kv_shapes, round_up
+from ..sampler import SamplingSettings, pick
+from .shape import CallOutputs, CallShape
+
+
+@dataclass
+class FixedPlan:
+    """What the patched modules read during a fixed pass (``layers.PTPContext.plan``): every row's RoPE position
+    as an array (rows go through RoPE as batch entries, one position each)."""
+
+    positions: mx.array  # int32 [rows]
+    fixed: bool = True
+
+
+def _mask_fn(shape: CallShape, offset: mx.array, bucket: int, dtype) -> Callable[[int | None], mx.array]:
+    """Additive masks [rows, bucket] for the call, built in the graph from the offset and the shape's block."""
+    rows = shape.rows
+    block = mx.array(shape.block)
+    rel_pos = mx.array(shape.rel_pos)
+    col = mx.arange(bucket, dtype=mx.int32)
+    rel = col - offset
+    inside = (rel >= 0) & (rel < rows)
+    relc = mx.clip(rel, 0, rows - 1)
+    sees = mx.where(inside[None], mx.take(block, relc, axis=1), (col < offset)[None])
+    memo: dict[int | None, mx.array] = {}
+
+    def mask_for(window_size: int | None) -> mx.array:
+        if window_size not in memo:
+            m = sees
+            if window_size is not None:  # sliding window: keys within that many positions of the row's own
+                col_pos = mx.where(inside, offset + mx.take(rel_pos, relc), col)
+                m = m & (col_pos[None] > (offset + rel_pos)[:, None] - window_size)
+            memo[window_size] = mx.where(m, mx.array(0, dtype), mx.array(-np.inf, dtype))
+        return memo[window_size]
+
+    return mask_for
+
+
+def outputs_head(shape: CallShape, logits, tokens, row_u, s: SamplingSettings, hook=None, prefixes=None) -> CallOutputs:
+    """Exact picks, the accepted count and the auxiliary rows' drafts from a call's logits [rows, vocab]. With a
+    logits ``hook`` (eager calls), row ``j``'s logits are processed counting ``prefixes[j]`` (the drafts before it)."""
+    n_tok, n = shape.n_tok, shape.n_drafts
+    rows = logits[:n_tok]
+    if hook is not None:  # penalties and logit_bias: a row counts the drafts before it (ptp_mlx/logits.py)
+        rows = hook.rows(rows, prefixes)
+    targets = pick(row_u, rows, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+    # Accepted: the leading drafts equal to the exact token at their position (docs/method.md, section 4).
+    accepted = mx.sum(mx.cumprod((tokens[1 : n + 1] == targets[:n]).astype(mx.int32))) if n else mx.array(0)
+    out = CallOutputs(targets, accepted.astype(mx.int32))
+    if hook is not None:
+        out.scored = hook.score(rows, targets)
+    if shape.windows:
+        aux = logits[n_tok:].astype(mx.float32)
+        top = mx.argmax(aux, axis=-1)
+        best = mx.max(aux, axis=-1)
+        lse = mx.logsumexp(aux, axis=-1)
+        out.aux_top, out.aux_conf = top, mx.exp(best - lse)
+        if shape.mode_mass:  # the adapter's estimate of the mode's mass under the sampler's temperature
+            t = s.temperature
+            out.mode = mx.exp(best / t - mx.logsumexp(aux / t, axis=-1))
+        if shape.runner_up:
+            rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
+            out.second, out.second_conf = mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)
+    return out
+
+
+def call_graph(pm, shape: CallShape, bucket: int, s: SamplingSettings, tokens, row_u, aux_u, offset, *kv):
+    """One PTP call as a pure function of arrays: ``tokens`` int32 [n_tok], ``row_u`` float32 [n_tok], ``aux_u``
+    float32 [n_aux], ``offset`` int32 [] and the K/V buffers (keys of every layer, then values). Returns the
+    outputs' arrays (``_OUT_FIELDS`` order, the ones the shape wants) followed by the written buffers."""
+    L = len(kv) // 2
+    p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
+    st = KVState.traced(kv[:L], kv[L:], p)
+    positions = offset + mx.array(shape.rel_pos)
+    aux = pm.adapter.u_embed(aux_u)[None] if shape.windows else None
+    lora = pm.lora_for(shape.gate()) if shape.windows else None
+    pm.ctx.begin(FixedPlan(positions), aux, lora)
+    try:
+        logits = pm.base(tokens[None], cache=st)[0]
+    finally:
+        pm.ctx.end()
+    out = outputs_head(shape, logits, tokens, row_u, s)
+    return (*_pack(out), *st.keys, *st.values)
+
+
+_OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "mode")
+
+
+def _pack(out: CallOutputs) -> list[mx.array]:
+    return [getattr(out, f) for f in _OUT_FIELDS if getattr(out, f) is not None]
+
+
+def _unpack(shape: CallShape, arrays) -> CallOutputs:
+    names = ["targets", "accepted"]
+    if shape.windows:
+        names += ["aux_top", "aux_conf"] + (["mode"] if shape.mode_mass else [])
+        names += ["second", "second_conf"] if shape.runner_up else []
+    names = [f for f in _OUT_FIELDS if f in names]
+    return CallOutputs(**dict(zip(names, arrays, strict=True)))
+
+
+def ar_graph(pm, bucket: int, s: SamplingSettings, token, u, offset, *kv):
+    """One autoregressive step as a pure function: ``token`` int32 [1], ``u`` float32 [1], ``offset`` int32 [] and
+    the K/V buffers -> the next token (int32 [1]) and the written buffers."""
+    L = len(kv) // 2
+    shape = _AR_SHAPE
+    p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
+    st = KVState.traced(kv[:L], kv[L:], p)
+    logits = pm.base(token.reshape(1, 1), cache=st)[0]
+    return (pick(u, logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), *st.keys, *st.values)
+
+
+_AR_SHAPE = CallShape((-1,))
+
+
+class CompileBank:
+    """The compiled calls of one model: one entry per (shape, bucket, sampling settings), built on first use."""
+
+    def __init__(self, pm, compiled: bool = True):
+        self.pm, self.compiled = pm, compiled
+        self.entries: dict[tuple, Callable] = {}
+        self.shapes: list | None = None  # per layer one row's K/V shapes (``kv_shapes``), learned once
+
+    def _fn(self, key: tuple, make: Callable) -> Callable:
+        fn = self.entries.get(key)
+        if fn is None:
+            fn = mx.compile(make()) if self.compiled else make()
+            self.entries[key] = fn
+        return fn
+
+    def _prepare(self, state: KVState, rows: int) -> tuple[int, mx.array]:
+        if self.shapes is None:
+            self.shapes = kv_shapes(self.pm.base)
+        state.reserve(rows, self.shapes)
+        return round_up(state.offset + rows), mx.array(state.offset, dtype=mx.int32)
+
+    def call(self, state: KVState, shape: CallShape, s: SamplingSettings, tokens, row_u, aux_u) -> CallOutputs:
+        """Queue one call on ``state`` (nothing is computed yet): the state gains all ``shape.rows`` rows, as an
+        eager pass's does; the caller trims back to the accepted path once it has read the outputs."""
+        bucket, offset = self._prepare(state, shape.rows)
+        fn = self._fn(("ptp", shape, bucket, s), lambda: partial(call_graph, self.pm, shape, bucket, s))
+        keys, values = state.take_buffers()  # the state lets go of the buffers: the call writes them in place
+        res = fn(tokens, row_u, aux_u, offset, *keys, *values)
+        del keys, values
+        L = len(state)
+        state.put_buffers(res[-2 * L : -L], res[-L:], state.offset + shape.rows)
+        return _unpack(shape, res[: -2 * L])
+
+    def ar_step(self, state: KVState, s: SamplingSettings, token: mx.array, u: mx.array) -> mx.array:
+        """Queue one autoregressive step (the state gains ``token``'s row); returns the next token, lazy."""
+        bucket, offset = self._prepare(state, 1)
+        fn = self._fn(("ar", bucket, s), lambda: partial(ar_graph, self.pm, bucket, s))
+        keys, values = state.take_buffers()
+        res = fn(token, u, offset, *keys, *values)
+        del keys, values
+        L = len(state)
+        state.put_buffers(res[-2 * L : -L], res[-L:], state.offset + 1)
+        return res[0]
+
+
+def bank_for(pm, compiled: bool = True) -> CompileBank | None:
+    """The model's bank of fixed-shape calls (compiled, or the eager reference), or None where the fixed-shape
+    call does not apply: a model PTP does not patch, or a RoPE that takes one offset per call (those stay on the
+    eager pass of ``PTPModel.__call__``)."""
+    from ..layers import batched_rope
+
+    if pm.ctx is None or not batched_rope(pm.base):
+        return None
+    banks = pm.__dict__.setdefault("_banks", {})
+    if compiled not in banks:
+        banks[compiled] = CompileBank(pm, compiled)
+    return banks[compiled]

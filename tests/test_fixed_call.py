@@ -1,0 +1,147 @@
+"""The fixed-shape call (ptp_mlx/decode/fixed.py) and the K/V state it writes (ptp_mlx/model/kv.py).
+
+A compiled call equals the same call run eagerly, and both equal the eager pass of ``PTPModel.__call__`` (the
+legacy path: numpy mask over exactly ``offset + rows`` keys) to float32 rounding, on every shape the decoders use (chains, branches,
+token trees with sibling strands, no windows), in every attention bucket (offsets on both sides of a 256-row
+boundary) and while the buffers grow; the compile bank holds one entry per shape and bucket; buffers are written in
+place.
+"""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ptp_mlx.call import build_call, call_shape, finish_call
+from ptp_mlx.decode.fixed import bank_for
+from ptp_mlx.drafting.protocol import Plan
+from ptp_mlx.engine import Engine
+from ptp_mlx.model.kv import CHUNK, KVState, round_up
+from ptp_mlx.sampler import SamplingSettings, UniformStream
+from ptp_mlx.testing import make_tiny_model, save_random_adapter
+
+PLANS = {
+    "one-window": Plan([], [(0, 4)]),
+    "chain": Plan([7, 9], [(0, 2), (1, 2), (2, 3)]),
+    "partial-branches": Plan([7, 9, 11], [(1, 2), (3, 4)]),
+    "tree": Plan([7, 9], [(0, 2), (2, 3)], alts=[(12, 2), (13, 0)]),
+    "no-windows": Plan([7, 9, 11], []),
+}
+SETTINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    d = tmp_path_factory.mktemp("fixed")
+    model = make_tiny_model(d / "model", varied=True, seed=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTP_MLX_HOME", str(d / "home"))
+        return Engine.load(str(model), str(save_random_adapter(model, d / "adapter")), measure_cost=False)
+
+
+def prefilled(pm, n: int) -> KVState:
+    st = pm.make_cache()
+    ids = (np.arange(n) * 7 + 3) % 250
+    pm.base(mx.array(ids)[None], cache=st)
+    mx.eval(st.arrays())
+    return st
+
+
+def run(pm, st, plan, s, bank):
+    u = UniformStream(5)
+    call = build_call(pm, st, 3, plan, u, 0, s, None, runner_up=True, mode_mass=not s.greedy, bank=bank)
+    res = finish_call(st, call)
+    return res, [np.array(k) for k, _ in st.contents()], st.offset
+
+
+@pytest.mark.parametrize("sname", list(SETTINGS))
+@pytest.mark.parametrize("pname", list(PLANS))
+@pytest.mark.parametrize("offset", [20, CHUNK - 9, CHUNK - 3])  # the call's rows in one bucket, or across two
+def test_compiled_equals_eager_equals_legacy(engine, pname, sname, offset):
+    pm, plan, s = engine.pm, PLANS[pname], SETTINGS[sname]
+    got = {}
+    for name, bank in (("legacy", None), ("eager", bank_for(pm, False)), ("compiled", bank_for(pm, True))):
+        got[name] = run(pm, prefilled(pm, offset), plan, s, bank)
+    # Compiled and eager: the same function, bit for bit.
+    (res, kv, off), (ref, ref_kv, ref_off) = got["compiled"], got["eager"]
+    assert res == ref and off == ref_off and all(np.array_equal(a, b) for a, b in zip(kv, ref_kv, strict=True))
+    # Against the legacy pass: the same picks and drafts; attention over a padded bucket (the masked keys add exact
+    # zeros, but the sums are blocked differently) rounds its confidences and K/V at float32 level.
+    leg, leg_kv, leg_off = got["legacy"]
+    assert (res.block, res.accepted, res.alt, res.aux_tokens) == (leg.block, leg.accepted, leg.alt, leg.aux_tokens)
+    assert [t for t, _ in res.second] == [t for t, _ in leg.second] and off == leg_off
+    close = [(res.aux_conf, leg.aux_conf), ([c for _, c in res.second], [c for _, c in leg.second])]
+    close += [(res.aux_mode or [], leg.aux_mode or [])] + list(zip(kv, leg_kv, strict=True))
+    for a, b in close:
+        assert np.allclose(a, b, rtol=1e-4, atol=1e-5)
+    bank = bank_for(pm, True)
+    assert ("ptp", call_shape(plan, True, not s.greedy), round_up(offset + plan.rows), s) in bank.entries
+
+
+def test_bank_holds_one_entry_per_shape_and_bucket(engine):
+    pm = engine.pm
+    bank = bank_for(pm, True)
+    bank.entries.clear()
+    steps = list(engine.generate(engine.encode("hello there"), mode="ptp", max_tokens=60, num_draft_tokens=3))
+    used = {k for k in bank.entries}
+    assert 0 < len(used) == len(bank.entries)
+    # A fixed budget has one chain shape (and shorter ones near the end); the buckets are those the answer crossed.
+    offsets = {st.prompt_tokens + st.generated for st in steps}
+    buckets = {k[2] for k in used if k[0] == "ptp"}
+    assert buckets <= {round_up(o + r) for o in offsets for r in range(1, 40)}
+    again = list(engine.generate(engine.encode("hello there"), mode="ptp", max_tokens=60, num_draft_tokens=3))
+    assert [t for st in again for t in st.tokens] == [t for st in steps for t in st.tokens]
+    assert set(bank.entries) == used  # the same answer again: no new entry
+
+
+def test_ar_steps_compiled_equal_eager_across_growth(engine):
+    """Plain decoding over a 256-row boundary: the buffers grow by a chunk, the bucket moves, tokens agree."""
+    ids = list(((np.arange(240) * 5 + 1) % 250).tolist())
+    for s in SETTINGS.values():
+        runs = [
+            [t for st in engine.generate(ids, mode="ar", sampling=s, max_tokens=40, compiled=c) for t in st.tokens]
+            for c in (True, False)
+        ]
+        assert runs[0] == runs[1] and len(runs[0]) > 16
+
+
+def test_kv_state_verbs():
+    st = KVState(2)
+    for layer in st:
+        layer.update_and_fetch(mx.ones((1, 2, 3, 4)), 2 * mx.ones((1, 2, 3, 4)))
+    assert st.offset == 3 and st.capacity == CHUNK
+    snap = st.snapshot()
+    st.trim_to(1)
+    assert st.offset == 1
+    with pytest.raises(ValueError):
+        st.trim_to(2 + CHUNK)
+    for layer in st:
+        layer.update_and_fetch(5 * mx.ones((1, 2, CHUNK, 4)), mx.zeros((1, 2, CHUNK, 4)))
+    assert st.offset == 1 + CHUNK and st.capacity == 2 * CHUNK  # grown by a whole chunk, old rows kept
+    k, _ = st.contents()[0]
+    assert float(k[..., 0, :].sum()) == 8 and float(k[..., 1:, :].sum()) == 5 * 8 * CHUNK
+    st.copy_row(0, 5)
+    assert float(st.contents()[1][0][..., 5, :].sum()) == 8
+    st.restore(snap)
+    assert st.offset == 3 and float(st.contents()[0][0].sum()) == 3 * 8
+
+
+def test_writes_do_not_copy_the_buffers(engine):
+    """A fixed call writes its rows in place: the state is the buffers' only holder, so MLX updates them where
+    they are. Measured by memory, not time: a call on a 16-chunk buffer allocates no more than on a 1-chunk one."""
+    pm = engine.pm
+    bank = bank_for(pm, True)
+    shape_plan = PLANS["chain"]
+    peaks = []
+    for extra in (0, 15 * CHUNK):
+        st = prefilled(pm, 40)
+        st.reserve(extra + 40, bank.shapes or __import__("ptp_mlx.model.kv", fromlist=["kv_shapes"]).kv_shapes(pm.base))
+        mx.eval(st.arrays())
+        run(pm, st, shape_plan, SETTINGS["greedy"], bank)  # warm: the trace is built
+        st.trim_to(40)
+        mx.eval(st.arrays())
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        run(pm, st, shape_plan, SETTINGS["greedy"], bank)
+        peaks.append(mx.get_peak_memory() - before)
+    kv_bytes = sum(a.nbytes for a in st.arrays())
+    assert peaks[1] < peaks[0] + kv_bytes / 4, (peaks, kv_bytes)
