@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from . import blas
 from .adapter import adapter_for, load_adapter, shipped_adapter
+from .decode.fixed import compiled_by_default
 from .drafting.budget import Budget
 from .drafting.cost import CostCurve, cached_cost_curve
 from .errors import UserError
@@ -98,7 +99,8 @@ class Engine:
                 c.rank,
                 list(c.layers) if c.layers is not None else None,
                 list(c.target_modules) if c.target_modules is not None else None,
-                "ptp-call-v4-real",  # bump when the cost of a PTP call changes (v4: real calls, pipelined AR step)
+                # bump when the cost of a PTP call changes (v4: real calls, pipelined AR step; v5: compiled calls)
+                f"ptp-call-v5-{'compiled' if compiled_by_default() else 'eager'}",
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", log=self.log)
@@ -148,7 +150,7 @@ class Engine:
         trees: bool = True,
         logits: LogitsSettings | None = None,
         tools: list[dict] | None = None,
-        compiled: bool = True,
+        compiled: bool | None = None,
     ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids.
 

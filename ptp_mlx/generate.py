@@ -66,8 +66,9 @@ class DecodeOptions:
     # At most this many outcomes of a call to build the next call for while it computes (0: none; None: the device's
     # default, ``ahead_default``).
     ahead: int | None = None
-    # Calls and steps: the fixed-shape ones compiled (the default), or the same functions run eagerly (the reference).
-    compiled: bool = True
+    # Calls and steps: the fixed-shape ones compiled, or the same functions run eagerly (the reference); None: compiled
+    # unless PTP_MLX_EAGER=1 (``decode.fixed.compiled_by_default``).
+    compiled: bool | None = None
 
 
 class ContextFull(ValueError):

@@ -59,6 +59,20 @@ def test_gpu_job_dry_run(tmp_path, tiny):
     s2 = json.loads((out2 / "summary.json").read_text())
     assert set(s2["bench"]) == {"greedy", "t07", "profile"} and {b["rc"] for b in s2["bench"].values()} == {0}
     assert "pregenerate" not in s2 and (out2 / "bench-t07.json").is_file()
+    # issue 29's compiled-call check from the same staging, shrunk (one sweep shape, 30 calls)
+    out3 = tmp_path / "out3"
+    env3 = {**env, "OUT": str(out3), "PTP_JOB_ARGS": f"--model {model_dir} --init {tmp_path / 'work' / 'run' / 'best'} "
+            f"--compiled-check --bench-tokens 6 --bench-prompts {prompts} --sweep-sizes 135m --stress-calls 30"}  # fmt: skip
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_job.sh"), "run"], env=env3, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s3 = json.loads((out3 / "summary.json").read_text())["compiled_check"]
+    assert len(s3) == 10 and {v["rc"] for v in s3.values()} == {0}, s3
+    figs = json.loads((out3 / "compiled-check.json").read_text())
+    assert figs["profile-compiled-cudnn1"]["profile"]["compiled"] is True
+    assert figs["profile-eager-cudnn0"]["profile"]["compiled"] is False
+    assert "135m" in figs["cost-sweep"]["cost_sweep"] and len(list(out3.iterdir())) <= 8
+    text = (out3 / "compiled-check.txt").read_text()
+    assert "calls," in text and "compile bank" in text and "every PTP shape == ar" in text
     gpu_job.join(out, tmp_path / "adapter")
     adapter, cfg = load_adapter(tmp_path / "adapter", model)
     assert cfg.raw["cdf_order"] == "prob" and cfg.raw["training"]["slot_weights"] == "decay:0.7"

@@ -77,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
         "shapes), on the first prompt",
     )
     p.add_argument(
+        "--cost-sweep",
+        default=None,
+        metavar="SIZES",
+        help="instead of the method comparison: price a plain step against PTP calls of 4, 8 and 16 rows on "
+        "random-weight models of these shapes (comma-separated from 135m,0.5b,1.5b,3b; 'all' for every one)",
+    )
+    p.add_argument(
         "--eager",
         action="store_true",
         help="run our steps and PTP calls eagerly (the reference the compiled calls are tested against)",
@@ -148,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
     from .metrics import summarize
     from .run import BenchRun, compare, diagnose, probe_cost_curve, run_bench
 
+    if args.cost_sweep:
+        return _cost_sweep(args)
     eng = Engine.load(args.model, args.adapter)
     if args.free_rows:
         from ..drafting.cost import CostCurve
@@ -275,6 +284,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cost_sweep(args) -> int:
+    import json
+
+    from ..paths import atomic_write_bytes
+    from .sweep import SIZES, sweep_table
+
+    sizes = list(SIZES) if args.cost_sweep == "all" else [x.strip() for x in args.cost_sweep.split(",") if x.strip()]
+    try:
+        text, doc = sweep_table(sizes, log=lambda m: print(m, file=sys.stderr))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print(text)
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps({"cost_sweep": doc}, indent=1) + "\n").encode())
+    return 0
+
+
 def _profile(eng, prompt, sampling, args) -> int:
     import json
 
@@ -284,7 +310,7 @@ def _profile(eng, prompt, sampling, args) -> int:
 
     ids = encode_prompt(eng.tokenizer, [{"role": "user", "content": prompt.turns[0]}])
     print(f"profiling on {prompt.question_id} ({len(ids)} prompt tokens)...", file=sys.stderr)
-    text, doc = run_profile(eng, ids, args.max_tokens, sampling, compiled=not args.eager)
+    text, doc = run_profile(eng, ids, args.max_tokens, sampling, compiled=False if args.eager else None)
     print(text)
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps({"profile": doc}, indent=1) + "\n").encode())

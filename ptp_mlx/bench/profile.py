@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..call import PhaseClock
-from ..decode.fixed import bank_for
+from ..decode.fixed import bank_for, compiled_by_default
 from ..drafting.protocol import CallResult, Drafter, Guess, Plan
 from ..generate import DecodeOptions, decoding_settings, stream_generate
 from ..sampler import SamplingSettings, UniformStream, pick
@@ -275,12 +275,13 @@ def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:
 
 
 def run_profile(
-    eng, ids: list[int], max_tokens: int, s: SamplingSettings, rounds: int = 2, compiled: bool = True
+    eng, ids: list[int], max_tokens: int, s: SamplingSettings, rounds: int = 2, compiled: bool | None = None
 ) -> tuple[str, dict]:
     """Profile everything ``rounds`` times, interleaved (noise hits all kinds alike); keep each kind's best round.
     ``compiled=False``: our steps and calls as the eager reference runs them."""
     best: dict[str, ProfileRow] = {}
     order: list[str] = []
+    compiled = compiled_by_default() if compiled is None else compiled
     bank = bank_for(eng.pm, compiled)
     if bank is not None:
         bank.entries.clear()

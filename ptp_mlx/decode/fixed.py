@@ -12,6 +12,8 @@ The autoregressive step is the same idea with one token row (``ar_step``).
 
 from __future__ import annotations
 
+import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -135,11 +137,12 @@ _AR_SHAPE = CallShape((-1,))
 
 
 class CompileBank:
-    """The compiled calls of one model: one entry per (shape, bucket, sampling settings), built on first use."""
+    """The compiled calls of one model: one entry per (shape, bucket, sampling settings), built on first use; at
+    most ``limit`` entries (the least recently used goes first: a long-lived server meets many settings)."""
 
-    def __init__(self, pm, compiled: bool = True):
-        self.pm, self.compiled = pm, compiled
-        self.entries: dict[tuple, Callable] = {}
+    def __init__(self, pm, compiled: bool = True, limit: int = 256):
+        self.pm, self.compiled, self.limit = pm, compiled, limit
+        self.entries: OrderedDict[tuple, Callable] = OrderedDict()
         self.shapes: list | None = None  # per layer one row's K/V shapes (``kv_shapes``), learned once
 
     def _fn(self, key: tuple, make: Callable) -> Callable:
@@ -147,6 +150,10 @@ class CompileBank:
         if fn is None:
             fn = mx.compile(make()) if self.compiled else make()
             self.entries[key] = fn
+            if len(self.entries) > self.limit:
+                self.entries.popitem(last=False)
+        else:
+            self.entries.move_to_end(key)
         return fn
 
     def _prepare(self, state: KVState, rows: int) -> tuple[int, mx.array]:
@@ -179,7 +186,13 @@ class CompileBank:
         return res[0]
 
 
-def bank_for(pm, compiled: bool = True) -> CompileBank | None:
+def compiled_by_default() -> bool:
+    """Compiled calls, unless ``PTP_MLX_EAGER=1`` asks for the eager reference everywhere (CI runs the lossless
+    tests both ways)."""
+    return os.environ.get("PTP_MLX_EAGER", "").lower() not in ("1", "true", "yes")
+
+
+def bank_for(pm, compiled: bool | None = None) -> CompileBank | None:
     """The model's bank of fixed-shape calls (compiled, or the eager reference), or None where the fixed-shape
     call does not apply: a model PTP does not patch, or a RoPE that takes one offset per call (those stay on the
     eager pass of ``PTPModel.__call__``)."""
@@ -187,6 +200,7 @@ def bank_for(pm, compiled: bool = True) -> CompileBank | None:
 
     if pm.ctx is None or not batched_rope(pm.base):
         return None
+    compiled = compiled_by_default() if compiled is None else compiled
     banks = pm.__dict__.setdefault("_banks", {})
     if compiled not in banks:
         banks[compiled] = CompileBank(pm, compiled)

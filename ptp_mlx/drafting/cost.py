@@ -51,9 +51,11 @@ def measure_cost_curve(
 
     from ..ar import ar_calls
     from ..call import ptp_call
+    from ..decode.fixed import bank_for
     from ..sampler import SamplingSettings, UniformStream
 
     real = aux and pm.adapter is not None
+    bank = bank_for(pm)  # the calls decoding makes: compiled fixed-shape ones (or their eager reference)
     greedy, u = SamplingSettings(), UniformStream(0)
 
     cache = pm.make_cache()
@@ -67,7 +69,7 @@ def measure_cost_curve(
             secs.append(secs[-1] + slope * (w - w1))
             continue
         if real and w == 1:
-            steps = list(ar_calls(pm, cache, 0, u, greedy, repeats + 3))
+            steps = list(ar_calls(pm, cache, 0, u, greedy, repeats + 3, bank=bank))
             best = min(info["time"] for _, info in steps[1:-1])  # the first and last steps are not pipelined
             cache.trim_to(context)  # the steps left their tokens in the cache
         else:
@@ -75,7 +77,7 @@ def measure_cost_curve(
             for _ in range(repeats + 1):
                 t0 = time.perf_counter()
                 if real:
-                    ptp_call(pm, cache, 0, Plan([], [(0, w - 1)]), u, 0, greedy, pm.config.greedy_u)
+                    ptp_call(pm, cache, 0, Plan([], [(0, w - 1)]), u, 0, greedy, pm.config.greedy_u, bank=bank)
                 else:
                     mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
                 best = min(best, time.perf_counter() - t0)

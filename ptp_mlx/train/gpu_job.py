@@ -139,9 +139,18 @@ def run(a: argparse.Namespace) -> int:
             convert_gguf(work / "SmolLM2-135M-Instruct.Q4_1.gguf", Path(model_dir), dtype="float32", overwrite=True)
     model, tok = load(model_dir)
     summary["check"] = check(model, work, out)
-    if a.bench_only:  # issue 23's GPU bench: the shipped (or --init) adapter, no generation or training
+    if a.bench_only or a.compiled_check:  # GPU benches of the shipped (or --init) adapter, no training
         adapter = Path(a.init) if a.init not in (None, "none") else shipped_adapters_dir() / "SmolLM2-135M-Instruct"
-        summary["bench"] = bench(work, out, adapter, _bench_model(work, model_dir, a), a)
+        if a.compiled_check:  # issue 29's check (ptp_mlx/train/gpu_check.py)
+            from .gpu_check import compiled_check
+
+            prompts = a.bench_prompts or Path(__file__).resolve().parent.parent / "data" / "heldout_prompts.jsonl"
+            bench_model = _bench_model(work, model_dir, a)
+            summary["compiled_check"] = compiled_check(
+                work, out, adapter, bench_model, prompts, a.bench_tokens, a.sweep_sizes, a.stress_calls
+            )
+        else:
+            summary["bench"] = bench(work, out, adapter, _bench_model(work, model_dir, a), a)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         _log(out, f"job done in {time.perf_counter() - t_start:.0f} s")
         return 0
@@ -338,6 +347,13 @@ def main(argv=None) -> int:
     r.add_argument("--bench-prompts", type=Path, default=None, help="default: the bundled held-out prompts")
     r.add_argument("--bench-only", action="store_true", help="only the bench (no generation or training)")
     r.add_argument("--bench-sampled", action="store_true", help="also bench T 0.7, top-p 0.95")
+    r.add_argument(
+        "--compiled-check",
+        action="store_true",
+        help="only the compiled-call check: profiles, benches, cost sweep and 2,000 calls (ptp_mlx/train/gpu_check.py)",
+    )
+    r.add_argument("--sweep-sizes", default="all", help="the compiled check's cost-sweep shapes")
+    r.add_argument("--stress-calls", type=int, default=2000, help="the compiled check's calls in one process")
     r.add_argument(
         "--bench-dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"], help="weights benched"
     )

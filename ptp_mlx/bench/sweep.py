@@ -1,0 +1,120 @@
+"""``ptp-bench --cost-sweep``: from which model size PTP's call pays on this machine.
+
+A PTP call verifies and drafts in one pass of several rows; it pays when that pass costs little more than a plain
+step. How much more depends on the machine (a GPU's flat cost curve, a CPU's compute-bound rows) and on the model's
+size (a bigger model moves more weights per row, which extra rows share). The sweep prices, on random-weight Llama
+models of the default model's shape and of 0.5B, 1.5B and 3B shapes (no download: the cost of a pass does not
+depend on the weights' values), a plain step against PTP calls of 4, 8 and 16 rows, all as the compile bank runs
+them (fixed-shape, compiled), after a prefill of ``context`` tokens.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+# Llama shapes (hidden, layers, heads, KV heads, MLP, vocabulary): the default model's, then those of common
+# 0.5B / 1.5B / 3B models.
+SIZES = {
+    "135m": (576, 30, 9, 3, 1536, 49152),
+    "0.5b": (896, 24, 14, 2, 4864, 151936),
+    "1.5b": (1536, 28, 12, 2, 8960, 151936),
+    "3b": (2048, 36, 16, 2, 11008, 151936),
+}
+# rows -> (drafts, branches): a PTP call of that many rows (token rows, then auxiliaries).
+CALLS = {4: (0, [(0, 3)]), 8: (1, [(0, 3), (1, 3)]), 16: (3, [(0, 3), (1, 3), (2, 3), (3, 3)])}
+
+
+def random_model(size: str, dtype=mx.float32):
+    """A Llama model of ``SIZES[size]`` with random weights (mlx-lm's own class) and a random rank-16 adapter."""
+    from mlx.utils import tree_map
+    from mlx_lm.models import llama
+
+    from ..ptp_model import PTPAdapter, PTPModel
+    from ..testing import randomize_adapter
+
+    hidden, layers, heads, kv, inter, vocab = SIZES[size]
+    args = llama.ModelArgs(
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=inter,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        rms_norm_eps=1e-5,
+        vocab_size=vocab,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+    )
+    model = llama.Model(args)
+    model.update(tree_map(lambda p: p.astype(dtype), model.parameters()))
+    mx.eval(model.parameters())
+    adapter = PTPAdapter(model, 16, 2.0, "binary")
+    randomize_adapter(adapter, seed=0)
+    mx.eval(adapter.parameters())
+    return PTPModel(model, adapter, {"window": 8}, fuse=True)
+
+
+def _best_ms(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return 1000.0 * best
+
+
+def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
+    """Milliseconds of a plain step and of a PTP call of each ``CALLS`` width (best of ``repeats``, after one
+    untimed warm-up that builds the compiled graph), each on a cache of ``context`` tokens."""
+    from ..ar import prefill
+    from ..call import build_call, finish_call
+    from ..decode.fixed import bank_for
+    from ..drafting.protocol import Plan
+    from ..sampler import SamplingSettings, UniformStream
+
+    bank = bank_for(pm, True)
+    s, u = SamplingSettings(), UniformStream(0)
+    cache = pm.make_cache()
+    prefill(pm.base, [1 + i % 500 for i in range(context)], cache)
+    mx.eval(cache.arrays())
+
+    def step():
+        t = bank.ar_step(cache, s, mx.array([3], dtype=mx.int32), mx.array([0.5], dtype=mx.float32))
+        mx.eval(t, cache.arrays())  # sync: we are timing the step
+        cache.trim_to(context)
+
+    out = {"step": _best_ms(step, repeats + 1)}
+    for rows, (n, branches) in CALLS.items():
+        plan = Plan([5] * n, branches)
+
+        def call(plan=plan):
+            finish_call(cache, build_call(pm, cache, 3, plan, u, 0, s, 1.0, bank=bank))
+            cache.trim_to(context)
+
+        out[f"ptp {rows}"] = _best_ms(call, repeats + 1)
+    return out
+
+
+def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=print) -> tuple[str, dict]:
+    """One line per model size: a plain step's milliseconds and each PTP width's, as a multiple of the step."""
+    unknown = [x for x in sizes if x not in SIZES]
+    if unknown:
+        raise ValueError(f"unknown sweep size {unknown[0]!r} (known: {', '.join(SIZES)})")
+    doc, lines = {}, []
+    head = ["model shape", "params", "plain step ms"] + [f"ptp {r} rows (x step)" for r in CALLS]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for size in sizes:
+        log(f"cost sweep: {size} ...")
+        pm = random_model(size)
+        n_params = sum(v.size for _, v in tree_flatten(pm.base.parameters()))
+        ms = price(pm, context, repeats)
+        doc[size] = {**ms, "params": n_params}
+        cells = [f"{ms[f'ptp {r}']:.1f} ({ms[f'ptp {r}'] / ms['step']:.2f})" for r in CALLS]
+        lines.append("| " + " | ".join([size, f"{n_params / 1e6:.0f}M", f"{ms['step']:.1f}", *cells]) + " |")
+        del pm
+        mx.clear_cache()
+    text = f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32, context {context}, best of {repeats}\n"
+    return text + "\n".join(lines), doc
