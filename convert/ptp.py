@@ -23,9 +23,9 @@ from mlx.utils import tree_flatten
 from ptp_mlx.adapter import load_adapter, make_config, save_adapter
 from ptp_mlx.conversion import Mapping, Summary, check_output, dir_size, dtype_name
 from ptp_mlx.errors import UserError
-from ptp_mlx.layers import linear_dims, projections
+from ptp_mlx.model.layers import linear_dims, projections
+from ptp_mlx.model.ptp import U_EMBEDDING_KINDS, PTPAdapter
 from ptp_mlx.paths import atomic_dir
-from ptp_mlx.ptp_model import U_EMBEDDING_KINDS, PTPAdapter
 
 from . import hf
 from .common import is_tensor, load_pickle, read_weight_file, shape_of, to_mx

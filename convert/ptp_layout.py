@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ptp_mlx.errors import UserError
-from ptp_mlx.ptp_model import ALL_TARGETS, U_EMBEDDING_KINDS
+from ptp_mlx.model.ptp import ALL_TARGETS, U_EMBEDDING_KINDS
 
 # Longest first: the first prefix under which a key is a valid Hugging Face name wins.
 BASE_PREFIXES = (

@@ -19,7 +19,7 @@ WEIGHTS = "adapter.safetensors"
 
 def base_identity(base) -> dict:
     """What an adapter records about the base model it belongs to."""
-    from .layers import language_model, model_type
+    from .model.layers import language_model, model_type
     from .models import model_fingerprint, model_signature
 
     a = language_model(base).args
@@ -106,7 +106,7 @@ def check_fits(cfg: dict, base, path: Path, check_fingerprint: bool = True) -> N
 
 def load_adapter(path: Path, base, check_fingerprint: bool = True):
     """Load an adapter folder onto ``base``: ``(PTPAdapter, AdapterConfig)``; clear errors when it does not fit."""
-    from .ptp_model import PTPAdapter
+    from .model.ptp import PTPAdapter
 
     path = Path(path)
     raw = read_config(path)

@@ -22,10 +22,10 @@ from .drafting.cost import CostCurve, cached_cost_curve
 from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate
 from .logits import LogitsHook, LogitsSettings
+from .model.ptp import PTPModel
 from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root
 from .prompt_cache import PromptCache
-from .ptp_model import PTPModel
 from .sampler import SamplingSettings
 
 
@@ -66,7 +66,7 @@ class Engine:
             check_ptp_model(model)  # before any weights load
         base, tokenizer = load(model, log=log)
         if adapter is None:
-            from .layers import SUPPORTED_MODEL_TYPES, model_type
+            from .model.layers import SUPPORTED_MODEL_TYPES, model_type
 
             if model_type(base) in SUPPORTED_MODEL_TYPES:
                 # Adapters follow the model (its fingerprint), not the flag; one the user installed comes first.

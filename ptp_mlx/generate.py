@@ -14,10 +14,11 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
-from .ahead import ahead_default, ahead_limit, build_ahead, take_ahead
-from .ar import Shifted, ar_calls, prefill
-from .call import NO_CLOCK, build_call, finish_call
+from .decode.ahead import ahead_default, ahead_limit, build_ahead, take_ahead
+from .decode.ar import Shifted, ar_calls, prefill
+from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
+from .decode.session import DecodeSession
 from .drafting.budget import Budget, BudgetPolicy, FixedBudget
 from .drafting.chain import ChainDrafter
 from .drafting.cost import CostCurve
@@ -25,8 +26,8 @@ from .drafting.lookup import LookupDrafter
 from .drafting.protocol import Drafter, DraftSession
 from .drafting.tree import TreeDrafter
 from .logits import LogitsHook, TokenLogprob
+from .model.ptp import PTPModel
 from .prompt_cache import PromptCache
-from .ptp_model import PTPModel
 from .sampler import SamplingSettings, UniformStream
 
 
@@ -208,16 +209,17 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     position; the call emits the exact tokens at positions 0..c and branch c (if present) gives the next
     drafts, its first slot being the exact token just emitted. A call is queued before the host reads it, and
     the next one, when the drafter can tell its rows, is built for the likely outcomes meanwhile
-    (``ptp_mlx/ahead.py``) and queued right after the read, before this call's block is handed out.
+    (``ptp_mlx/decode/ahead.py``) and queued right after the read, before this call's block is handed out.
     """
     # Greedy verification ignores u, so drafts may use the adapter's reserved "argmax" u when it has one.
     greedy_u = pm.config.greedy_u if s.greedy else None
     drafter = opts.drafter if opts.drafter is not None else default_drafter(pm, opts)
     drafter.begin(DraftSession(list(history), u, s))
     bank = bank_for(pm, opts.compiled) if pm.adapter is not None or opts.drafter is None else None
+    hook = opts.logits
+    sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.mode_mass)
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
-    hook = opts.logits
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
     most = 0 if hook is not None else ahead_default() if opts.ahead is None else opts.ahead
     plan, call, limit = None, None, min(1, most)  # the next call's plan / its queued build; outcomes ahead
@@ -227,21 +229,19 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             clock.start()
             if call is None:
                 # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
-                plan = plan or drafter.plan(i, max_new - i, ctx - cache[0].offset)
+                plan = plan or drafter.plan(i, max_new - i, ctx - cache.offset)
                 if plan.burst:
                     last, done = yield from _burst(pm, cache, last, u, i, s, plan.burst, drafter, hook, bank)
                     i, plan = i + done, None
                     continue
                 clock.mark("plan")
                 # 2. One call: verify, draft (queued now; read, accepted and trimmed by ``finish_call``).
-                call = build_call(
-                    pm, cache, last, plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass, hook=hook, bank=bank
-                )
+                call = build_call(sess, last, plan, i)
                 clock.mark("build")
                 mx.async_eval(*call.arrays)  # (on MLX's CPU backend this returns only near the end of a large graph)
                 clock.mark("queue")
             t_ahead = time.perf_counter()
-            ahead = build_ahead(pm, cache, drafter, call, u, s, greedy_u, max_new, ctx, limit, bank)
+            ahead = build_ahead(sess, drafter, call, max_new, ctx, limit)
             t_wait = time.perf_counter()
             clock.mark("ahead")
             out = finish_call(cache, call, clock)
@@ -257,7 +257,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             plan = None
             if i < max_new and not eos.intersection(block):
                 # The next call is planned now; built ahead for this outcome, it is queued before the yield.
-                plan = drafter.plan(i, max_new - i, ctx - cache[0].offset)
+                plan = drafter.plan(i, max_new - i, ctx - cache.offset)
                 call = take_ahead(ahead, out, plan, cache)
             del ahead
             clock.mark("update")

@@ -135,7 +135,7 @@ def config_model_type(model: str | None) -> str | None:
 
 def check_ptp_model(model: str | None) -> None:
     """Refuse, before any weights are loaded, a model whose family PTP does not support (exit 2)."""
-    from .layers import check_model_type
+    from .model.layers import check_model_type
 
     mt = config_model_type(model)
     if mt is not None or (model is not None and Path(model).expanduser().exists()):
@@ -164,7 +164,7 @@ def _embedding_rows(model, n: int = 64):
     """The first ``n`` token embedding rows in float32 (quantized embeddings dequantized like the converter)."""
     import mlx.core as mx
 
-    from .layers import token_embedding
+    from .model.layers import token_embedding
 
     e = token_embedding(model)
     if getattr(e, "mode", "affine") == "affine" and getattr(e, "biases", None) is not None:
@@ -210,7 +210,7 @@ def model_fingerprint(model) -> str:
     import mlx.core as mx
     import numpy as np
 
-    from .layers import language_model
+    from .model.layers import language_model
 
     rows = _embedding_rows(model)
     emb = rows.astype(mx.float16)

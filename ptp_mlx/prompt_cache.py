@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .ptp_model import PTPModel
+from .model.ptp import PTPModel
 
 
 @dataclass

@@ -206,7 +206,7 @@ def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int =
     import mlx_lm
 
     from .adapter import make_config, save_adapter
-    from .ptp_model import PTPAdapter
+    from .model.ptp import PTPAdapter
 
     model, _ = mlx_lm.load(str(model_dir))
     mx.random.seed(seed)

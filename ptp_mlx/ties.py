@@ -53,7 +53,7 @@ def _pick(p: np.ndarray, keep: np.ndarray, u: float, order: str = "id") -> int:
 def replay_ar_logits(pm, prompt_ids, prefix) -> mx.array:
     """The logits autoregressive decoding computed for the token after ``prompt_ids + prefix``: the same prefill
     and the same one-row steps (a single pass over the whole prefix rounds differently, by more than a near-tie)."""
-    from .ar import prefill
+    from .decode.ar import prefill
 
     cache = pm.make_cache()
     prefill(pm.base, list(prompt_ids[:-1]), cache)

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 
 from ptp_mlx.adapter import CONFIG, WEIGHTS, load_adapter, make_config, read_config, save_adapter, shipped_adapter
 from ptp_mlx.errors import UserError
-from ptp_mlx.ptp_model import PTPAdapter
+from ptp_mlx.model.ptp import PTPAdapter
 from ptp_mlx.testing import make_tiny_model, randomize_adapter
 
 
@@ -163,7 +163,7 @@ def test_shipped_adapter_absent_for_unknown_model():
 def test_engine_primes_its_budget_per_decoding_mode(base):
     """Greedy and sampled decoding use the acceptance the adapter measured for each mode."""
     from ptp_mlx.engine import Engine
-    from ptp_mlx.ptp_model import PTPModel
+    from ptp_mlx.model.ptp import PTPModel
     from ptp_mlx.sampler import SamplingSettings
 
     ad = PTPAdapter(base, 2, 1.0, "binary")

@@ -659,7 +659,7 @@ def tiny_adapter_dir(tiny_model_dir, tmp_path_factory):
     import mlx_lm
 
     from ptp_mlx.adapter import make_config, save_adapter
-    from ptp_mlx.ptp_model import PTPAdapter
+    from ptp_mlx.model.ptp import PTPAdapter
     from ptp_mlx.testing import randomize_adapter
 
     model, _ = mlx_lm.load(str(tiny_model_dir))

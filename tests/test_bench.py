@@ -29,7 +29,7 @@ def prompt_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def adapter_dir(tmp_path_factory, tiny):
     from ptp_mlx.adapter import make_config, save_adapter
-    from ptp_mlx.ptp_model import PTPAdapter
+    from ptp_mlx.model.ptp import PTPAdapter
     from ptp_mlx.testing import randomize_adapter
 
     model, _ = tiny
@@ -90,7 +90,7 @@ def test_profile_splits_real_calls_into_phases(engine, prompt_file):
     for r in ptp:  # the phases add up to about the whole call (medians of sums vs sums of medians)
         assert r["total"] > 0 and sum(r["phases"].values()) <= 1.5 * r["total"] + 0.5
     assert text.splitlines()[0].startswith("ptp-bench --profile") and "| ptp 3+" in text
-    assert any(r["name"].endswith(" ahead") for r in ptp)  # every shape also pipelined (ptp_mlx/ahead.py)
+    assert any(r["name"].endswith(" ahead") for r in ptp)  # every shape also pipelined (ptp_mlx/decode/ahead.py)
     assert doc["diverged"] == [] and "every PTP shape == ar" in text  # padded drafts included: still exact
     # Host time on the critical path: wall time minus compute, for every kind of call; unpipelined calls are
     # exactly their phases, so their host part is the phases other than compute.

@@ -58,7 +58,7 @@ def test_cost_curve_stops_probing_when_its_time_is_spent(tiny_model_dir):
     import mlx_lm
 
     from ptp_mlx.drafting.cost import PROBE_WIDTHS, measure_cost_curve
-    from ptp_mlx.ptp_model import PTPModel
+    from ptp_mlx.model.ptp import PTPModel
 
     base, _ = mlx_lm.load(str(tiny_model_dir))
     pm = PTPModel(base, None, None)

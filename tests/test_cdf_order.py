@@ -23,7 +23,7 @@ from test_decode import (  # noqa: E402
 
 from ptp_mlx.adapter import AdapterConfig  # noqa: E402
 from ptp_mlx.generate import encode_prompt  # noqa: E402
-from ptp_mlx.ptp_model import PTPModel  # noqa: E402
+from ptp_mlx.model.ptp import PTPModel  # noqa: E402
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins, filtered_probs, pick  # noqa: E402
 from ptp_mlx.ties import classify  # noqa: E402
 

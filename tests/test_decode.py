@@ -23,8 +23,8 @@ from ptp_mlx.drafting.chain import ChainDrafter
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.protocol import CallResult, Drafter, Plan
 from ptp_mlx.generate import ContextFull, DecodeOptions, encode_prompt, stream_generate
-from ptp_mlx.layers import token_embedding
-from ptp_mlx.ptp_model import PTPAdapter, PTPModel
+from ptp_mlx.model.layers import token_embedding
+from ptp_mlx.model.ptp import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings, UniformStream, bins
 from ptp_mlx.testing import OracleDrafter, TreeDrafter, explain_divergence, randomize_adapter
 

@@ -12,7 +12,7 @@ import pytest
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
-from ptp_mlx.ptp_model import PTPAdapter, PTPModel
+from ptp_mlx.model.ptp import PTPAdapter, PTPModel
 from ptp_mlx.sampler import SamplingSettings
 from ptp_mlx.testing import OracleDrafter, explain_divergence, randomize_adapter
 

@@ -15,7 +15,7 @@ import pytest
 
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.generate_cli import main as generate_main
-from ptp_mlx.ptp_model import PTPModel
+from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.sampler import SamplingSettings
 from ptp_mlx.testing import PTP_FAMILIES, OracleDrafter, make_tiny_model
 from ptp_mlx.train.cli import main as train_main
@@ -103,7 +103,7 @@ def test_token_rows_are_the_stock_model(family):
     """Token rows of a mixed pass are the base model's: bit for bit whatever the LoRA holds (the gate adds exact
     zeros), and equal to a plain pass of those rows up to the BLAS's row-count rounding."""
     from ptp_mlx.adapter import load_adapter
-    from ptp_mlx.ptp_model import Window
+    from ptp_mlx.model.ptp import Window
 
     name, model_dir, adapter_dir = family
     model, tok = mlx_lm.load(str(model_dir))

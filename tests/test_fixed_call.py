@@ -11,8 +11,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ptp_mlx.call import build_call, call_shape, finish_call
+from ptp_mlx.decode.call import build_call, call_shape, finish_call
 from ptp_mlx.decode.fixed import bank_for
+from ptp_mlx.decode.session import DecodeSession
 from ptp_mlx.drafting.protocol import Plan
 from ptp_mlx.engine import Engine
 from ptp_mlx.model.kv import CHUNK, KVState, round_up
@@ -48,7 +49,8 @@ def prefilled(pm, n: int) -> KVState:
 
 def run(pm, st, plan, s, bank):
     u = UniformStream(5)
-    call = build_call(pm, st, 3, plan, u, 0, s, None, runner_up=True, mode_mass=not s.greedy, bank=bank)
+    sess = DecodeSession(pm, st, u, s, None, bank=bank, runner_up=True, mode_mass=not s.greedy)
+    call = build_call(sess, 3, plan, 0)
     res = finish_call(st, call)
     return res, [np.array(k) for k, _ in st.contents()], st.offset
 
@@ -79,7 +81,7 @@ def test_compiled_equals_eager_equals_legacy(engine, pname, sname, offset):
 
 def test_bank_holds_one_entry_per_shape_and_bucket(engine):
     pm = engine.pm
-    bank = bank_for(pm, True)
+    bank = bank_for(pm)  # the bank decoding uses (compiled, or the eager reference under PTP_MLX_EAGER=1)
     bank.entries.clear()
     steps = list(engine.generate(engine.encode("hello there"), mode="ptp", max_tokens=60, num_draft_tokens=3))
     used = {k for k in bank.entries}

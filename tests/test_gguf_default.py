@@ -14,7 +14,7 @@ import mlx.core as mx  # noqa: E402
 import mlx_lm  # noqa: E402
 
 from ptp_mlx.generate import DecodeOptions, stream_generate  # noqa: E402
-from ptp_mlx.ptp_model import PTPModel  # noqa: E402
+from ptp_mlx.model.ptp import PTPModel  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",

@@ -1,4 +1,4 @@
-"""Pipelined PTP calls (ptp_mlx/ahead.py): the next call built for the likely outcomes while this one computes,
+"""Pipelined PTP calls (ptp_mlx/decode/ahead.py): the next call built for the likely outcomes while this one computes,
 queued right after the read when the drafter's real plan is the guessed one. The output must stay the
 autoregressive one token for token (greedy and sampled, EOS and the token limit inside a block, the cache's
 growth, a conversation's carried cache, a consumer that stops with a call still queued)."""
@@ -10,7 +10,7 @@ import pytest
 from test_decode import PROMPTS, SETTINGS, WINDOW, ar, assert_same, pm_random, pm_sticky, varied, with_seed  # noqa: F401
 
 import ptp_mlx.generate as generate
-from ptp_mlx.ahead import ahead_limit as _ahead_limit
+from ptp_mlx.decode.ahead import ahead_limit as _ahead_limit
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.model.kv import KVState
 from ptp_mlx.prompt_cache import PromptCache

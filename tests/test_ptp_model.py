@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from ptp_mlx.ptp_model import PTPAdapter, PTPModel, UEmbedding, Window, build_mask
+from ptp_mlx.model.ptp import PTPAdapter, PTPModel, UEmbedding, Window, build_mask
 from ptp_mlx.testing import randomize_adapter
 
 P = 30  # tokens already in the cache before the pass under test
@@ -296,7 +296,7 @@ def test_row_rope_in_one_call_equals_per_segment_rope_bit_for_bit():
     import mlx.nn as nn
     from mlx_lm.models.rope_utils import Llama3RoPE, SuScaledRoPE, YarnRoPE
 
-    from ptp_mlx.layers import _BATCHED_ROPE, CallPlan, RowRoPE, Window
+    from ptp_mlx.model.layers import _BATCHED_ROPE, CallPlan, RowRoPE, Window
 
     llama3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     ropes = [

@@ -80,7 +80,7 @@ def _predictable_records(n=12, length=40):
 
 
 def test_training_lowers_loss_and_raises_acceptance(tiny, tmp_path):
-    from ptp_mlx.ptp_model import PTPAdapter, PTPModel
+    from ptp_mlx.model.ptp import PTPAdapter, PTPModel
 
     model, _ = tiny
     recs = _predictable_records()

@@ -8,7 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ptp_mlx.ptp_model import PTPAdapter, PTPModel
+from ptp_mlx.model.ptp import PTPAdapter, PTPModel
 from ptp_mlx.testing import make_tiny_model, randomize_adapter
 from ptp_mlx.train.batch import accumulate, step_items, weighted_ce_sum
 from ptp_mlx.train.data import read_records

@@ -43,9 +43,10 @@ def call_primitives(eng, ids: list[int], shapes, s, compiled: bool = True) -> di
     (``compiled``: as the compile bank runs them, else the same functions eagerly)."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from ..ar import prefill
-    from ..call import build_call
+    from ..decode.ar import prefill
+    from ..decode.call import build_call
     from ..decode.fixed import bank_for
+    from ..decode.session import DecodeSession
     from ..drafting.protocol import Plan
     from ..generate import decoding_settings
     from ..sampler import UniformStream
@@ -75,7 +76,7 @@ def call_primitives(eng, ids: list[int], shapes, s, compiled: bool = True) -> di
     for n, branches in shapes:
         snap = cache.snapshot()
         plan = Plan([int(t) for t in ids[:n]], [tuple(b) for b in branches])
-        call = build_call(pm, cache, last, plan, UniformStream(s.seed), 0, s, greedy_u, bank=bank)
+        call = build_call(DecodeSession(pm, cache, UniformStream(s.seed), s, greedy_u, bank=bank), last, plan, 0)
         out[f"ptp {1 + n}+{plan.rows - 1 - n}"] = primitives(*call.arrays, *cache.arrays())
         mx.eval(call.arrays, cache.arrays())
         cache.restore(snap)

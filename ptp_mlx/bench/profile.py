@@ -5,7 +5,7 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
 - ``ar``: our pipelined autoregressive path per token, and the same step unpipelined, split into graph
   building on the host, compute (``mx.eval``: the pass, waited for) and reading the token;
 - ``ptp R+A``: PTP calls of a fixed shape (R token rows: the last token and R-1 drafts; A auxiliary rows),
-  split by ``PhaseClock`` into planning, graph building, building the next call ahead (``ptp_mlx/ahead.py``),
+  split by ``PhaseClock`` into planning, graph building, building the next call ahead (``ptp_mlx/decode/ahead.py``),
   compute (the wait for it), reading + cache trim, and the drafter's update with the next plan and its queueing.
   A fixed shape is known ahead, so these calls run pipelined: plan and build are empty when the call was
   queued from its build ahead.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..call import PhaseClock
+from ..decode.call import PhaseClock
 from ..decode.fixed import bank_for, compiled_by_default
 from ..drafting.protocol import CallResult, Drafter, Guess, Plan
 from ..generate import DecodeOptions, decoding_settings, stream_generate
@@ -118,7 +118,7 @@ def queued_compute(model, ids: list[int], step, n: int = 16, repeats: int = 2, m
     """Pure compute of one autoregressive step, in milliseconds: ``n`` steps (``step(tok, i, cache)`` feeds a token
     and returns the next) are built first and then evaluated at once, so no host work sits between them;
     the best of ``repeats`` runs. The cache (``make_cache()``, default mlx-lm's) is a fresh prefill of ``ids[:-1]``."""
-    from ..ar import prefill
+    from ..decode.ar import prefill
 
     best = float("inf")
     for _ in range(repeats):
@@ -203,7 +203,7 @@ def profile_ptp(
     """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape. Each
     shape runs twice: one call at a time (``ahead=0``: the call is built after the previous one is read; its
     queue + compute phases are the call's pure compute), then pipelined (the next call built ahead while this
-    one computes, ``ptp_mlx/ahead.py``, one outcome ahead); host time on the path is wall time minus that pure
+    one computes, ``ptp_mlx/decode/ahead.py``, one outcome ahead); host time on the path is wall time minus that pure
     compute."""
     out = []
     width = eng.pm.config.window

@@ -50,7 +50,7 @@ def device_name() -> str:
 
 def model_dtype(model) -> str:
     """Weight dtype of the model, e.g. ``float32`` or ``4-bit (group 32)``."""
-    from ..layers import projections
+    from ..model.layers import projections
 
     q = next(iter(projections(model.layers[0]).values()))
     if hasattr(q, "bits"):

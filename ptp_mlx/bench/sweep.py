@@ -32,7 +32,7 @@ def random_model(size: str, dtype=mx.float32):
     from mlx.utils import tree_map
     from mlx_lm.models import llama
 
-    from ..ptp_model import PTPAdapter, PTPModel
+    from ..model.ptp import PTPAdapter, PTPModel
     from ..testing import randomize_adapter
 
     hidden, layers, heads, kv, inter, vocab = SIZES[size]
@@ -69,9 +69,10 @@ def _best_ms(fn, repeats: int) -> float:
 def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
     """Milliseconds of a plain step and of a PTP call of each ``CALLS`` width (best of ``repeats``, after one
     untimed warm-up that builds the compiled graph), each on a cache of ``context`` tokens."""
-    from ..ar import prefill
-    from ..call import build_call, finish_call
+    from ..decode.ar import prefill
+    from ..decode.call import build_call, finish_call
     from ..decode.fixed import bank_for
+    from ..decode.session import DecodeSession
     from ..drafting.protocol import Plan
     from ..sampler import SamplingSettings, UniformStream
 
@@ -87,11 +88,12 @@ def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
         cache.trim_to(context)
 
     out = {"step": _best_ms(step, repeats + 1)}
+    sess = DecodeSession(pm, cache, u, s, 1.0, bank=bank)
     for rows, (n, branches) in CALLS.items():
         plan = Plan([5] * n, branches)
 
         def call(plan=plan):
-            finish_call(cache, build_call(pm, cache, 3, plan, u, 0, s, 1.0, bank=bank))
+            finish_call(cache, build_call(sess, 3, plan, 0))
             cache.trim_to(context)
 
         out[f"ptp {rows}"] = _best_ms(call, repeats + 1)

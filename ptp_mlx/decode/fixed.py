@@ -91,6 +91,11 @@ def call_graph(pm, shape: CallShape, bucket: int, s: SamplingSettings, tokens, r
     """One PTP call as a pure function of arrays: ``tokens`` int32 [n_tok], ``row_u`` float32 [n_tok], ``aux_u``
     float32 [n_aux], ``offset`` int32 [] and the K/V buffers (keys of every layer, then values). Returns the
     outputs' arrays (``_OUT_FIELDS`` order, the ones the shape wants) followed by the written buffers."""
+    out, st = _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv)
+    return (*_pack(out), *st.keys, *st.values)
+
+
+def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, prefixes=None):
     L = len(kv) // 2
     p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
     st = KVState.traced(kv[:L], kv[L:], p)
@@ -102,8 +107,7 @@ def call_graph(pm, shape: CallShape, bucket: int, s: SamplingSettings, tokens, r
         logits = pm.base(tokens[None], cache=st)[0]
     finally:
         pm.ctx.end()
-    out = outputs_head(shape, logits, tokens, row_u, s)
-    return (*_pack(out), *st.keys, *st.values)
+    return outputs_head(shape, logits, tokens, row_u, s, hook, prefixes), st
 
 
 _OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "mode")
@@ -125,12 +129,15 @@ def _unpack(shape: CallShape, arrays) -> CallOutputs:
 def ar_graph(pm, bucket: int, s: SamplingSettings, token, u, offset, *kv):
     """One autoregressive step as a pure function: ``token`` int32 [1], ``u`` float32 [1], ``offset`` int32 [] and
     the K/V buffers -> the next token (int32 [1]) and the written buffers."""
-    L = len(kv) // 2
-    shape = _AR_SHAPE
-    p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
-    st = KVState.traced(kv[:L], kv[L:], p)
-    logits = pm.base(token.reshape(1, 1), cache=st)[0]
+    logits, st = _ar_logits(pm, bucket, token, offset, kv)
     return (pick(u, logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), *st.keys, *st.values)
+
+
+def _ar_logits(pm, bucket: int, token, offset, kv) -> tuple[mx.array, KVState]:
+    L = len(kv) // 2
+    p = FixedPass(offset, bucket, _mask_fn(_AR_SHAPE, offset, bucket, pm.dtype))
+    st = KVState.traced(kv[:L], kv[L:], p)
+    return pm.base(token.reshape(1, 1), cache=st)[0], st
 
 
 _AR_SHAPE = CallShape((-1,))
@@ -162,10 +169,20 @@ class CompileBank:
         state.reserve(rows, self.shapes)
         return round_up(state.offset + rows), mx.array(state.offset, dtype=mx.int32)
 
-    def call(self, state: KVState, shape: CallShape, s: SamplingSettings, tokens, row_u, aux_u) -> CallOutputs:
+    def call(
+        self, state: KVState, shape: CallShape, s: SamplingSettings, tokens, row_u, aux_u, hook=None, prefixes=None
+    ) -> CallOutputs:
         """Queue one call on ``state`` (nothing is computed yet): the state gains all ``shape.rows`` rows, as an
-        eager pass's does; the caller trims back to the accepted path once it has read the outputs."""
+        eager pass's does; the caller trims back to the accepted path once it has read the outputs. With a logits
+        ``hook`` (row ``j`` processed counting ``prefixes[j]``), the same function runs eagerly: the host decides
+        the processed rows per call."""
         bucket, offset = self._prepare(state, shape.rows)
+        if hook is not None:
+            keys, values = state.take_buffers()
+            out, st = _call(self.pm, shape, bucket, s, tokens, row_u, aux_u, offset, keys + values, hook, prefixes)
+            del keys, values
+            state.put_buffers(st.keys, st.values, state.offset + shape.rows)
+            return out
         fn = self._fn(("ptp", shape, bucket, s), lambda: partial(call_graph, self.pm, shape, bucket, s))
         keys, values = state.take_buffers()  # the state lets go of the buffers: the call writes them in place
         res = fn(tokens, row_u, aux_u, offset, *keys, *values)
@@ -185,6 +202,15 @@ class CompileBank:
         state.put_buffers(res[-2 * L : -L], res[-L:], state.offset + 1)
         return res[0]
 
+    def ar_logits(self, state: KVState, token: mx.array) -> mx.array:
+        """The same step's logits [1, vocab], eagerly (a logits hook processes them on the host's terms)."""
+        bucket, offset = self._prepare(state, 1)
+        keys, values = state.take_buffers()
+        logits, st = _ar_logits(self.pm, bucket, token, offset, keys + values)
+        del keys, values
+        state.put_buffers(st.keys, st.values, state.offset + 1)
+        return logits
+
 
 def compiled_by_default() -> bool:
     """Compiled calls, unless ``PTP_MLX_EAGER=1`` asks for the eager reference everywhere (CI runs the lossless
@@ -196,7 +222,7 @@ def bank_for(pm, compiled: bool | None = None) -> CompileBank | None:
     """The model's bank of fixed-shape calls (compiled, or the eager reference), or None where the fixed-shape
     call does not apply: a model PTP does not patch, or a RoPE that takes one offset per call (those stay on the
     eager pass of ``PTPModel.__call__``)."""
-    from ..layers import batched_rope
+    from ..model.layers import batched_rope
 
     if pm.ctx is None or not batched_rope(pm.base):
         return None

@@ -49,9 +49,10 @@ def measure_cost_curve(
     """
     import mlx.core as mx
 
-    from ..ar import ar_calls
-    from ..call import ptp_call
+    from ..decode.ar import ar_calls
+    from ..decode.call import ptp_call
     from ..decode.fixed import bank_for
+    from ..decode.session import DecodeSession
     from ..sampler import SamplingSettings, UniformStream
 
     real = aux and pm.adapter is not None
@@ -60,6 +61,7 @@ def measure_cost_curve(
 
     cache = pm.make_cache()
     mx.eval(pm(mx.zeros((context,), dtype=mx.int32), cache=cache))
+    sess = DecodeSession(pm, cache, u, greedy, pm.config.greedy_u, bank=bank)
     secs: list[float] = []
     start = time.perf_counter()
     for w in widths:
@@ -77,7 +79,7 @@ def measure_cost_curve(
             for _ in range(repeats + 1):
                 t0 = time.perf_counter()
                 if real:
-                    ptp_call(pm, cache, 0, Plan([], [(0, w - 1)]), u, 0, greedy, pm.config.greedy_u, bank=bank)
+                    ptp_call(sess, 0, Plan([], [(0, w - 1)]), 0)
                 else:
                     mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
                 best = min(best, time.perf_counter() - t0)

@@ -112,7 +112,7 @@ class Drafter(Protocol):
         """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (the next
         call then starts at generated position ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if
         it can tell before that call is read; None otherwise. Decoding builds the guessed call while the current
-        one computes and queues it the moment the read confirms it (``ptp_mlx/ahead.py``)."""
+        one computes and queues it the moment the read confirms it (``ptp_mlx/decode/ahead.py``)."""
         return None
 
     def emitted(self, tokens: list[int]) -> None:

@@ -134,7 +134,7 @@ def run_auto(a: argparse.Namespace) -> int:
 
 def _checks(a: argparse.Namespace):
     """Everything that can be refused, before any long work: (base, tokenizer, minutes)."""
-    from ..layers import check_model_type, model_type
+    from ..model.layers import check_model_type, model_type
     from ..models import check_ptp_model, load, resolve_model
     from .data import read_prompts
 

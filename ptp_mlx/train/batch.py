@@ -16,8 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..layers import StaticKV, Window, language_model
-from ..ptp_model import PTPAdapter, PTPModel
+from ..model.layers import StaticKV, Window, language_model
+from ..model.ptp import PTPAdapter, PTPModel
 
 
 class BatchPlan:

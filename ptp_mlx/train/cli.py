@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         if args.no_stdlib and args.chatterbot is None and args.gensim is None:
             raise UserError("no source: drop --no-stdlib or give --chatterbot / --gensim")
         model, tok = load(args.model)
-        from ..layers import install
+        from ..model.layers import install
         from .teacher_forced import build
 
         install(model)  # the same patched model as training (refuses unsupported families)

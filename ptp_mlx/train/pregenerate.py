@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..errors import UserError
 from ..generate import encode_prompt
-from ..layers import install, make_cache
+from ..model.layers import install, make_cache
 from ..sampler import SamplingSettings, bins, pick_with_bins
 from .data import read_prompts, read_records
 

@@ -25,8 +25,8 @@ from tqdm import tqdm
 
 from ..adapter import make_config, save_adapter
 from ..errors import UserError
-from ..layers import batched_rope, language_model, token_embedding
-from ..ptp_model import PTPAdapter, PTPModel
+from ..model.layers import batched_rope, language_model, token_embedding
+from ..model.ptp import PTPAdapter, PTPModel
 from .batch import accumulate, step_items, weighted_ce_sum
 from .data import read_records
 from .dist import Group

@@ -9,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import UserError
-from ..layers import batched_rope
-from ..ptp_model import PTPAdapter, PTPModel
+from ..model.layers import batched_rope
+from ..model.ptp import PTPAdapter, PTPModel
 from ..sampler import SamplingSettings, pick
 from .batch import pack
 from .batch import student_logits as batch_logits

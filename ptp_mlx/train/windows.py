@@ -8,8 +8,8 @@ import mlx.nn as nn
 import numpy as np
 
 from ..errors import UserError
-from ..layers import StaticKV
-from ..ptp_model import PTPAdapter, PTPModel, Window
+from ..model.layers import StaticKV
+from ..model.ptp import PTPAdapter, PTPModel, Window
 from ..sampler import SamplingSettings, bins
 
 # Sampled u lie in [0, 1); 1.0 is never drawn, so it is free to mean "draft the argmax" (greedy decoding,

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..drafting.protocol import CallResult, Drafter, Guess, Plan
 from .call import PendingCall, build_call
-from .drafting.protocol import CallResult, Drafter, Guess, Plan
+from .session import DecodeSession
 
 
 @dataclass
@@ -33,11 +34,11 @@ class Ahead:
 
 
 def build_ahead(
-    pm, cache, drafter: Drafter, call: PendingCall, u, s, greedy_u, max_new: int, ctx: int, limit: int, bank=None
+    sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int, limit: int
 ) -> dict[int, Ahead]:
     """Build the call after ``call`` (queued, not read) for up to ``limit`` of its outcomes, fewest accepted
     drafts first; the cache is left as it was."""
-    plan = call.plan
+    plan, cache = call.plan, sess.cache
     out: dict[int, Ahead] = {}
     if limit <= 0 or plan.alts or call.out.aux_top is None:  # (a landed alternative moves K/V rows on the host)
         return out
@@ -56,9 +57,7 @@ def build_ahead(
             if guess.draft_rows:
                 rows.append(call.out.aux_top[mx.array(guess.draft_rows, dtype=mx.int32)].astype(mx.int32))
             tokens = mx.concatenate(rows) if len(rows) > 1 else rows[0]
-            nxt = build_call(
-                pm, cache, 0, guess.plan, u, i, s, greedy_u, drafter.runner_up, drafter.mode_mass, tokens, bank=bank
-            )
+            nxt = build_call(sess, 0, guess.plan, i, tokens)
             out[g] = Ahead(g, guess, nxt, cache.snapshot())
             cache.restore(state)
     finally:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from .sampler import SamplingSettings, UniformStream, pick
+from ..sampler import SamplingSettings, UniformStream, pick
 
 PREFILL_CHUNK = 512
 
@@ -37,15 +37,16 @@ def ar_calls(
 
     Yields ``([token], {"time": seconds})`` per step (with ``"logprobs"`` when ``hook`` asks for them); the cache
     gains each fed token (``last`` first). ``hook``: the answer's penalties, logit_bias and logprobs. ``bank``:
-    steps are the fixed-shape ones of ``decode/fixed.py`` (not with a hook, which stays eager)."""
+    steps are the fixed-shape ones of ``decode/fixed.py`` (run eagerly under a hook)."""
     base = pm.base
-    if hook is not None:
-        bank = None
 
     def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
-        if bank is not None:
+        if bank is not None and hook is None:
             return bank.ar_step(cache, s, tok.reshape(1).astype(mx.int32), mx.array([u[i]], dtype=mx.float32)), None
-        logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
+        if bank is not None:  # the same fixed-shape pass, eagerly: the hook processes its logits
+            logits = bank.ar_logits(cache, tok.reshape(1).astype(mx.int32))[-1]
+        else:
+            logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
         if hook is None:
             return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), None
         # The token fed at i > 0 is not committed yet (read back after this pass is queued): ``pending``.

@@ -14,7 +14,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .adapter_config import U_EMBEDDING_KINDS, AdapterConfig
+from ..adapter_config import U_EMBEDDING_KINDS, AdapterConfig
+from .fused import FusedGate, fuse_projections
+from .kv import KVState
 from .layers import (
     CallPlan,
     StaticKV,
@@ -28,8 +30,6 @@ from .layers import (
     projections,
     token_embedding,
 )
-from .model.fused import FusedGate, fuse_projections
-from .model.kv import KVState
 
 __all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window", "build_mask"]
 

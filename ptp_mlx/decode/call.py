@@ -15,11 +15,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .decode.fixed import CompileBank, outputs_head
-from .decode.shape import CallOutputs, CallShape, WindowShape
-from .drafting.protocol import CallResult, Plan
-from .ptp_model import PTPModel, Window
-from .sampler import SamplingSettings
+from ..drafting.protocol import CallResult, Plan
+from ..model.kv import KVState
+from ..model.ptp import Window
+from .fixed import outputs_head
+from .session import DecodeSession
+from .shape import CallOutputs, CallShape, WindowShape
 
 
 class PhaseClock:
@@ -83,54 +84,43 @@ def call_shape(plan: Plan, runner_up: bool = False, mode_mass: bool = False) -> 
     return CallShape(parents, tuple(windows), runner_up and bool(windows), mode_mass and bool(windows))
 
 
-def build_call(
-    pm: PTPModel,
-    cache,
-    last: int,
-    plan: Plan,
-    u,
-    i: int,
-    s: SamplingSettings,
-    greedy_u,
-    runner_up: bool = False,
-    mode_mass: bool = False,
-    tokens: mx.array | None = None,
-    hook=None,
-    bank: CompileBank | None = None,
-) -> PendingCall:
+def build_call(sess: DecodeSession, last: int, plan: Plan, i: int, tokens: mx.array | None = None) -> PendingCall:
     """The lazy graph of one fused PTP call (docs/method.md, section 5): token rows ``[last, plan.drafts,
     alternatives]`` (or ``tokens``, the same row ids as an array the host has not read), then the auxiliary
     windows of ``plan.branches`` and the alternatives' branches. The cache receives every row.
 
-    With ``bank`` (and no logits hook) the call is the fixed-shape one of ``decode/fixed.py``; otherwise the
-    eager pass of ``PTPModel.__call__``: the same rows, masks and outputs."""
+    With the session's ``bank`` the call is the fixed-shape one of ``decode/fixed.py`` (eager under a logits hook);
+    otherwise the pass of ``PTPModel.__call__`` (a model whose RoPE takes one offset per call): the same rows,
+    masks and outputs. ``i``: the generated position of the
+    call's first exact token (where its uniforms start)."""
+    pm, cache, u, s, hook = sess.pm, sess.cache, sess.uniforms, sess.settings, sess.hook
     offset = cache.offset
     n, branches, alts = len(plan.drafts), plan.branches, plan.alts
-    shape = call_shape(plan, runner_up, mode_mass)
+    shape = call_shape(plan, sess.runner_up, sess.mode_mass)
     if tokens is None:
         tokens = mx.array([last] + plan.drafts + [a for a, _ in alts], dtype=mx.int32)
     widths = [(d, w) for d, w in branches] + [(1, w) for _, w in alts if w]  # (depth, rows) of each window
     n_aux = shape.n_aux
-    if greedy_u is not None:
-        aux_u = np.full(n_aux, greedy_u, np.float32)
+    if sess.greedy_u is not None:
+        aux_u = np.full(n_aux, sess.greedy_u, np.float32)
     else:
         aux_u = np.concatenate([u.take(i + d, w) for d, w in widths]) if widths else np.zeros(0, np.float32)
     row_u = u.take(i, n + 1)
     if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
         row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
     row_u, aux_u = mx.array(row_u), mx.array(aux_u)
-    if bank is not None and hook is None:
-        out = bank.call(cache, shape, s, tokens, row_u, aux_u)
-        return PendingCall(plan, offset, i, shape, out)
+    prefixes = [plan.drafts[:j] for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
+    if sess.bank is not None:
+        out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes)
+        return PendingCall(plan, offset, i, shape, out, hook)
     # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
     windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
     logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
-    prefixes = [plan.drafts[:j] for j in range(n + 1)] + [[a] for a, _ in alts]
     out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes)
     return PendingCall(plan, offset, i, shape, out, hook)
 
 
-def finish_call(cache, call: PendingCall, clock=NO_CLOCK) -> CallResult:
+def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK) -> CallResult:
     """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path."""
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
     # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
@@ -166,24 +156,10 @@ def finish_call(cache, call: PendingCall, clock=NO_CLOCK) -> CallResult:
     return CallResult(block, c if alt is None else 1, read(o.aux_top), read(o.aux_conf), second, alt, mode_l, lps)
 
 
-def ptp_call(
-    pm: PTPModel,
-    cache,
-    last: int,
-    plan: Plan,
-    u,
-    i: int,
-    s: SamplingSettings,
-    greedy_u,
-    clock=NO_CLOCK,
-    runner_up: bool = False,
-    mode_mass: bool = False,
-    hook=None,
-    bank: CompileBank | None = None,
-) -> CallResult:
+def ptp_call(sess: DecodeSession, last: int, plan: Plan, i: int, clock=NO_CLOCK) -> CallResult:
     """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
     ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
-    in the cache. ``runner_up``: also read each auxiliary row's second-best token (for the next call's tree)."""
-    call = build_call(pm, cache, last, plan, u, i, s, greedy_u, runner_up, mode_mass, hook=hook, bank=bank)
+    in the cache."""
+    call = build_call(sess, last, plan, i)
     clock.mark("build")
-    return finish_call(cache, call, clock)
+    return finish_call(sess.cache, call, clock)

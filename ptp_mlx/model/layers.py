@@ -27,9 +27,9 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from .errors import UserError
-from .model.fused import FusedGate
-from .model.kv import KVState
+from ..errors import UserError
+from .fused import FusedGate
+from .kv import KVState
 
 # Families whose PTP pass is verified token for token against autoregressive decoding by the test suite
 # (tests/test_families.py). mlx-lm maps "mistral" onto its llama module.
