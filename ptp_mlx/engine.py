@@ -16,6 +16,7 @@ import mlx.core as mx
 
 from . import blas
 from .adapter import adapter_for, load_adapter, shipped_adapter
+from .decode.accept import EXACT, AcceptRule
 from .decode.fixed import compiled_by_default
 from .drafting.budget import Budget
 from .drafting.cost import CostCurve, cached_cost_curve
@@ -151,6 +152,7 @@ class Engine:
         logits: LogitsSettings | None = None,
         tools: list[dict] | None = None,
         compiled: bool | None = None,
+        accept: AcceptRule | str | None = None,
     ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids.
 
@@ -160,7 +162,9 @@ class Engine:
         ``presence_penalty``, ``logit_bias`` (exact parts of the sampler, PTP stays lossless) and ``logprobs`` (each
         step's ``logprobs``); see ``ptp_mlx/logits.py``. ``tools``: function definitions for the chat template
         (``ptp_mlx.tools.parse_tool_calls`` reads the calls back). ``compiled=False`` runs the fixed-shape calls
-        eagerly (the reference the compiled ones are tested against)."""
+        eagerly (the reference the compiled ones are tested against). ``accept``: the acceptance rule
+        (``decode/accept.py``; a string is parsed): exact by default; a lenient rule is not the exact sample and every
+        step says so (``GenerationStep.accept``)."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
             raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
@@ -181,6 +185,7 @@ class Engine:
             lookup=lookup,
             trees=trees,
             compiled=compiled,
+            accept=AcceptRule.parse(accept) if isinstance(accept, str) else accept or EXACT,
         )
         if logits is not None and logits.active:
             vocab = getattr(self.pm.args, "vocab_size", None)

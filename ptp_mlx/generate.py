@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
+from .decode.accept import EXACT, AcceptRule
 from .decode.ahead import ahead_default, ahead_limit, build_ahead, take_ahead
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
@@ -49,6 +50,7 @@ class GenerationStep:
     peak_memory: float = 0.0  # GB
     source: str | None = None  # who proposed the accepted drafts: "ptp" (chain), "alt" (sibling), "lookup"; None: none
     logprobs: list[TokenLogprob] | None = None  # one per token of ``tokens`` when the answer asked for them
+    accept: str = "exact"  # the acceptance rule's label: "exact", or "lenient ..." (not the exact sample)
 
 
 @dataclass
@@ -70,6 +72,7 @@ class DecodeOptions:
     # Calls and steps: the fixed-shape ones compiled, or the same functions run eagerly (the reference); None: compiled
     # unless PTP_MLX_EAGER=1 (``decode.fixed.compiled_by_default``).
     compiled: bool | None = None
+    accept: AcceptRule = EXACT  # the acceptance rule (decode/accept.py); a lenient one is opt-in and labelled
 
 
 class ContextFull(ValueError):
@@ -169,6 +172,7 @@ def stream_generate(
                 peak_memory=_peak_gb(),
                 source=info.get("source"),
                 logprobs=info["logprobs"][: len(out)] if info.get("logprobs") is not None else None,
+                accept=opts.accept.label if opts.mode == "ptp" else "exact",
             )
             if finish or generated >= max_new:
                 return
@@ -217,7 +221,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     drafter.begin(DraftSession(list(history), u, s))
     bank = bank_for(pm, opts.compiled) if pm.adapter is not None or opts.drafter is None else None
     hook = opts.logits
-    sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.mode_mass)
+    sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.mode_mass, opts.accept)
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.

@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="ID=BIAS",
         help="add BIAS (-100..100) to token ID's logit (repeatable)",
     )
+    p.add_argument(
+        "--accept",
+        default="exact",
+        metavar="RULE",
+        help="acceptance rule: exact (the model's exact sample, default) or a LENIENT rule that also accepts likely "
+        "drafts, so the answer is no longer the exact sample: entropy[:eps=E,delta=D] or threshold[:tau=T]",
+    )
     p.add_argument("--json", action="store_true", help="constrain the answer to a JSON object")
     p.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the answer to JSON matching a schema")
     return p
@@ -77,6 +84,7 @@ def logits_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from .decode.accept import AcceptRule
     from .engine import Engine
     from .generate import ContextFull
     from .stats import RunStats
@@ -88,6 +96,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--system needs the chat template (drop --no-chat)")
     sampling = sampling_from_args(args)
     logits = logits_from_args(args)
+    try:
+        rule = AcceptRule.parse(args.accept)
+    except ValueError as e:
+        raise UserError(f"--accept: {e}") from None
     eng = Engine.load(args.model, args.adapter)
     vocab = getattr(eng.pm.args, "vocab_size", None)
     if vocab is not None and any(not 0 <= t < vocab for t in logits.logit_bias):
@@ -110,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
                 num_draft_tokens=args.num_draft_tokens,
                 lookup=not args.no_lookup,
                 logits=logits,
+                accept=rule,
             )
         ):
             sys.stdout.write(st.text + ("|" if args.show_blocks and st.tokens else ""))
@@ -118,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     sys.stdout.write("\n")
     sys.stdout.flush()  # the answer's last line before the summary, also when both streams share a terminal
-    print(stats.summary(), file=sys.stderr)
+    print(stats.summary() + (f" | {rule.label}: not the exact sample" if rule.lenient else ""), file=sys.stderr)
     if mode == "ptp":
         print(stats.histogram_line(), file=sys.stderr)
     return 0

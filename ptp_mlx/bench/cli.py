@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         "shapes), on the first prompt",
     )
     p.add_argument(
+        "--accept",
+        default="entropy",
+        metavar="RULE",
+        help="the lenient rule of method ptp-lenient (see ptp-generate --accept; not the exact sample)",
+    )
+    p.add_argument(
         "--cost-sweep",
         default=None,
         metavar="SIZES",
@@ -113,6 +119,12 @@ def validate(args: argparse.Namespace):
         raise UserError("--seeds must be at least 1 and replaces --repeats")
     if args.chat_turns is not None and args.chat_turns < 1:
         raise UserError("--chat-turns must be at least 1")
+    from ..decode.accept import AcceptRule
+
+    try:
+        args.accept = AcceptRule.parse(args.accept)
+    except ValueError as e:
+        raise UserError(f"--accept: {e}") from None
     methods = _parse_list(args.methods) or None
     if methods:
         bad = [m for m in methods if m not in METHODS]
@@ -122,7 +134,7 @@ def validate(args: argparse.Namespace):
             raise UserError("--methods lists a method twice")
         if "mlx-lm-draft" in methods and not args.draft_model:
             raise UserError("method mlx-lm-draft needs --draft-model DIR")
-        if {"ptp", "ptp-chain"} & set(methods) and args.adapter and args.adapter.lower() == "none":
+        if {"ptp", "ptp-chain", "ptp-lenient"} & set(methods) and args.adapter and args.adapter.lower() == "none":
             raise UserError("method ptp needs an adapter")
     widths: list[int] = []
     if not args.no_cost_curve:
@@ -179,12 +191,12 @@ def run(args: argparse.Namespace) -> int:
         methods = (
             ["mlx-lm", "ar"] + (["ptp"] if eng.has_adapter else []) + (["mlx-lm-draft"] if args.draft_model else [])
         )
-    if {"ptp", "ptp-chain"} & set(methods) and not eng.has_adapter:
+    if {"ptp", "ptp-chain", "ptp-lenient"} & set(methods) and not eng.has_adapter:
         raise UserError("method ptp needs an adapter (--adapter DIR); none is loaded for this model")
     if "ptp" in methods and "ar" not in methods:
         print("notice: without method ar there is no lossless check for ptp", file=sys.stderr)
     draft = load(args.draft_model)[0] if args.draft_model else None
-    runners = make_runners(eng, methods, draft, args.num_draft_tokens, args.step)
+    runners = make_runners(eng, methods, draft, args.num_draft_tokens, args.step, args.accept)
     ctx = getattr(eng.pm.args, "max_position_embeddings", None)
 
     cost, bench = None, BenchRun()

@@ -18,8 +18,9 @@ import mlx.core as mx
 
 from ..sampler import SamplingSettings
 
-# ptp-chain: PTP with the adapter's chain only (no prompt lookup, no sibling strands)
-METHODS = ("mlx-lm", "ar", "ptp", "ptp-chain", "mlx-lm-draft")
+# ptp-chain: PTP with the adapter's chain only (no prompt lookup, no sibling strands); ptp-lenient: PTP under the
+# lenient acceptance rule of ``--accept`` (not the exact sample: never in the lossless check)
+METHODS = ("mlx-lm", "ar", "ptp", "ptp-chain", "ptp-lenient", "mlx-lm-draft")
 
 
 @dataclass
@@ -45,14 +46,21 @@ class EngineRunner:
     """Our decoder: ``Engine.generate`` in ``mode`` ("ar" or "ptp")."""
 
     def __init__(
-        self, engine, mode: str, step: str = "fused", num_draft_tokens: int | None = None, lookup: bool = True
+        self,
+        engine,
+        mode: str,
+        step: str = "fused",
+        num_draft_tokens: int | None = None,
+        lookup: bool = True,
+        accept=None,
     ):
         self.engine = engine
         self.mode = mode
         self.step = step
         self.num_draft_tokens = num_draft_tokens if mode == "ptp" else None
         self.lookup = lookup
-        self.name = mode if lookup or mode != "ptp" else "ptp-chain"
+        self.accept = accept
+        self.name = "ptp-lenient" if accept is not None else mode if lookup or mode != "ptp" else "ptp-chain"
 
     def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
         mx.clear_cache()
@@ -72,6 +80,7 @@ class EngineRunner:
             num_draft_tokens=self.num_draft_tokens,
             lookup=self.lookup,
             trees=self.lookup,  # ptp-chain turns both off
+            accept=self.accept,
         ):
             if st.source:
                 by_source[st.source] = by_source.get(st.source, 0) + st.accepted
@@ -134,7 +143,7 @@ class MlxLmRunner:
 
 
 def make_runners(
-    engine, methods: list[str], draft_model=None, num_draft_tokens: int | None = None, step: str = "fused"
+    engine, methods: list[str], draft_model=None, num_draft_tokens: int | None = None, step: str = "fused", accept=None
 ) -> dict[str, Runner]:
     """Runners in the order of ``methods``; mlx-lm runners use the engine's own base weights.
 
@@ -147,6 +156,8 @@ def make_runners(
             runners[m] = MlxLmRunner(engine.pm.base, engine.tokenizer, draft_model, num_draft_tokens or 2)
         elif m in ("ar", "ptp"):
             runners[m] = EngineRunner(engine, m, step, num_draft_tokens)
+        elif m == "ptp-lenient":
+            runners[m] = EngineRunner(engine, "ptp", step, num_draft_tokens, accept=accept or "entropy")
         elif m == "ptp-chain":
             runners[m] = EngineRunner(engine, "ptp", step, num_draft_tokens, lookup=False)
         else:

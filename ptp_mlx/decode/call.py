@@ -111,19 +111,20 @@ def build_call(sess: DecodeSession, last: int, plan: Plan, i: int, tokens: mx.ar
     row_u, aux_u = mx.array(row_u), mx.array(aux_u)
     prefixes = [plan.drafts[:j] for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
     if sess.bank is not None:
-        out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes)
+        out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, sess.rule)
         return PendingCall(plan, offset, i, shape, out, hook)
     # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
     windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
     logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
-    out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes)
+    out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, sess.rule)
     return PendingCall(plan, offset, i, shape, out, hook)
 
 
 def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK) -> CallResult:
     """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path."""
-    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position; the first
-    # mismatch is replaced by that exact token, so every emitted token is the autoregressive one.
+    # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position (or, under an opt-in
+    # lenient rule, its row finds it likely enough); the first row that does not accept its draft emits its exact
+    # token. Under the exact rule every emitted token is the autoregressive one.
     plan, offset, o = call.plan, call.offset, call.out
     n, alts = len(plan.drafts), plan.alts
     mx.eval(*call.arrays)  # sync: one host read per call for targets and next drafts (and logprobs)
@@ -133,7 +134,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK) -> CallResult
         raise ValueError("cannot sample: the model produced non-finite logits")
     # 2. Accept the leading drafts that equal the exact tokens; if the first draft fell, an alternative may stand.
     c = int(o.accepted.item())
-    keep, block, alt = offset + 1 + c, targets_l[: c + 1], None
+    keep, block, alt = offset + 1 + c, plan.drafts[:c] + targets_l[c : c + 1], None
     if c == 0 and alts:
         hit = [k for k, (a, _) in enumerate(alts) if a == targets_l[0]]
         if hit:

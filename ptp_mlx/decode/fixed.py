@@ -23,6 +23,7 @@ import numpy as np
 
 from ..model.kv import FixedPass, KVState, kv_shapes, round_up
 from ..sampler import SamplingSettings, pick
+from .accept import EXACT, AcceptRule
 from .shape import CallOutputs, CallShape
 
 
@@ -59,7 +60,9 @@ def _mask_fn(shape: CallShape, offset: mx.array, bucket: int, dtype) -> Callable
     return mask_for
 
 
-def outputs_head(shape: CallShape, logits, tokens, row_u, s: SamplingSettings, hook=None, prefixes=None) -> CallOutputs:
+def outputs_head(
+    shape: CallShape, logits, tokens, row_u, s: SamplingSettings, hook=None, prefixes=None, rule: AcceptRule = EXACT
+) -> CallOutputs:
     """Exact picks, the accepted count and the auxiliary rows' drafts from a call's logits [rows, vocab]. With a
     logits ``hook`` (eager calls), row ``j``'s logits are processed counting ``prefixes[j]`` (the drafts before it)."""
     n_tok, n = shape.n_tok, shape.n_drafts
@@ -68,7 +71,9 @@ def outputs_head(shape: CallShape, logits, tokens, row_u, s: SamplingSettings, h
         rows = hook.rows(rows, prefixes)
     targets = pick(row_u, rows, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
     # Accepted: the leading drafts equal to the exact token at their position (docs/method.md, section 4).
-    accepted = mx.sum(mx.cumprod((tokens[1 : n + 1] == targets[:n]).astype(mx.int32))) if n else mx.array(0)
+    # Under a lenient ``rule`` a draft also stands when its verifying row finds it likely enough (decode/accept.py).
+    ok = (tokens[1 : n + 1] == targets[:n]) | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature) if n else None
+    accepted = mx.sum(mx.cumprod(ok.astype(mx.int32))) if n else mx.array(0)
     out = CallOutputs(targets, accepted.astype(mx.int32))
     if hook is not None:
         out.scored = hook.score(rows, targets)
@@ -87,15 +92,15 @@ def outputs_head(shape: CallShape, logits, tokens, row_u, s: SamplingSettings, h
     return out
 
 
-def call_graph(pm, shape: CallShape, bucket: int, s: SamplingSettings, tokens, row_u, aux_u, offset, *kv):
+def call_graph(pm, shape: CallShape, bucket: int, s: SamplingSettings, rule, tokens, row_u, aux_u, offset, *kv):
     """One PTP call as a pure function of arrays: ``tokens`` int32 [n_tok], ``row_u`` float32 [n_tok], ``aux_u``
     float32 [n_aux], ``offset`` int32 [] and the K/V buffers (keys of every layer, then values). Returns the
     outputs' arrays (``_OUT_FIELDS`` order, the ones the shape wants) followed by the written buffers."""
-    out, st = _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv)
+    out, st = _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, rule=rule)
     return (*_pack(out), *st.keys, *st.values)
 
 
-def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, prefixes=None):
+def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, prefixes=None, rule=EXACT):
     L = len(kv) // 2
     p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
     st = KVState.traced(kv[:L], kv[L:], p)
@@ -107,7 +112,7 @@ def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, pre
         logits = pm.base(tokens[None], cache=st)[0]
     finally:
         pm.ctx.end()
-    return outputs_head(shape, logits, tokens, row_u, s, hook, prefixes), st
+    return outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule), st
 
 
 _OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "mode")
@@ -170,7 +175,16 @@ class CompileBank:
         return round_up(state.offset + rows), mx.array(state.offset, dtype=mx.int32)
 
     def call(
-        self, state: KVState, shape: CallShape, s: SamplingSettings, tokens, row_u, aux_u, hook=None, prefixes=None
+        self,
+        state: KVState,
+        shape: CallShape,
+        s: SamplingSettings,
+        tokens,
+        row_u,
+        aux_u,
+        hook=None,
+        prefixes=None,
+        rule: AcceptRule = EXACT,
     ) -> CallOutputs:
         """Queue one call on ``state`` (nothing is computed yet): the state gains all ``shape.rows`` rows, as an
         eager pass's does; the caller trims back to the accepted path once it has read the outputs. With a logits
@@ -179,11 +193,13 @@ class CompileBank:
         bucket, offset = self._prepare(state, shape.rows)
         if hook is not None:
             keys, values = state.take_buffers()
-            out, st = _call(self.pm, shape, bucket, s, tokens, row_u, aux_u, offset, keys + values, hook, prefixes)
+            kv = keys + values
+            out, st = _call(self.pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook, prefixes, rule)
             del keys, values
             state.put_buffers(st.keys, st.values, state.offset + shape.rows)
             return out
-        fn = self._fn(("ptp", shape, bucket, s), lambda: partial(call_graph, self.pm, shape, bucket, s))
+        key = ("ptp", shape, bucket, s) if not rule.lenient else ("ptp", shape, bucket, s, rule)
+        fn = self._fn(key, lambda: partial(call_graph, self.pm, shape, bucket, s, rule))
         keys, values = state.take_buffers()  # the state lets go of the buffers: the call writes them in place
         res = fn(tokens, row_u, aux_u, offset, *keys, *values)
         del keys, values

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .accept import EXACT, AcceptRule
+
 if TYPE_CHECKING:
     from ..model.kv import KVState
     from ..model.ptp import PTPModel
@@ -30,3 +32,4 @@ class DecodeSession:
     bank: CompileBank | None = None
     runner_up: bool = False
     mode_mass: bool = False
+    rule: AcceptRule = EXACT  # the acceptance rule (decode/accept.py): exact unless the answer opted out

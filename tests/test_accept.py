@@ -1,0 +1,102 @@
+"""Acceptance rules (ptp_mlx/decode/accept.py, issue 30): exact stays the default; a lenient rule at its strictest
+setting is exact decoding token for token; a lenient answer's every token is either the exact sample given the
+tokens before it or a draft its verifying row found likely enough (replayed with one-row plain steps); a lenient
+answer is labelled; bad rules are refused with one line and exit code 2."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ptp_mlx.decode.accept import EXACT, AcceptRule
+from ptp_mlx.engine import Engine
+from ptp_mlx.generate import decoding_settings
+from ptp_mlx.generate_cli import main as generate_main
+from ptp_mlx.sampler import SamplingSettings, UniformStream, pick
+from ptp_mlx.testing import make_tiny_model, save_random_adapter
+
+SAMPLINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("accept")
+    model = make_tiny_model(d / "model", varied=True, seed=3)
+    return model, save_random_adapter(model, d / "adapter")
+
+
+@pytest.fixture(scope="module")
+def engine(dirs):
+    return Engine.load(str(dirs[0]), str(dirs[1]), measure_cost=False)
+
+
+def tokens_of(steps) -> list[int]:
+    return [t for st in steps for t in st.tokens]
+
+
+def test_rules_parse_and_refuse():
+    assert AcceptRule.parse("exact") == EXACT and not EXACT.lenient and EXACT.label == "exact"
+    r = AcceptRule.parse("entropy:eps=0.2,delta=0.05")
+    assert r.lenient and (r.eps, r.delta) == (0.2, 0.05) and r.label.startswith("lenient entropy")
+    assert AcceptRule.parse("threshold:0.25").tau == 0.25 == AcceptRule.parse("threshold:tau=0.25").tau
+    assert AcceptRule.parse("threshold").tau == 0.3
+    for bad, msg in [("nope", "unknown acceptance rule"), ("exact:1", "no parameters"), ("threshold:x=1", "no par"),
+                     ("entropy:eps=abc", "must be a number"), ("threshold:tau=-1", ">= 0")]:  # fmt: skip
+        with pytest.raises(ValueError, match=msg):
+            AcceptRule.parse(bad)
+
+
+@pytest.mark.parametrize("sname", list(SAMPLINGS))
+@pytest.mark.parametrize("strictest", ["threshold:tau=1.01", "entropy:eps=1.01,delta=1e9"])
+def test_strictest_setting_is_exact_decoding(engine, sname, strictest):
+    s = SAMPLINGS[sname]
+    ids = engine.encode("hello there")
+    ar = tokens_of(engine.generate(ids, mode="ar", sampling=s, max_tokens=48))
+    for n in (None, 3):
+        steps = list(engine.generate(ids, sampling=s, max_tokens=48, num_draft_tokens=n, accept=strictest))
+        assert tokens_of(steps) == ar
+        assert {st.accept for st in steps} == {AcceptRule.parse(strictest).label}
+
+
+@pytest.mark.parametrize("sname", list(SAMPLINGS))
+def test_lenient_tokens_are_exact_or_likely_given_their_prefix(engine, sname):
+    """Replay: each token of a lenient answer is pick(u, P(. | the tokens before it)) or a draft with
+    p >= tau under its row (softmax at T, T 1 when greedy)."""
+    s, tau = SAMPLINGS[sname], 0.002  # the tiny random model is near uniform over its 259 tokens
+    ids = engine.encode("hello there")
+    exact = list(engine.generate(ids, sampling=s, max_tokens=40, num_draft_tokens=3))
+    steps = list(engine.generate(ids, sampling=s, max_tokens=40, num_draft_tokens=3, accept=f"threshold:tau={tau}"))
+    answer = tokens_of(steps)
+    assert sum(st.accepted for st in steps) > sum(st.accepted for st in exact)  # it does accept more drafts
+    pm, ds = engine.pm, decoding_settings(engine.pm, s)
+    u, cache = UniformStream(ds.seed), pm.make_cache()
+    pm.base(mx.array(ids[:-1])[None], cache=cache)
+    prev, lenient = ids[-1], 0
+    for g, tok in enumerate(answer):
+        logits = pm.base(mx.array([[prev]]), cache=cache)[0, -1]
+        want = int(pick(mx.array(u[g]), logits, ds.temperature, ds.top_k, ds.top_p, order=ds.order).item())
+        if tok != want:
+            x = np.array(logits.astype(mx.float32), dtype=np.float64) / (ds.temperature or 1.0)
+            p = np.exp(x[tok] - x.max()) / np.exp(x - x.max()).sum()
+            assert p >= tau * (1 - 1e-4), (g, tok, want, p)
+            lenient += 1
+        prev = tok
+    assert lenient > 0  # the rule changed the answer somewhere: the replay checked real lenient tokens
+
+
+def test_everything_accepted_at_tau_zero(engine):
+    steps = list(engine.generate(engine.encode("hello"), max_tokens=40, num_draft_tokens=3, accept="threshold:tau=0"))
+    full = [st for st in steps if st.proposed and st.finish_reason is None]
+    assert full and all(st.accepted == st.proposed for st in full)
+
+
+def test_cli_labels_lenient_answers_and_refuses_bad_rules(dirs, capsys):
+    model, adapter = (str(x) for x in dirs)
+    base = ["--model", model, "--adapter", adapter, "--prompt", "hi", "--max-tokens", "8", "--num-draft-tokens", "3"]
+    assert generate_main([*base, "--accept", "threshold:0.1"]) == 0
+    err = capsys.readouterr().err
+    assert "lenient threshold tau=0.1: not the exact sample" in err
+    assert generate_main(base) == 0
+    assert "lenient" not in capsys.readouterr().err  # exact by default, unlabelled
+    assert generate_main([*base, "--accept", "sloppy"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --accept: unknown acceptance rule 'sloppy'")
