@@ -100,3 +100,35 @@ def test_cli_labels_lenient_answers_and_refuses_bad_rules(dirs, capsys):
     assert generate_main([*base, "--accept", "sloppy"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --accept: unknown acceptance rule 'sloppy'")
+
+
+def test_bench_prices_lenient_answers_in_quality(dirs, tmp_path, capsys):
+    """ptp-bench's ptp-lenient method: its answers are scored under the base model beside exact decoding's, whose
+    two methods (ar, ptp: the same answers) score the same; the JSON records the rule."""
+    import json
+
+    from ptp_mlx.bench.cli import main as bench_main
+    from ptp_mlx.bench.quality import answer_scores
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"question_id": f"q{i}", "category": "c", "turns": [t]}) + "\n"
+                               for i, t in enumerate(["hello there", "one two three"])))  # fmt: skip
+    model, adapter = (str(x) for x in dirs)
+    argv = ["--model", model, "--adapter", adapter, "--prompts", str(prompts), "--max-tokens", "16", "--no-cost-curve"]
+    argv += [
+        "--no-warmup",
+        "--methods",
+        "ar,ptp,ptp-lenient",
+        "--accept",
+        "threshold:0.002",
+        "--json",
+        str(tmp_path / "b.json"),
+    ]
+    assert bench_main(argv) == 0
+    out = capsys.readouterr().out
+    assert "quality under the base model" in out and "ptp-lenient (lenient threshold tau=0.002)" in out
+    q = json.loads((tmp_path / "b.json").read_text())["quality"]
+    assert set(q) == {"ar", "ptp", "ptp-lenient"} and q["ar"] == q["ptp"]
+    assert 0 < q["ptp-lenient"]["mean_p"] <= 1 and q["ptp-lenient"]["perplexity"] >= 1
+    lp, p, n = answer_scores(Engine.load(model, adapter, measure_cost=False).pm.base, [1, 2, 3], [4, 5])
+    assert n == 2 and lp < 0 and 0 < p < 2

@@ -271,6 +271,12 @@ def run(args: argparse.Namespace) -> int:
     print(report.table(doc))
     for n, src in doc["draft_sources"].items():
         print(f"{n} accepted drafts by source: " + ", ".join(f"{k} {v}" for k, v in sorted(src.items())))
+    if "ptp-lenient" in methods and bench.records:
+        from .quality import quality, quality_line
+
+        doc["quality"] = quality(bench.records, eng.pm.base)
+        doc["accept"] = args.accept.label
+        print(quality_line(doc["quality"], {"ptp-lenient": args.accept.label}))
     sys.stdout.flush()
     if args.json:
         report.write_json(args.json, doc)

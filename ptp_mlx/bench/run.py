@@ -32,7 +32,7 @@ class Record:
     prompt_tokens: int
     m: Measured
     text: str = ""
-    prompt_ids: list[int] = field(default_factory=list, repr=False)  # kept for divergence diagnosis only
+    prompt_ids: list[int] = field(default_factory=list, repr=False)  # for divergence diagnosis and quality scores
 
     def to_json(self) -> dict:
         d = {k: v for k, v in asdict(self).items() if k not in ("m", "prompt_ids")}
