@@ -16,6 +16,15 @@ import mlx.core as mx
 import numpy as np
 
 
+def tree_path(parents, j: int) -> list[int]:
+    """Token row ``j`` and its ancestors in a tree of token rows (``parents[j]``: the row ``j`` follows, -1 none)."""
+    out = []
+    while j >= 0:
+        out.append(j)
+        j = parents[j]
+    return out
+
+
 @dataclass(frozen=True)
 class WindowShape:
     """``n`` auxiliary rows that see the first ``ctx`` rows of the call after the cache (relative to the offset:
@@ -60,11 +69,7 @@ class CallShape:
 
     def path(self, j: int) -> list[int]:
         """Token row ``j`` and its ancestors."""
-        out = []
-        while j >= 0:
-            out.append(j)
-            j = self.parents[j]
-        return out
+        return tree_path(self.parents, j)
 
     @cached_property
     def rel_pos(self) -> np.ndarray:

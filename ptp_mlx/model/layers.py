@@ -27,6 +27,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
+from ..decode.shape import tree_path
 from ..errors import UserError
 from .fused import FusedGate
 from .kv import KVState
@@ -103,11 +104,7 @@ class CallPlan:
 
     def path(self, j: int) -> list[int]:
         """Token row ``j`` and its ancestors."""
-        out = []
-        while j >= 0:
-            out.append(j)
-            j = self.parents[j]
-        return out
+        return tree_path(self.parents, j)
 
     def mask(self, window_size: int | None) -> mx.array:
         """Boolean mask [rows, offset + rows]: a token row sees the cache and its path; an auxiliary row sees the
