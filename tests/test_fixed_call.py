@@ -36,7 +36,9 @@ def engine(tmp_path_factory):
     model = make_tiny_model(d / "model", varied=True, seed=3)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PTP_MLX_HOME", str(d / "home"))
-        return Engine.load(str(model), str(save_random_adapter(model, d / "adapter")), measure_cost=False)
+        eng = Engine.load(str(model), str(save_random_adapter(model, d / "adapter")), measure_cost=False)
+    bank_for(eng.pm, True).compile_after = 1  # compiled from the first call: these tests compare compiled calls
+    return eng
 
 
 def prefilled(pm, n: int) -> KVState:
@@ -104,6 +106,21 @@ def test_ar_steps_compiled_equal_eager_across_growth(engine):
             for c in (True, False)
         ]
         assert runs[0] == runs[1] and len(runs[0]) > 16
+
+
+def test_shapes_compile_on_their_second_use(engine):
+    """A shape met once runs eagerly (tracing costs several calls); its second call compiles it."""
+    bank = bank_for(engine.pm, True)
+    bank.compile_after, plan, s = 2, PLANS["chain"], SETTINGS["greedy"]
+    try:
+        bank.entries.clear()
+        first = run(engine.pm, prefilled(engine.pm, 30), plan, s, bank)
+        assert not bank.entries and len(bank.uses) == 1
+        second = run(engine.pm, prefilled(engine.pm, 30), plan, s, bank)
+        assert len(bank.entries) == 1 and not bank.uses
+        assert first[0] == second[0] and all(np.array_equal(a, b) for a, b in zip(first[1], second[1], strict=True))
+    finally:
+        bank.compile_after = 1
 
 
 def test_kv_state_verbs():

@@ -149,23 +149,33 @@ _AR_SHAPE = CallShape((-1,))
 
 
 class CompileBank:
-    """The compiled calls of one model: one entry per (shape, bucket, sampling settings), built on first use; at
-    most ``limit`` entries (the least recently used goes first: a long-lived server meets many settings)."""
+    """The compiled calls of one model: one entry per (shape, bucket, sampling settings); at most ``limit`` entries
+    (the least recently used goes first: a long-lived server meets many settings).
 
-    def __init__(self, pm, compiled: bool = True, limit: int = 256):
-        self.pm, self.compiled, self.limit = pm, compiled, limit
+    An entry's first ``compile_after - 1`` calls run the same function eagerly (bit for bit the compiled result), and
+    the call that reaches ``compile_after`` traces and compiles it: tracing costs several eager calls, so a shape a
+    one-shot answer meets once is never traced."""
+
+    def __init__(self, pm, compiled: bool = True, limit: int = 256, compile_after: int = 2):
+        self.pm, self.compiled, self.limit, self.compile_after = pm, compiled, limit, compile_after
         self.entries: OrderedDict[tuple, Callable] = OrderedDict()
+        self.uses: dict[tuple, int] = {}  # calls of each entry not compiled yet
         self.shapes: list | None = None  # per layer one row's K/V shapes (``kv_shapes``), learned once
 
     def _fn(self, key: tuple, make: Callable) -> Callable:
         fn = self.entries.get(key)
-        if fn is None:
-            fn = mx.compile(make()) if self.compiled else make()
-            self.entries[key] = fn
-            if len(self.entries) > self.limit:
-                self.entries.popitem(last=False)
-        else:
+        if fn is not None:
             self.entries.move_to_end(key)
+            return fn
+        uses = self.uses.get(key, 0) + 1
+        if self.compiled and uses < self.compile_after:
+            self.uses[key] = uses
+            return make()
+        self.uses.pop(key, None)
+        fn = mx.compile(make()) if self.compiled else make()
+        self.entries[key] = fn
+        if len(self.entries) > self.limit:
+            self.entries.popitem(last=False)
         return fn
 
     def _prepare(self, state: KVState, rows: int) -> tuple[int, mx.array]:
