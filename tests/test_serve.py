@@ -145,6 +145,7 @@ def test_chat_is_ptp_generate_streamed_or_not(server, model_dir, adapter_dir, ca
     assert ptp["mode"] == "ptp" and 1 <= ptp["calls"] <= u.completion_tokens + 1 and ptp["tokens_per_call"] >= 1
     assert 0 <= ptp["drafts_accepted"] <= ptp["drafts_proposed"] and ptp["drafts_proposed"] >= ptp["calls"] - 1
     assert ptp["drafts_accepted"] == sum(ptp["accepted_by_source"].values())
+    assert ptp["accept"] == "exact"  # exact unless the client opts out
     stream = client.chat.completions.create(
         model=MODEL_ID, messages=messages, max_tokens=40, stream=True, stream_options={"include_usage": True}, **kw
     )
@@ -246,6 +247,8 @@ def test_bad_inputs_get_openai_errors(server):
         ({"messages": ok_msg, "stop": 7}, 400, "stop", "invalid_type"),
         ({"messages": ok_msg, "stream": "yes"}, 400, "stream", "invalid_type"),
         ({"messages": ok_msg, "n": 2}, 400, "n", "invalid_value"),
+        ({"messages": ok_msg, "accept": "sloppy"}, 400, "accept", "invalid_value"),
+        ({"messages": ok_msg, "accept": 3}, 400, "accept", "invalid_type"),
         ({"messages": ok_msg, "model": "gpt-4o"}, 404, "model", "model_not_found"),
         ({"messages": [{"role": "user", "content": "x" * 600}]}, 400, "messages", "context_length_exceeded"),
         ({"messages": [{"role": "user", "content": "x" * (MAX_BODY + 1)}]}, 413, None, "request_too_large"),
@@ -509,3 +512,21 @@ def test_bad_flags_one_line_exit_2(model_dir, capsys, argv, message):
         busy.close()
     err = capsys.readouterr().err.splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+
+
+def test_lenient_acceptance_is_opt_in_and_answered_with_its_label(server):
+    """The ``accept`` extension: a lenient rule is used only when asked for, and the response names it; its
+    strictest setting answers what exact decoding answers."""
+    client = server.client()
+    msg = [{"role": "user", "content": "hello there"}]
+    exact = client.chat.completions.create(model=MODEL_ID, messages=msg, max_tokens=24)
+    strict = client.chat.completions.create(
+        model=MODEL_ID, messages=msg, max_tokens=24, extra_body={"accept": "threshold:tau=1.5"}
+    )
+    assert strict.choices[0].message.content == exact.choices[0].message.content
+    assert strict.usage.model_extra["ptp"]["accept"] == "lenient threshold tau=1.5"
+    loose = client.chat.completions.create(
+        model=MODEL_ID, messages=msg, max_tokens=24, extra_body={"accept": "threshold:0"}
+    )
+    ptp = loose.usage.model_extra["ptp"]
+    assert ptp["accept"] == "lenient threshold tau=0" and ptp["drafts_accepted"] == ptp["drafts_proposed"] > 0

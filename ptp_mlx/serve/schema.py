@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..decode.accept import EXACT, AcceptRule
 from ..logits import LogitsSettings
 from ..sampler import SamplingSettings
 from . import fields as F
@@ -22,7 +23,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 # names it, so a client never gets an answer without what it asked for (``--lenient`` ignores them instead).
 COMMON_FIELDS = {
     "model", "temperature", "top_p", "top_k", "n", "seed", "max_tokens", "stop", "stream", "stream_options",
-    "frequency_penalty", "presence_penalty", "logit_bias", "logprobs",
+    "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "accept",
 }  # fmt: skip
 CHAT_FIELDS = COMMON_FIELDS | {
     "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
@@ -80,6 +81,7 @@ class GenRequest:
     logits: LogitsSettings = field(default_factory=LogitsSettings)  # penalties, logit_bias, logprobs
     tools: list[dict] | None = None  # chat: given to the chat template; calls are parsed back
     ignored: list[str] = field(default_factory=list)  # fields a lenient server ignored
+    accept: AcceptRule = EXACT  # the ``accept`` extension: exact unless the client opts into a lenient rule
 
 
 # --- field checks -------------------------------------------------------------------------------------------------
@@ -169,7 +171,15 @@ def _common(body: Any, served: str, defaults: Defaults, kind: str) -> tuple[dict
     if opts is not None and not isinstance(opts, dict):
         raise bad("'stream_options' must be an object", "stream_options", "invalid_type")
     include_usage = _bool(opts or {}, "include_usage")
+    accept = body.get("accept", "exact")  # an extension: PTP's acceptance rule (ptp_mlx/decode/accept.py)
+    if not isinstance(accept, str):
+        raise bad(f"'accept' must be a string, got {accept!r}", "accept", "invalid_type")
+    try:
+        rule = AcceptRule.parse(accept)
+    except ValueError as e:
+        raise bad(f"'accept': {e}", "accept") from None
     return {
+        "accept": rule,
         "logits": F.logits_settings(body, kind, bad),
         "model": served,
         "sampling": SamplingSettings(temperature, top_k, top_p, seed),
@@ -250,6 +260,7 @@ class Usage:
     completion_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens taken from the prompt cache, not prefilled
     mode: str = "ar"
+    accept: str = "exact"  # the acceptance rule's label: a lenient one is not the model's exact sample
     calls: int = 0
     tokens_per_call: float = 0.0  # as ptp-generate's summary: accepted drafts + 1, per model call
     drafts_proposed: int = 0
@@ -264,6 +275,7 @@ class Usage:
             "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "ptp": {
                 "mode": self.mode,
+                "accept": self.accept,
                 "calls": self.calls,
                 "tokens_per_call": round(self.tokens_per_call, 4),
                 "drafts_proposed": self.drafts_proposed,

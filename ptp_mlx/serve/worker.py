@@ -217,7 +217,8 @@ class EngineWorker:
         pc = self.pool.take(job.ids) if self.pool is not None else None
         out = AnswerText(eng.tokenizer, StopMatcher(req.stop), req.tools)
         stats = RunStats()
-        usage = Usage(prompt_tokens=len(job.ids), mode=self.mode)
+        label = req.accept.label if self.mode == "ptp" else "exact"
+        usage = Usage(prompt_tokens=len(job.ids), mode=self.mode, accept=label)
         finish = None
         steps = None
         ok = False
@@ -230,6 +231,7 @@ class EngineWorker:
                 num_draft_tokens=self.num_draft_tokens,
                 prompt_cache=pc,
                 logits=req.logits,
+                accept=req.accept,
             )
             for st in steps:
                 stats.add(st, final=False)
