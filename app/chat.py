@@ -14,6 +14,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 
 from ptp_mlx import blas
+from ptp_mlx.decode.accept import EXACT, AcceptRule
 
 from .conversations import ConversationsScreen
 from .engine_thread import (
@@ -42,6 +43,7 @@ class ChatApp(App[None]):
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+t", "toggle_mode", "PTP/AR"),
+        Binding("ctrl+g", "toggle_accept", "Exact/lenient", show=False),
         Binding("ctrl+b", "toggle_blocks", "Blocks"),
         Binding("ctrl+y", "copy_answer", "Copy"),
         Binding("ctrl+l", "new_chat", "New chat"),
@@ -65,6 +67,8 @@ class ChatApp(App[None]):
         self.settings = settings or GenSettings()
         self.requested_mode = mode
         self.mode = mode or "ar"
+        self.accept: AcceptRule = EXACT  # ctrl+g: lenient acceptance (not the exact sample), for PTP answers
+        self.current_accept: AcceptRule = EXACT  # the rule of the answer in progress
         self.store = store or store_for_model(None)
         self.history: Conversation = self.store.new()  # the open chat; the newest saved one once mounted
         self.clock = clock
@@ -122,6 +126,8 @@ class ChatApp(App[None]):
     def _refresh_stats(self) -> None:
         tps, mean = self._live
         mode = self.mode if self.ready else (self.requested_mode or "…")  # undecided until the adapter is known
+        if mode == "ptp" and self.accept.lenient:
+            mode = "ptp lenient"  # labelled wherever it shows: these answers are not the model's exact sample
         self.query_one(StatsBar).show(
             mode, self.settings.describe(), tps, mean, dict(self.histogram), dict(self.sources), blas.is_slow()
         )
@@ -214,6 +220,8 @@ class ChatApp(App[None]):
         answer, self.answer, self.current = self.answer, None, None
         if answer is None:
             return
+        if answer.mode == "ptp" and self.current_accept.lenient:
+            note = "; ".join(x for x in (f"{self.current_accept.label}: not the exact sample", note) if x)
         await answer.finish(stopped, note)
         # Saved with what its header and the stats bar show, so a reopened chat reads as it did live.
         self.history.add_answer(
@@ -258,7 +266,10 @@ class ChatApp(App[None]):
         self._next_id += 1
         system = [{"role": "system", "content": self.system}] if self.system else []
         messages = system + self.history.messages()
-        self.current = ChatRequest(self._next_id, messages, self.mode, self.settings, self.history.id)
+        self.current_accept = self.accept
+        self.current = ChatRequest(
+            self._next_id, messages, self.mode, self.settings, self.history.id, accept=self.accept
+        )
         self._live = (None, None)
         self._set_status("answering … (esc stops)")
         assert self.engine_thread is not None
@@ -280,6 +291,16 @@ class ChatApp(App[None]):
             return
         self.mode = "ar" if self.mode == "ptp" else "ptp"
         self.notify(f"the next answer uses {self.mode.upper()} decoding")
+        self._refresh_stats()
+
+    def action_toggle_accept(self) -> None:
+        """ctrl+g: exact acceptance (the model's exact sample) or the lenient entropy rule for the next answers."""
+        self.accept = EXACT if self.accept.lenient else AcceptRule.parse("entropy")
+        if self.accept.lenient:
+            where = "" if self.mode == "ptp" else " (in PTP mode: ctrl+t)"
+            self.notify(f"lenient acceptance{where}: faster, but answers are not the model's exact sample")
+        else:
+            self.notify("exact acceptance: answers are the model's exact sample")
         self._refresh_stats()
 
     def action_toggle_blocks(self) -> None:

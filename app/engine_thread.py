@@ -71,6 +71,7 @@ class ChatRequest:
     settings: GenSettings
     conversation: str = ""
     stop: threading.Event = field(default_factory=threading.Event)
+    accept: Any = None  # a lenient ``AcceptRule`` (ptp_mlx/decode/accept.py); None or exact: the exact sample
 
 
 class EngineStatus(Message):
@@ -220,6 +221,8 @@ class EngineThread(threading.Thread):
                 kw["prompt_cache"] = self._prompt_cache
             if s.num_draft_tokens:
                 kw["num_draft_tokens"] = s.num_draft_tokens
+            if req.accept is not None and req.accept.lenient:
+                kw["accept"] = req.accept
             steps = iter(engine.generate(req.messages, mode=req.mode, sampling=sampling, max_tokens=s.max_tokens, **kw))
             while not req.stop.is_set():
                 step = next(steps, None)

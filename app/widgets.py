@@ -18,6 +18,7 @@ KEYS = [
     ("enter", "send the message"),
     ("esc", "stop the answer (the partial answer is kept)"),
     ("ctrl+t", "switch PTP / AR decoding for the next answer"),
+    ("ctrl+g", "switch exact / lenient acceptance (lenient: faster, not the model's exact sample)"),
     ("ctrl+b", "show accepted blocks (one shade per model call)"),
     ("ctrl+y", "copy the last answer to the clipboard"),
     ("ctrl+l", "new chat (the open one stays in the list)"),

@@ -74,8 +74,10 @@ class FakeEngine:
     def default_mode(self) -> str:
         return "ptp" if self._has_adapter else "ar"
 
-    def generate(self, prompt, mode=None, sampling=None, max_tokens=256):
-        self.calls.append({"messages": list(prompt), "mode": mode, "sampling": sampling, "max_tokens": max_tokens})
+    def generate(self, prompt, mode=None, sampling=None, max_tokens=256, accept=None):
+        self.calls.append(
+            {"messages": list(prompt), "mode": mode, "sampling": sampling, "max_tokens": max_tokens, "accept": accept}
+        )
         if self.error is not None:
             raise self.error
         return self._steps(mode)
@@ -247,6 +249,28 @@ async def test_mode_switch_applies_to_next_answer(tmp_path):
         assert first.text == second.text  # lossless: same text, fewer calls
         # The second request carries the whole conversation (multi-turn chat template).
         assert [m["role"] for m in engine.calls[1]["messages"]] == ["user", "assistant", "user"]
+
+
+async def test_lenient_acceptance_is_a_labelled_switch(tmp_path):
+    """ctrl+g: lenient acceptance for the next answers, marked in the stats bar and in the answer's saved note;
+    exact again on the second press (and by default)."""
+    engine = FakeEngine()
+    app = make_app(engine, tmp_path)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.ready)
+        assert "LENIENT" not in str(app.query_one("#stats").render())
+        await pilot.press("ctrl+g")
+        assert "PTP LENIENT" in str(app.query_one("#stats").render())
+        assert "not the model's exact sample" in notes(app)[-1]
+        await send(pilot, "one")
+        await wait_answered(pilot, app)
+        await pilot.press("ctrl+g")
+        assert "LENIENT" not in str(app.query_one("#stats").render())
+        await send(pilot, "two")
+        await wait_answered(pilot, app)
+    assert engine.calls[0]["accept"].label == "lenient entropy eps=0.3 delta=0.09" and engine.calls[1]["accept"] is None
+    saved = [t for t in app.history.turns if t["role"] == "assistant"]
+    assert "not the exact sample" in saved[0]["note"] and "lenient" not in saved[1]["note"]
 
 
 async def test_mode_switch_without_adapter_warns(tmp_path):
