@@ -75,9 +75,7 @@ class AcceptRule:
 
     def accepts(self, rows: mx.array, drafts: mx.array, temperature: float) -> mx.array:
         """bool [n]: whether row ``j`` (logits [n, vocab], the verifying rows) accepts ``drafts[j]`` besides an
-        exact match (all False under ``exact``)."""
-        if not self.lenient:
-            return mx.zeros(drafts.shape, dtype=mx.bool_)
+        exact match (a lenient rule's; the exact rule never calls it)."""
         t = temperature if temperature > 0 else 1.0
         x = rows.astype(mx.float32) / t
         logp = x - mx.logsumexp(x, axis=-1, keepdims=True)

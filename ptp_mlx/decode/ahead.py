@@ -51,7 +51,7 @@ def build_ahead(
             guess = drafter.guess(plan, g, i, max_new - i, ctx - offset)
             if guess is None or guess.plan.burst or guess.plan.alts:
                 continue
-            cache.offset = offset  # the path that stands when g drafts are accepted (its rows are in the state)
+            cache.trim_to(offset)  # the path that stands when g drafts are accepted (its rows are in the state)
             # The next call's token rows: the exact token at g, then its drafts, gathered on the device.
             rows = [call.out.targets[g : g + 1].astype(mx.int32)]
             if guess.draft_rows:

@@ -72,7 +72,9 @@ def outputs_head(
     targets = pick(row_u, rows, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
     # Accepted: the leading drafts equal to the exact token at their position (docs/method.md, section 4).
     # Under a lenient ``rule`` a draft also stands when its verifying row finds it likely enough (decode/accept.py).
-    ok = (tokens[1 : n + 1] == targets[:n]) | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature) if n else None
+    ok = tokens[1 : n + 1] == targets[:n] if n else None
+    if n and rule.lenient:  # (the exact rule adds nothing to the graph)
+        ok = ok | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature)
     accepted = mx.sum(mx.cumprod(ok.astype(mx.int32))) if n else mx.array(0)
     out = CallOutputs(targets, accepted.astype(mx.int32))
     if hook is not None:
