@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import mlx.core as mx
@@ -34,6 +34,7 @@ class FixedPlan:
 
     positions: mx.array  # int32 [rows]
     fixed: bool = True
+    tables: dict = field(default_factory=dict)  # RoPE cos/sin tables, built by the first layer (model/rope.py)
 
 
 def _mask_fn(shape: CallShape, offset: mx.array, bucket: int, dtype) -> Callable[[int | None], mx.array]:
@@ -144,7 +145,11 @@ def _ar_logits(pm, bucket: int, token, offset, kv) -> tuple[mx.array, KVState]:
     L = len(kv) // 2
     p = FixedPass(offset, bucket, _mask_fn(_AR_SHAPE, offset, bucket, pm.dtype))
     st = KVState.traced(kv[:L], kv[L:], p)
-    return pm.base(token.reshape(1, 1), cache=st)[0], st
+    pm.ctx.begin(FixedPlan(offset.reshape(1)), None, None)  # no auxiliary rows: a plain pass, positions an array
+    try:
+        return pm.base(token.reshape(1, 1), cache=st)[0], st
+    finally:
+        pm.ctx.end()
 
 
 _AR_SHAPE = CallShape((-1,))

@@ -64,7 +64,16 @@ class FusedGroup:
         self.B = mx.array(B).astype(dtype) if ranks else None
         self.bias_full = None if self.bias is None else mx.concatenate([self.bias, mx.zeros((sum(ranks),), dtype)])
         self.base_W = self.W[: self.out]
-        mx.eval(self.W, self.base_W, *(a for a in (self.B, self.bias, self.bias_full) if a is not None))
+        # The transposed views the matmuls read, made once: evaluated views of the same memory (no copy), so a
+        # call's graph has no transpose node per projection and the matmul sees the very strides ``W.T`` gives.
+        self.Wt, self.base_Wt = self.W.T, self.base_W.T
+        mx.eval(
+            self.W,
+            self.base_W,
+            self.Wt,
+            self.base_Wt,
+            *(a for a in (self.B, self.bias, self.bias_full) if a is not None),
+        )
         # The stock modules keep working (training, other adapters) on views of the fused matrix: no second copy.
         row = 0
         for lin, o in zip(linears, outs, strict=True):
@@ -74,8 +83,8 @@ class FusedGroup:
         self._x: mx.array | None = None
         self._memo: dict[str, mx.array] = {}
 
-    def _matmul(self, x: mx.array, W: mx.array, bias: mx.array | None) -> mx.array:
-        return x @ W.T if bias is None else mx.addmm(bias, x, W.T)
+    def _matmul(self, x: mx.array, Wt: mx.array, bias: mx.array | None) -> mx.array:
+        return x @ Wt if bias is None else mx.addmm(bias, x, Wt)
 
     def __call__(self, name: str, x: mx.array, gate: FusedGate | None) -> mx.array:
         """Projection ``name`` of ``x``: base output, plus the delta on auxiliary rows when ``gate`` is given."""
@@ -85,13 +94,12 @@ class FusedGroup:
                 self._x = None
             return y
         if gate is not None and self.B is not None:
-            z = self._matmul(x, self.W, self.bias_full)
-            a = z[..., self.out :]
+            z, a = mx.split(self._matmul(x, self.Wt, self.bias_full), [self.out], axis=-1)  # one node, two views
             if gate.gate is not None:  # zero rows in rank space: token rows then add an exact zero
                 a = a * gate.gate.astype(a.dtype)
-            y = mx.addmm(z[..., : self.out], a, self.B)
+            y = mx.addmm(z, a, self.B)
         else:
-            y = self._matmul(x, self.base_W, self.bias)
+            y = self._matmul(x, self.base_Wt, self.bias)
         parts = mx.split(y, self.splits, axis=-1) if self.splits else [y]
         mine = dict(zip(self.names, parts, strict=True))
         out = mine.pop(name)

@@ -31,6 +31,7 @@ from ..decode.shape import tree_path
 from ..errors import UserError
 from .fused import FusedGate
 from .kv import KVState
+from .rope import table_rope, uses_table
 
 # Families whose PTP pass is verified token for token against autoregressive decoding by the test suite
 # (tests/test_families.py). mlx-lm maps "mistral" onto its llama module.
@@ -237,6 +238,8 @@ class RowRoPE(nn.Module):
         if getattr(plan, "fixed", False):  # a fixed-shape call (decode/fixed.py): positions are an array
             if not self._batched:
                 raise UnsupportedModel(f"{type(self.rope).__name__} takes one offset per call: no fixed-shape call")
+            if uses_table(self.rope):  # MLX's CPU backend: one cos/sin table per call for every layer
+                return table_rope(self.rope, x, plan.positions, plan.tables)
             return mx.swapaxes(self.rope(mx.swapaxes(x, 0, 2), offset=plan.positions), 0, 2)
         segs = plan.segments
         if len(segs) == 1:
