@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 
 from .decode.accept import EXACT, AcceptRule
-from .decode.ahead import ahead_default, ahead_limit, build_ahead, take_ahead
+from .decode.ahead import build_chained, confirm_chained, drop_chained
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
@@ -66,9 +66,9 @@ class DecodeOptions:
     drafter: Drafter | None = None  # default: ``default_drafter`` (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
     logits: LogitsHook | None = None  # penalties, logit_bias and logprobs of one answer (ptp_mlx/logits.py)
-    # At most this many outcomes of a call to build the next call for while it computes (0: none; None: the device's
-    # default, ``ahead_default``).
-    ahead: int | None = None
+    # Chain calls: the next call built for every outcome of this one while it computes (``decode/ahead.py``;
+    # measured faster on the CPU too: ``ptp-bench --profile``'s "ahead" rows). False: every call built after the read.
+    ahead: bool = True
     # Calls and steps: the fixed-shape ones compiled, or the same functions run eagerly (the reference); None: compiled
     # unless PTP_MLX_EAGER=1 (``decode.fixed.compiled_by_default``).
     compiled: bool | None = None
@@ -225,8 +225,8 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
-    most = 0 if hook is not None else ahead_default() if opts.ahead is None else opts.ahead
-    plan, call, limit = None, None, min(1, most)  # the next call's plan / its queued build; outcomes ahead
+    chain = hook is None and bool(opts.ahead)
+    plan, call, nxt = None, None, None  # the next call's plan / its queued build / the call chained on it
     try:
         while i < max_new:
             t_start = time.perf_counter()
@@ -244,12 +244,10 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
                 clock.mark("build")
                 mx.async_eval(*call.arrays)  # (on MLX's CPU backend this returns only near the end of a large graph)
                 clock.mark("queue")
-            t_ahead = time.perf_counter()
-            ahead = build_ahead(sess, drafter, call, max_new, ctx, limit)
-            t_wait = time.perf_counter()
+            # The next call, for every outcome of this one, built while it computes (decode/ahead.py).
+            nxt = build_chained(sess, drafter, call, max_new, ctx) if chain else None
             clock.mark("ahead")
-            out = finish_call(cache, call, clock)
-            limit = min(most, ahead_limit(limit, len(ahead), t_wait - t_ahead, time.perf_counter() - t_wait))
+            out = finish_call(cache, call, clock, then=0 if nxt is None else nxt.rows)
             plan, call = call.plan, None
             # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
             drafter.update(plan, out)
@@ -260,10 +258,11 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             i += len(block)
             plan = None
             if i < max_new and not eos.intersection(block):
-                # The next call is planned now; built ahead for this outcome, it is queued before the yield.
-                plan = drafter.plan(i, max_new - i, ctx - cache.offset)
-                call = take_ahead(ahead, out, plan, cache)
-            del ahead
+                # The next call is planned now; chained on this one, it is queued before the yield.
+                plan = drafter.plan(i, max_new - i, ctx - cache.offset + (0 if nxt is None else nxt.rows))
+            if nxt is not None:
+                call = confirm_chained(nxt, out, plan, i, cache)
+                nxt = None
             clock.mark("update")
             if call is not None:
                 mx.async_eval(*call.arrays)
@@ -273,6 +272,9 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             info = {"proposed": n, "accepted": c, "rows": rows, "time": t, "source": source}
             yield block, {**info, "logprobs": out.logprobs}
     finally:
+        if nxt is not None:  # chained on a call that was never read: the state before it comes back
+            drop_chained(nxt, cache, call.offset if call is not None else cache.offset - nxt.rows)
+            call = None
         if call is not None:  # queued but never read (the consumer stopped first): its rows leave the cache
             cache.trim_to(call.offset)
 

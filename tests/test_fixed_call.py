@@ -16,6 +16,7 @@ from ptp_mlx.decode.fixed import bank_for
 from ptp_mlx.decode.session import DecodeSession
 from ptp_mlx.drafting.protocol import Plan
 from ptp_mlx.engine import Engine
+from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.kv import CHUNK, KVState, round_up
 from ptp_mlx.sampler import SamplingSettings, UniformStream
 from ptp_mlx.testing import make_tiny_model, save_random_adapter
@@ -33,7 +34,7 @@ SETTINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     d = tmp_path_factory.mktemp("fixed")
-    model = make_tiny_model(d / "model", varied=True, seed=3)
+    model = make_tiny_model(d / "model", varied=True, seed=3, context=1024)  # room for a 512-token answer
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PTP_MLX_HOME", str(d / "home"))
         eng = Engine.load(str(model), str(save_random_adapter(model, d / "adapter")), measure_cost=False)
@@ -95,6 +96,33 @@ def test_bank_holds_one_entry_per_shape_and_bucket(engine):
     again = list(engine.generate(engine.encode("hello there"), mode="ptp", max_tokens=60, num_draft_tokens=3))
     assert [t for st in again for t in st.tokens] == [t for st in steps for t in st.tokens]
     assert set(bank.entries) == used  # the same answer again: no new entry
+
+
+@pytest.mark.parametrize("budget", ["adaptive", "fixed"])
+def test_bank_after_a_512_token_answer_holds_only_what_it_used(engine, budget, monkeypatch):
+    """A long answer (bursts, lookup chains, trees, chained calls, three buckets) leaves one entry per key it asked
+    for: (shape, bucket, settings) of every call and step, and nothing else."""
+    bank = bank_for(engine.pm)
+    bank.entries.clear()
+    asked: set = set()
+    real = bank._fn
+
+    def spy(key, make):
+        asked.add(key)
+        return real(key, make)
+
+    monkeypatch.setattr(bank, "_fn", spy)
+    s = SamplingSettings()
+    opts = DecodeOptions(mode="ptp", max_tokens=512, sampling=s, budget=engine.budget_for(s))
+    if budget == "fixed":
+        opts.num_draft_tokens = 3
+    ids = engine.encode("hello there")
+    steps = list(stream_generate(engine.pm, engine.tokenizer, ids, opts, eos_ids=set()))  # no end token: 512
+    assert sum(len(st.tokens) for st in steps) == 512
+    assert set(bank.entries) == asked and len(bank.entries) == len(asked)
+    assert len({k[2] if k[0] == "ptp" else k[1] for k in asked}) >= 2  # the answer crossed attention buckets
+    assert len(asked) <= 3 * 4 * 16  # a handful of shapes per bucket, not one entry per call
+    assert len(steps) > len(asked)
 
 
 def test_ar_steps_compiled_equal_eager_across_growth(engine):

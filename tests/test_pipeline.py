@@ -1,5 +1,6 @@
-"""Pipelined PTP calls (ptp_mlx/decode/ahead.py): the next call built for the likely outcomes while this one computes,
-queued right after the read when the drafter's real plan is the guessed one. The output must stay the
+"""Chained PTP calls (ptp_mlx/decode/ahead.py): the next call built for every outcome of this one while it computes
+(its inputs gathered on the device by the accepted count), queued right after the read when the drafter's real plan
+is the guessed one. The output must stay the
 autoregressive one token for token (greedy and sampled, EOS and the token limit inside a block, the cache's
 growth, a conversation's carried cache, a consumer that stops with a call still queued)."""
 
@@ -10,7 +11,6 @@ import pytest
 from test_decode import PROMPTS, SETTINGS, WINDOW, ar, assert_same, pm_random, pm_sticky, varied, with_seed  # noqa: F401
 
 import ptp_mlx.generate as generate
-from ptp_mlx.decode.ahead import ahead_limit as _ahead_limit
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.model.kv import KVState
 from ptp_mlx.prompt_cache import PromptCache
@@ -18,19 +18,24 @@ from ptp_mlx.prompt_cache import PromptCache
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Builds ahead up to two outcomes whatever the device (on the CPU the default is none), and counts the calls
-    queued from a build ahead ("hit") and those built after the read ("miss")."""
-    monkeypatch.setattr(generate, "ahead_default", lambda: 2)
+    """Counts the chained calls queued ("hit"), those dropped after the read ("miss") and those built ("built")."""
     seen = Counter()
-    take = generate.take_ahead
+    build, confirm = generate.build_chained, generate.confirm_chained
 
-    def counted(ahead, result, plan, cache):
-        call = take(ahead, result, plan, cache)
+    def built(*a, **k):
+        nxt = build(*a, **k)
+        seen["built"] += nxt is not None
+        return nxt
+
+    def counted(chained, result, plan, i, cache):
+        call = confirm(chained, result, plan, i, cache)
         seen["hit" if call is not None else "miss"] += 1
-        seen["built"] += len(ahead)
+        if call is not None:  # one build serves every outcome: count the outcomes it served
+            seen[f"hit after {result.accepted}"] += 1
         return call
 
-    monkeypatch.setattr(generate, "take_ahead", counted)
+    monkeypatch.setattr(generate, "build_chained", built)
+    monkeypatch.setattr(generate, "confirm_chained", counted)
     return seen
 
 
@@ -44,7 +49,10 @@ def test_pipelined_fixed_budget_calls_are_exact(pm_sticky, pm_random, varied, sp
                 s = with_seed(SETTINGS[name], 30 + k)
                 steps = assert_same(pm, tok, encode_prompt(tok, p), s, 20, {"num_draft_tokens": n_draft})
                 accepted.update(st.accepted for st in steps)
-    assert spy["hit"] > 0 and spy["miss"] >= 0 and spy["built"] >= spy["hit"], spy
+    # Every chained build is decided once; a fixed budget's guess is its real plan, so only an answer's end drops one.
+    assert spy["hit"] > 0 and spy["built"] == spy["hit"] + spy["miss"], spy
+    assert spy["miss"] <= 2 * 3 * 3, spy  # at most one per answer (its last call's outcome ends it)
+    assert spy["hit after 0"] > 0 and sum(v for k, v in spy.items() if k.startswith("hit after ") and k[-1] != "0") > 0
     assert accepted[0] > 0 and sum(v for a, v in accepted.items() if a > 0) > 0, accepted  # both kinds of outcome
 
 
@@ -116,18 +124,10 @@ def test_the_kv_cache_never_writes_into_an_earlier_state():
     assert st.offset == 3 and float(st.contents()[0][0].sum()) == before
 
 
-def test_ahead_limit_follows_the_slack():
-    assert _ahead_limit(1, 1, 0.01, 0.05) == 2  # the host still waited after one build: build one more
-    assert _ahead_limit(3, 3, 0.03, 0.0) == 2  # builds outlasted the compute: fewer
-    assert _ahead_limit(1, 1, 0.01, 0.0) == 1  # never fewer than one
-    assert _ahead_limit(2, 1, 0.01, 0.05) == 2  # fewer outcomes than allowed were built: no evidence for more
-    assert _ahead_limit(8, 8, 0.08, 1.0) == 8
-
-
 def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):  # noqa: F811
     tok = varied[1]
     ids = encode_prompt(tok, PROMPTS[0])
     opts = DecodeOptions(mode="ptp", max_tokens=16, num_draft_tokens=2, ahead=0)
     got = [t for st in stream_generate(pm_sticky, tok, ids, opts) for t in st.tokens]
     assert got == ar(pm_sticky, tok, ids, SETTINGS["greedy"], 16)[0]
-    assert spy["built"] == 0 and spy["hit"] == 0 and spy["miss"] > 0
+    assert spy["built"] == 0 and spy["hit"] == 0 and spy["miss"] == 0

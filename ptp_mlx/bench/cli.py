@@ -90,6 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
         "random-weight models of these shapes (comma-separated from 135m,0.5b,1.5b,3b; 'all' for every one)",
     )
     p.add_argument(
+        "--tasks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="instead of the method comparison: task accuracy with 95%% intervals, tokens per call and speed of "
+        "every rule of --rules on N generated questions with checkable answers (passages, sums, units, capitals)",
+    )
+    p.add_argument(
+        "--rules",
+        default="exact;entropy;threshold",
+        metavar="LIST",
+        help="acceptance rules for --tasks, separated by ';' (exact is always first: the reference)",
+    )
+    p.add_argument(
         "--eager",
         action="store_true",
         help="run our steps and PTP calls eagerly (the reference the compiled calls are tested against)",
@@ -144,6 +158,15 @@ def validate(args: argparse.Namespace):
             raise UserError(f"--cost-widths must be comma-separated integers, got {args.cost_widths!r}") from None
         if widths[0] < 1 or widths[-1] > 1024:
             raise UserError("--cost-widths must lie in 1..1024")
+    if args.tasks is not None and args.tasks < 1:
+        raise UserError("--tasks must be at least 1")
+    rules = []
+    for part in filter(None, (x.strip() for x in (args.rules or "").split(";"))):
+        try:
+            rules.append(AcceptRule.parse(part))
+        except ValueError as e:
+            raise UserError(f"--rules: {e}") from None
+    args.rules = [AcceptRule()] + [r for r in dict.fromkeys(rules) if r.lenient]
     if args.plot:
         try:
             import matplotlib  # noqa: F401
@@ -187,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
         return 0 if ok else 1
     if args.profile:
         return _profile(eng, prompts[0], sampling, args)
+    if args.tasks:
+        if not eng.has_adapter:
+            raise UserError("--tasks compares acceptance rules of PTP: it needs an adapter")
+        return _tasks(eng, sampling, args)
     if methods is None:
         methods = (
             ["mlx-lm", "ar"] + (["ptp"] if eng.has_adapter else []) + (["mlx-lm-draft"] if args.draft_model else [])
@@ -316,6 +343,37 @@ def _cost_sweep(args) -> int:
     print(text)
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps({"cost_sweep": doc}, indent=1) + "\n").encode())
+    return 0
+
+
+def _tasks(eng, sampling, args) -> int:
+    import json
+
+    from tqdm import tqdm
+
+    from ..paths import atomic_write_bytes
+    from .tasks import make_tasks, run_rules, tasks_table, write_tasks_plot
+
+    tasks = make_tasks(args.tasks, args.seed)
+    with tqdm(total=len(tasks), desc="ptp-bench --tasks", unit="item", file=sys.stderr, disable=None) as bar:
+        runs = run_rules(eng, tasks, args.rules, sampling, args.max_tokens, progress=bar.update)
+    exact = runs[0]
+    summaries = [exact.summary()] + [r.summary(exact) for r in runs[1:]]
+    how = "greedy" if sampling.greedy else f"T {sampling.temperature:g}, top-p {sampling.top_p:g}, seed {sampling.seed}"
+    header = (
+        f"ptp-bench --tasks {len(tasks)} | {how} | {args.max_tokens} new tokens | task seed {args.seed} | "
+        "lenient rules are not the exact sample"
+    )
+    print(tasks_table(summaries, header))
+    doc = {"tasks": {"settings": {"items": len(tasks), "sampling": how, "max_tokens": args.max_tokens}}}
+    doc["tasks"]["rules"] = summaries
+    doc["tasks"]["items"] = [
+        {"kind": t.kind, "answer": t.answer, "right": [r.right[i] for r in runs]} for i, t in enumerate(tasks)
+    ]
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
+    if args.plot:
+        write_tasks_plot(args.plot, summaries, header)
     return 0
 
 

@@ -1,15 +1,18 @@
-"""The next PTP call, built while this one computes (docs/method.md, section 5, "Pipelined calls").
+"""The next PTP call, built for every outcome of this one while it computes (docs/method.md, section 5,
+"Pipelined calls").
 
-A call's inputs depend on what it accepted, which the host learns only when it reads the call. For drafters that
-can tell the next call's rows before that read (``Drafter.guess``: a fixed budget's shape, the drafts being rows of
-this call's output), the next call is built for each likely outcome while this one computes: its token rows are
-gathered on the device from this call's exact tokens and auxiliary argmax, never read by the host. After the read,
-the build of the outcome that happened is queued at once if the drafter's real plan is the guessed one (same
-rows, same drafts); otherwise it is dropped and the call is built as ever. Either way the same call runs on the
-same rows, so the output is unchanged.
+A call's inputs depend on what it accepted, which the host learns only when it reads the call. When the drafter
+can tell the next call's rows before that read for every outcome alike (``Drafter.guess``: a fixed budget, whose
+next call has the same shape whatever is accepted), the next call is one fixed-shape call whose inputs are
+gathered on the device from this call's outputs by its accepted count ``c``: its token rows (the exact token at
+``c``, then the drafts of branch ``c``), its uniforms (a table with one row per outcome) and its cache offset
+(this call's plus ``1 + c``). Its graph is built while this call computes; after the read it is queued at once
+if the drafter's real plan is the guessed one for the outcome that happened, and dropped otherwise (the call is
+then built as ever). Either way the same call runs on the same rows, so the output is unchanged.
 
-Building never mutates a state another build starts from: the cache writes through fresh array handles
-(``model.kv.KVState``), so each build starts from this call's state and keeps its own.
+The chained call writes the cache from row ``offset + 1 + c`` on, past every row the current call keeps, so it
+needs no copy of the state; the state before it is kept by value only until the read decides (a dropped call
+gives it back), and let go before the call is queued, so its writes stay in place.
 """
 
 from __future__ import annotations
@@ -17,79 +20,108 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from ..drafting.protocol import CallResult, Drafter, Guess, Plan
-from .call import PendingCall, build_call
+from .call import ChainInputs, PendingCall, build_call, call_shape
 from .session import DecodeSession
 
 
 @dataclass
-class Ahead:
-    """The next call built for one outcome of the current call: ``accepted`` drafts standing."""
+class Chained:
+    """The call after ``call``, built for each of its outcomes (``guesses[g]``: the drafter's plan when ``g``
+    drafts stand; None where the answer ends first). ``before``: the cache's state before the build."""
 
-    accepted: int
-    guess: Guess
     call: PendingCall
-    state: tuple  # the cache's snapshot after the build
+    guesses: list[Guess | None]
+    before: tuple | None
+    rows: int
 
 
-def build_ahead(
-    sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int, limit: int
-) -> dict[int, Ahead]:
-    """Build the call after ``call`` (queued, not read) for up to ``limit`` of its outcomes, fewest accepted
-    drafts first; the cache is left as it was."""
+def _uniform_rows(sess: DecodeSession, plan: Plan, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """The uniforms of a call that runs ``plan`` from generated position ``i``: token rows, auxiliary rows."""
+    u, n = sess.uniforms, len(plan.drafts)
+    row_u = u.take(i, n + 1)
+    widths = list(plan.branches)
+    if sess.greedy_u is not None:
+        aux_u = np.full(sum(w for _, w in widths), sess.greedy_u, np.float32)
+    else:
+        aux_u = np.concatenate([u.take(i + d, w) for d, w in widths]) if widths else np.zeros(0, np.float32)
+    return row_u, aux_u
+
+
+def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int) -> Chained | None:
+    """Build the call after ``call`` (built, not read) for all its outcomes at once, or None where that does not
+    apply: the eager legacy pass, a logits hook, a token tree (a landed alternative moves K/V rows on the host),
+    a drafter that cannot tell, or outcomes whose next calls differ in shape."""
     plan, cache = call.plan, sess.cache
-    out: dict[int, Ahead] = {}
-    if limit <= 0 or plan.alts or call.out.aux_top is None:  # (a landed alternative moves K/V rows on the host)
-        return out
-    state = cache.snapshot()
-    try:
-        for g in range(len(plan.drafts) + 1):
-            i, offset = call.i + 1 + g, call.offset + 1 + g
-            if len(out) >= limit or i >= max_new:
-                break
-            guess = drafter.guess(plan, g, i, max_new - i, ctx - offset)
-            if guess is None or guess.plan.burst or guess.plan.alts:
-                continue
-            cache.trim_to(offset)  # the path that stands when g drafts are accepted (its rows are in the state)
-            # The next call's token rows: the exact token at g, then its drafts, gathered on the device.
-            rows = [call.out.targets[g : g + 1].astype(mx.int32)]
-            if guess.draft_rows:
-                rows.append(call.out.aux_top[mx.array(guess.draft_rows, dtype=mx.int32)].astype(mx.int32))
-            tokens = mx.concatenate(rows) if len(rows) > 1 else rows[0]
-            nxt = build_call(sess, 0, guess.plan, i, tokens)
-            out[g] = Ahead(g, guess, nxt, cache.snapshot())
-            cache.restore(state)
-    finally:
-        cache.restore(state)
-    return out
-
-
-def take_ahead(ahead: dict[int, Ahead], result: CallResult, plan: Plan, cache) -> PendingCall | None:
-    """The call built ahead for what ``result`` accepted, if ``plan`` (the drafter's real next plan) is the one
-    that was guessed; it then becomes the cache's state. None: build ``plan`` as usual."""
-    a = ahead.get(result.accepted) if result.alt is None else None
-    if a is None or plan.burst or plan.alts or plan.branches != a.guess.plan.branches:
+    if sess.bank is None or sess.hook is not None or plan.alts or call.out.aux_top is None:
         return None
-    if plan.drafts != [result.aux_tokens[j] for j in a.guess.draft_rows] or a.call.offset != cache.offset:
+    n = len(plan.drafts)
+    guesses: list[Guess | None] = []
+    for g in range(n + 1):
+        i = call.i + 1 + g
+        if i >= max_new:  # the answer ends with this outcome: no next call to build for it
+            guesses.append(None)
+            continue
+        guess = drafter.guess(plan, g, i, max_new - i, ctx - (call.offset + 1 + g))
+        if guess is None or guess.plan.burst or guess.plan.alts:
+            return None
+        guesses.append(guess)
+    known = [x for x in guesses if x is not None]
+    if not known:
         return None
-    cache.restore(a.state)
-    a.call.plan = plan  # the same rows; the host now knows the drafts it verifies
-    return a.call
+    nxt = known[0].plan
+    if any(x.plan.branches != nxt.branches or len(x.plan.drafts) != len(nxt.drafts) for x in known):
+        return None  # one outcome's next call has another shape: no single build serves them all
+    # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
+    m = len(nxt.drafts)
+    draft_rows = np.zeros((n + 1, m), np.int32)
+    row_u, aux_u = _uniform_rows(sess, nxt, 0)
+    row_table = np.zeros((n + 1, row_u.size), np.float32)
+    aux_table = np.zeros((n + 1, aux_u.size), np.float32)
+    for g, x in enumerate(guesses):
+        if x is not None:
+            draft_rows[g] = x.draft_rows
+            row_table[g], aux_table[g] = _uniform_rows(sess, nxt, call.i + 1 + g)
+    c = call.out.accepted  # int32 []: the outcome, known on the device only
+    rows = [mx.take(call.out.targets, c.reshape(1)).astype(mx.int32)]
+    if m:
+        rows.append(mx.take(call.out.aux_top, mx.take(mx.array(draft_rows), c, axis=0)).astype(mx.int32))
+    inputs = ChainInputs(
+        tokens=mx.concatenate(rows) if m else rows[0],
+        row_u=mx.take(mx.array(row_table), c, axis=0),
+        aux_u=mx.take(mx.array(aux_table), c, axis=0),
+        offset=mx.array(call.offset + 1, dtype=mx.int32) + c,
+        bound=call.offset + 1 + n,
+    )
+    before = cache.snapshot()
+    built = build_call(sess, 0, nxt, -1, chain=inputs)
+    return Chained(built, guesses, before, call_shape(nxt).rows)
 
 
-def ahead_default() -> int:
-    """Outcomes to build ahead by default: one on a GPU, where ``mx.async_eval`` returns at once and the build
-    overlaps the whole call; none on MLX's CPU backend, where it returns only near the end of a large graph, so a
-    build ahead overlaps just the tail and competes with the compute for the same cores (measured no faster:
-    docs/results/profile/issue23/)."""
-    return 1 if mx.default_device() == mx.gpu else 0
+def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: int, cache) -> PendingCall | None:
+    """The chained call, if ``plan`` (the drafter's real next plan after ``result``, None: the answer ended) is
+    the one guessed for the outcome that happened; it then starts at generated position ``i`` and the state
+    before it is let go (its writes stay in place). None: the chained call is dropped, the cache is back at the
+    accepted path, and ``plan`` is built as usual."""
+    guess = chained.guesses[result.accepted] if result.alt is None else None
+    keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the chained call's rows
+    ok = guess is not None and plan is not None and not plan.burst and not plan.alts
+    ok = ok and plan.branches == guess.plan.branches
+    ok = ok and plan.drafts == [result.aux_tokens[j] for j in guess.draft_rows]
+    if not ok:
+        drop_chained(chained, cache, keep)
+        return None
+    chained.before = None
+    call = chained.call
+    call.plan, call.offset, call.i = plan, keep, i  # the same rows; the host now knows the drafts it verifies
+    return call
 
 
-def ahead_limit(limit: int, built: int, t_built: float, t_wait: float) -> int:
-    """How many outcomes to build ahead next time: one more while the host still waited for the call after its
-    builds, one fewer (down to 1) when it did not wait at all (the builds outlasted the compute)."""
-    per = t_built / built if built else 0.0
-    if built >= limit and t_wait > per:
-        return min(limit + 1, 8)
-    return max(1, limit - 1) if t_wait < 0.1 * per else limit
+def drop_chained(chained: Chained, cache, keep: int) -> None:
+    """Give the cache back its state before the chained build, trimmed to ``keep`` rows."""
+    if chained.before is not None:
+        cache.restore(chained.before)
+        chained.before = None
+    cache.trim_to(keep)

@@ -74,6 +74,18 @@ class PendingCall:
         return self.out.arrays()
 
 
+@dataclass
+class ChainInputs:
+    """A call's inputs as arrays computed on the device from the call before it (``decode/ahead.py``): nothing
+    here has been read by the host."""
+
+    tokens: mx.array  # int32 [n_tok]: the exact token the call before emitted last, then the drafts
+    row_u: mx.array  # float32 [n_tok]: the token rows' uniforms
+    aux_u: mx.array  # float32 [n_aux]: the auxiliary rows' uniforms
+    offset: mx.array  # int32 []: the cache length before the call
+    bound: int  # the largest value ``offset`` can take
+
+
 def call_shape(plan: Plan, runner_up: bool = False, mode_mass: bool = False) -> CallShape:
     """The shape of the call that runs ``plan``: token rows ``[last, drafts, alternatives]`` (alternatives follow
     ``last`` like ``q_1``), the chain's branches, then the alternatives' branches (each sees its strand)."""
@@ -84,7 +96,9 @@ def call_shape(plan: Plan, runner_up: bool = False, mode_mass: bool = False) -> 
     return CallShape(parents, tuple(windows), runner_up and bool(windows), mode_mass and bool(windows))
 
 
-def build_call(sess: DecodeSession, last: int, plan: Plan, i: int, tokens: mx.array | None = None) -> PendingCall:
+def build_call(
+    sess: DecodeSession, last: int, plan: Plan, i: int, tokens: mx.array | None = None, chain: ChainInputs | None = None
+) -> PendingCall:
     """The lazy graph of one fused PTP call (docs/method.md, section 5): token rows ``[last, plan.drafts,
     alternatives]`` (or ``tokens``, the same row ids as an array the host has not read), then the auxiliary
     windows of ``plan.branches`` and the alternatives' branches. The cache receives every row.
@@ -92,11 +106,17 @@ def build_call(sess: DecodeSession, last: int, plan: Plan, i: int, tokens: mx.ar
     With the session's ``bank`` the call is the fixed-shape one of ``decode/fixed.py`` (eager under a logits hook);
     otherwise the pass of ``PTPModel.__call__`` (a model whose RoPE takes one offset per call): the same rows,
     masks and outputs. ``i``: the generated position of the
-    call's first exact token (where its uniforms start)."""
+    call's first exact token (where its uniforms start). ``chain``: every input already on the device (a chained
+    call of ``decode/ahead.py``; its ``offset`` is known once the call before it is read)."""
     pm, cache, u, s, hook = sess.pm, sess.cache, sess.uniforms, sess.settings, sess.hook
     offset = cache.offset
     n, branches, alts = len(plan.drafts), plan.branches, plan.alts
     shape = call_shape(plan, sess.runner_up, sess.mode_mass)
+    if chain is not None:
+        out = sess.bank.call(
+            cache, shape, s, chain.tokens, chain.row_u, chain.aux_u, rule=sess.rule, at=(chain.offset, chain.bound)
+        )
+        return PendingCall(plan, -1, i, shape, out)
     if tokens is None:
         tokens = mx.array([last] + plan.drafts + [a for a, _ in alts], dtype=mx.int32)
     widths = [(d, w) for d, w in branches] + [(1, w) for _, w in alts if w]  # (depth, rows) of each window
@@ -120,8 +140,9 @@ def build_call(sess: DecodeSession, last: int, plan: Plan, i: int, tokens: mx.ar
     return PendingCall(plan, offset, i, shape, out, hook)
 
 
-def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK) -> CallResult:
-    """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path."""
+def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0) -> CallResult:
+    """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path (plus the
+    ``then`` rows of a chained call built on it, which start right after that path)."""
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position (or, under an opt-in
     # lenient rule, its row finds it likely enough); the first row that does not accept its draft emits its exact
     # token. Under the exact rule every emitted token is the autoregressive one.
@@ -143,7 +164,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK) -> CallResult
             # Compact: the alternative's K/V row moves next to ``last``; the other strands are trimmed below.
             cache.copy_row(offset + n + 1 + alt, offset + 1)
     # 3. Trim the cache back to the accepted path: [last, q_1..q_c] (or [last, alternative]) stay.
-    cache.trim_to(keep)
+    cache.trim_to(keep + then)
     clock.mark("read+trim")
 
     def read(a):

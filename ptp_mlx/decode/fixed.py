@@ -185,11 +185,14 @@ class CompileBank:
             self.entries.popitem(last=False)
         return fn
 
-    def _prepare(self, state: KVState, rows: int) -> tuple[int, mx.array]:
+    def _prepare(self, state: KVState, rows: int, at: tuple[mx.array, int] | None = None) -> tuple[int, mx.array, int]:
+        """The attention bucket, the offset array and the state's offset after the call (``at``: the offset as
+        an array the host has not read, with an upper bound for it: the buffers and the bucket hold the bound)."""
         if self.shapes is None:
             self.shapes = kv_shapes(self.pm.base)
-        state.reserve(rows, self.shapes)
-        return round_up(state.offset + rows), mx.array(state.offset, dtype=mx.int32)
+        offset, start = (mx.array(state.offset, dtype=mx.int32), state.offset) if at is None else at
+        state.reserve(max(0, start + rows - state.offset), self.shapes)
+        return round_up(start + rows), offset, start + rows
 
     def call(
         self,
@@ -202,18 +205,23 @@ class CompileBank:
         hook=None,
         prefixes=None,
         rule: AcceptRule = EXACT,
+        at: tuple[mx.array, int] | None = None,
     ) -> CallOutputs:
         """Queue one call on ``state`` (nothing is computed yet): the state gains all ``shape.rows`` rows, as an
         eager pass's does; the caller trims back to the accepted path once it has read the outputs. With a logits
         ``hook`` (row ``j`` processed counting ``prefixes[j]``), the same function runs eagerly: the host decides
-        the processed rows per call."""
-        bucket, offset = self._prepare(state, shape.rows)
+        the processed rows per call. ``at``: ``(offset, bound)``, the call's offset as an int32 array computed on
+        the device (a chained call, ``decode/ahead.py``) and its upper bound; the state's offset then becomes
+        ``bound + rows`` until the caller trims it."""
+        bucket, offset, end = self._prepare(state, shape.rows, at)
         if hook is not None:
+            if at is not None:
+                raise ValueError("a call under a logits hook cannot be chained")
             keys, values = state.take_buffers()
             kv = keys + values
             out, st = _call(self.pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook, prefixes, rule)
             del keys, values
-            state.put_buffers(st.keys, st.values, state.offset + shape.rows)
+            state.put_buffers(st.keys, st.values, end)
             return out
         key = ("ptp", shape, bucket, s) if not rule.lenient else ("ptp", shape, bucket, s, rule)
         fn = self._fn(key, lambda: partial(call_graph, self.pm, shape, bucket, s, rule))
@@ -221,12 +229,12 @@ class CompileBank:
         res = fn(tokens, row_u, aux_u, offset, *keys, *values)
         del keys, values
         L = len(state)
-        state.put_buffers(res[-2 * L : -L], res[-L:], state.offset + shape.rows)
+        state.put_buffers(res[-2 * L : -L], res[-L:], end)
         return _unpack(shape, res[: -2 * L])
 
     def ar_step(self, state: KVState, s: SamplingSettings, token: mx.array, u: mx.array) -> mx.array:
         """Queue one autoregressive step (the state gains ``token``'s row); returns the next token, lazy."""
-        bucket, offset = self._prepare(state, 1)
+        bucket, offset, _ = self._prepare(state, 1)
         fn = self._fn(("ar", bucket, s), lambda: partial(ar_graph, self.pm, bucket, s))
         keys, values = state.take_buffers()
         res = fn(token, u, offset, *keys, *values)
@@ -237,7 +245,7 @@ class CompileBank:
 
     def ar_logits(self, state: KVState, token: mx.array) -> mx.array:
         """The same step's logits [1, vocab], eagerly (a logits hook processes them on the host's terms)."""
-        bucket, offset = self._prepare(state, 1)
+        bucket, offset, _ = self._prepare(state, 1)
         keys, values = state.take_buffers()
         logits, st = _ar_logits(self.pm, bucket, token, offset, keys + values)
         del keys, values

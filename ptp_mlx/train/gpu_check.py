@@ -4,7 +4,8 @@
 
 In separate processes (the environment switches must be set before MLX loads): ``ptp-bench --profile`` for the
 compiled calls and the eager reference, each with ``MLX_CUDA_USE_CUDNN_SDPA`` at 0 and 1; the held-out bench,
-greedy and T 0.7 top-p 0.95, compiled and eager; the cost sweep; and 2,000 PTP calls in one process (cuDNN's graph
+greedy and T 0.7 top-p 0.95, compiled and eager, and greedy with a fixed budget of 3 drafts (chained calls); the
+cost sweep; and 2,000 PTP calls in one process (cuDNN's graph
 cache throws "Cache thrashing" after 512 misses: bucketed key lengths must keep its shapes few). Every command
 and its output go to ``compiled-check.txt``, the figures to ``compiled-check.json``, and ``summary.json`` gets each
 step's exit code and seconds. ``--sweep-sizes`` and ``--stress-calls`` shrink it for the CPU dry run.
@@ -58,6 +59,11 @@ def compiled_check(
             argv = [*py, "ptp_mlx.bench.cli", *common, "--prompts", str(prompts), "--limit", "12"]
             argv += ["--methods", "mlx-lm,ar,ptp", *extra, "--json", str(figs / f"{name}.json")]
             res[name] = _run(out, name, argv, env, 240)
+    # A fixed budget's calls are chained (built for every outcome while the previous call computes): on a GPU, where
+    # rows cost little, it may beat the adaptive budget's synchronous calls.
+    name = "bench-greedy-fixed3"
+    argv = [*py, "ptp_mlx.bench.cli", *common, "--prompts", str(prompts), "--limit", "12", "--num-draft-tokens", "3"]
+    res[name] = _run(out, name, [*argv, "--methods", "mlx-lm,ar,ptp", "--json", str(figs / f"{name}.json")], {}, 240)
     argv = [*py, "ptp_mlx.bench.cli", "--cost-sweep", sweep, "--json", str(figs / "cost-sweep.json")]
     res["cost-sweep"] = _run(out, "cost-sweep", argv, {}, 240)
     argv = [*py, "ptp_mlx.train.gpu_check", "stress", "--model", model_dir, "--adapter", str(adapter)]
