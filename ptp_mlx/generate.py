@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 
 from .decode.accept import EXACT, AcceptRule
-from .decode.ahead import build_chained, confirm_chained, drop_chained
+from .decode.ahead import build_chained, chain_default, confirm_chained, drop_chained
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
@@ -66,9 +66,9 @@ class DecodeOptions:
     drafter: Drafter | None = None  # default: ``default_drafter`` (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
     logits: LogitsHook | None = None  # penalties, logit_bias and logprobs of one answer (ptp_mlx/logits.py)
-    # Chain calls: the next call built for every outcome of this one while it computes (``decode/ahead.py``;
-    # measured faster on the CPU too: ``ptp-bench --profile``'s "ahead" rows). False: every call built after the read.
-    ahead: bool = True
+    # Chain calls: the next call built for every outcome of this one while it computes (``decode/ahead.py``). None:
+    # the device's default (``chain_default``); False: every call built after the read.
+    ahead: bool | None = None
     # Calls and steps: the fixed-shape ones compiled, or the same functions run eagerly (the reference); None: compiled
     # unless PTP_MLX_EAGER=1 (``decode.fixed.compiled_by_default``).
     compiled: bool | None = None
@@ -225,7 +225,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
-    chain = hook is None and bool(opts.ahead)
+    chain = hook is None and (chain_default() if opts.ahead is None else bool(opts.ahead))
     plan, call, nxt = None, None, None  # the next call's plan / its queued build / the call chained on it
     try:
         while i < max_new:

@@ -45,6 +45,20 @@ def test_rules_parse_and_refuse():
             AcceptRule.parse(bad)
 
 
+def test_floor_keeps_uncertain_rows_from_accepting_anything():
+    """In a near-uniform row the entropy rule's bar falls to about delta / vocab: any draft stands. A floor keeps a
+    least probability; where the bar is above the floor (a peaked row) the floor changes nothing."""
+    flat = mx.zeros((1, 1000))  # p = 0.001 for every token, H = log(1000)
+    peaked = mx.array([[8.0, 6.0] + [0.0] * 998])
+    draft = mx.array([5])
+    loose, floored = AcceptRule.parse("entropy"), AcceptRule.parse("entropy:floor=0.05")
+    assert floored.label == "lenient entropy eps=0.3 delta=0.09 floor=0.05" and loose.floor == 0.0
+    assert loose.accepts(flat, draft, 1.0).item() and not floored.accepts(flat, draft, 1.0).item()
+    second = mx.array([1])  # the runner-up of a peaked row: p about 0.09, above both bars (0.008, 0.05)
+    assert loose.accepts(peaked, second, 1.0).item() and floored.accepts(peaked, second, 1.0).item()
+    assert not floored.accepts(peaked, draft, 1.0).item() and not loose.accepts(peaked, draft, 1.0).item()
+
+
 @pytest.mark.parametrize("sname", list(SAMPLINGS))
 @pytest.mark.parametrize("strictest", ["threshold:tau=1.01", "entropy:eps=1.01,delta=1e9"])
 def test_strictest_setting_is_exact_decoding(engine, sname, strictest):

@@ -18,7 +18,9 @@ from ptp_mlx.prompt_cache import PromptCache
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts the chained calls queued ("hit"), those dropped after the read ("miss") and those built ("built")."""
+    """Chains calls whatever the device (on the CPU the default is not to), and counts the chained calls queued
+    ("hit"), those dropped after the read ("miss") and those built ("built")."""
+    monkeypatch.setattr(generate, "chain_default", lambda: True)
     seen = Counter()
     build, confirm = generate.build_chained, generate.confirm_chained
 

@@ -5,9 +5,11 @@ Under every rule each row is verified given the tokens before it in the block (t
 row whose draft is not accepted emits that row's exact pick. A lenient answer is not the model's exact sample for
 its uniforms: it is labelled wherever it is shown.
 
-- ``entropy``: accept draft ``x`` if ``p(x) >= min(eps, delta * exp(-H))``, with ``p`` and the entropy ``H`` of the
-  verifying row (softmax at the sampling temperature, T 1 when greedy) (Medusa-2's typical acceptance; the PTP
-  authors report 4.40 tokens per call at unchanged mean base-model probability on Vicuna-7B at T 0.7);
+- ``entropy``: accept draft ``x`` if ``p(x) >= max(floor, min(eps, delta * exp(-H)))``, with ``p`` and the entropy
+  ``H`` of the verifying row (softmax at the sampling temperature, T 1 when greedy) (Medusa-2's typical acceptance; the PTP
+  authors report 4.40 tokens per call at unchanged mean base-model probability on Vicuna-7B at T 0.7). In an
+  uncertain row the bar ``delta * exp(-H)`` falls towards zero, so almost any draft would stand; ``floor`` (0 by
+  default: the published rule) keeps a least probability every accepted draft needs;
 - ``threshold``: accept ``x`` if ``p(x) >= tau``.
 
 A threshold above 1 accepts nothing the exact rule does not: the strictest setting of each rule is exact decoding.
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 KINDS = ("exact", "entropy", "threshold")
-DEFAULTS = {"entropy": {"eps": 0.3, "delta": 0.09}, "threshold": {"tau": 0.3}}
+DEFAULTS = {"entropy": {"eps": 0.3, "delta": 0.09, "floor": 0.0}, "threshold": {"tau": 0.3}}
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class AcceptRule:
     kind: str = "exact"
     eps: float = 0.3
     delta: float = 0.09
+    floor: float = 0.0
     tau: float = 0.3
 
     @property
@@ -40,14 +43,15 @@ class AcceptRule:
     def label(self) -> str:
         """How an answer decoded under this rule is labelled (``exact`` or ``lenient ...``)."""
         if self.kind == "entropy":
-            return f"lenient entropy eps={self.eps:g} delta={self.delta:g}"
+            extra = f" floor={self.floor:g}" if self.floor else ""
+            return f"lenient entropy eps={self.eps:g} delta={self.delta:g}{extra}"
         if self.kind == "threshold":
             return f"lenient threshold tau={self.tau:g}"
         return "exact"
 
     @classmethod
     def parse(cls, text: str) -> AcceptRule:
-        """``exact``, ``entropy``, ``entropy:eps=0.3,delta=0.09``, ``threshold``, ``threshold:tau=0.2`` (or
+        """``exact``, ``entropy``, ``entropy:eps=0.3,delta=0.09,floor=0.05``, ``threshold``, ``threshold:tau=0.2`` (or
         ``threshold:0.2``). Raises ``ValueError`` naming what is wrong."""
         kind, _, params = (text or "").strip().partition(":")
         kind = kind.strip().lower()
@@ -84,7 +88,8 @@ class AcceptRule:
             return p >= self.tau
         probs = mx.exp(logp)
         entropy = -mx.sum(mx.where(probs > 0, probs * logp, 0.0), axis=-1)
-        return p >= mx.minimum(self.eps, self.delta * mx.exp(-entropy))
+        bar = mx.minimum(self.eps, self.delta * mx.exp(-entropy))
+        return p >= (mx.maximum(bar, self.floor) if self.floor else bar)
 
 
 EXACT = AcceptRule()
