@@ -14,4 +14,12 @@ fi
 if [ ! -s "$out/t07.json" ]; then
   ptp-bench --tasks 210 --max-tokens 32 --temp 0.7 --top-p 0.95 --seed 0 --rules "$T" --json "$out/t07.json" --plot "$out/t07.png" > "$out/t07.txt"
 fi
+# The entropy rule with a floor (a least probability every accepted draft needs), greedy and T 0.7.
+F="exact;entropy:floor=0.05;entropy:floor=0.1"
+if [ ! -s "$out/greedy-floor.json" ]; then
+  ptp-bench --tasks 210 --max-tokens 32 --rules "$F" --json "$out/greedy-floor.json" --plot "$out/greedy-floor.png" > "$out/greedy-floor.txt"
+fi
+if [ ! -s "$out/t07-floor.json" ]; then
+  ptp-bench --tasks 210 --max-tokens 32 --temp 0.7 --top-p 0.95 --seed 0 --rules "$F" --json "$out/t07-floor.json" --plot "$out/t07-floor.png" > "$out/t07-floor.txt"
+fi
 echo done > "$out/DONE"
