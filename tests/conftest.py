@@ -37,3 +37,18 @@ def _isolated_home(tmp_path, monkeypatch, request):
         monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
     # User data (saved chats) always: a test never reads or writes the user's own, even with PTP_MLX_HOME set.
     monkeypatch.setenv("PTP_MLX_DATA", str(tmp_path / "data"))
+
+
+@pytest.fixture(scope="session")
+def adapter_dir(tmp_path_factory, tiny):
+    """A random PTP adapter (rank 4, window 4) for the tiny model."""
+    from ptp_mlx.adapter import make_config, save_adapter
+    from ptp_mlx.model.ptp import PTPAdapter
+    from ptp_mlx.testing import randomize_adapter
+
+    model, _ = tiny
+    ad = PTPAdapter(model, 4, 1.0, "binary")
+    randomize_adapter(ad)
+    out = tmp_path_factory.mktemp("adapter") / "ad"
+    save_adapter(ad, make_config(model, ad, 4, 1.0, window=4), out)
+    return out

@@ -27,20 +27,6 @@ def prompt_file(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def adapter_dir(tmp_path_factory, tiny):
-    from ptp_mlx.adapter import make_config, save_adapter
-    from ptp_mlx.model.ptp import PTPAdapter
-    from ptp_mlx.testing import randomize_adapter
-
-    model, _ = tiny
-    ad = PTPAdapter(model, 4, 1.0, "binary")
-    randomize_adapter(ad)
-    out = tmp_path_factory.mktemp("adapter") / "ad"
-    save_adapter(ad, make_config(model, ad, 4, 1.0, window=4), out)
-    return out
-
-
-@pytest.fixture(scope="module")
 def engine(tiny_model_dir, adapter_dir):
     from ptp_mlx.engine import Engine
 

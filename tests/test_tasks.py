@@ -10,20 +10,6 @@ from ptp_mlx.bench import cli
 from ptp_mlx.bench.tasks import KINDS, Task, is_right, make_tasks, wilson
 
 
-@pytest.fixture(scope="module")
-def adapter_dir(tmp_path_factory, tiny):
-    from ptp_mlx.adapter import make_config, save_adapter
-    from ptp_mlx.model.ptp import PTPAdapter
-    from ptp_mlx.testing import randomize_adapter
-
-    model, _ = tiny
-    ad = PTPAdapter(model, 4, 1.0, "binary")
-    randomize_adapter(ad)
-    out = tmp_path_factory.mktemp("adapter") / "ad"
-    save_adapter(ad, make_config(model, ad, 4, 1.0, window=4), out)
-    return out
-
-
 def test_the_set_is_the_same_every_time_and_covers_every_kind():
     a, b = make_tasks(70, seed=0), make_tasks(70, seed=0)
     assert a == b and make_tasks(70, seed=1) != a

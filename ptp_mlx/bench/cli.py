@@ -213,7 +213,9 @@ def run(args: argparse.Namespace) -> int:
     if args.tasks:
         if not eng.has_adapter:
             raise UserError("--tasks compares acceptance rules of PTP: it needs an adapter")
-        return _tasks(eng, sampling, args)
+        from .tasks import tasks_command
+
+        return tasks_command(eng, sampling, args)
     if methods is None:
         methods = (
             ["mlx-lm", "ar"] + (["ptp"] if eng.has_adapter else []) + (["mlx-lm-draft"] if args.draft_model else [])
@@ -343,37 +345,6 @@ def _cost_sweep(args) -> int:
     print(text)
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps({"cost_sweep": doc}, indent=1) + "\n").encode())
-    return 0
-
-
-def _tasks(eng, sampling, args) -> int:
-    import json
-
-    from tqdm import tqdm
-
-    from ..paths import atomic_write_bytes
-    from .tasks import make_tasks, run_rules, tasks_table, write_tasks_plot
-
-    tasks = make_tasks(args.tasks, args.seed)
-    with tqdm(total=len(tasks), desc="ptp-bench --tasks", unit="item", file=sys.stderr, disable=None) as bar:
-        runs = run_rules(eng, tasks, args.rules, sampling, args.max_tokens, progress=bar.update)
-    exact = runs[0]
-    summaries = [exact.summary()] + [r.summary(exact) for r in runs[1:]]
-    how = "greedy" if sampling.greedy else f"T {sampling.temperature:g}, top-p {sampling.top_p:g}, seed {sampling.seed}"
-    header = (
-        f"ptp-bench --tasks {len(tasks)} | {how} | {args.max_tokens} new tokens | task seed {args.seed} | "
-        "lenient rules are not the exact sample"
-    )
-    print(tasks_table(summaries, header))
-    doc = {"tasks": {"settings": {"items": len(tasks), "sampling": how, "max_tokens": args.max_tokens}}}
-    doc["tasks"]["rules"] = summaries
-    doc["tasks"]["items"] = [
-        {"kind": t.kind, "answer": t.answer, "right": [r.right[i] for r in runs]} for i, t in enumerate(tasks)
-    ]
-    if args.json:
-        atomic_write_bytes(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
-    if args.plot:
-        write_tasks_plot(args.plot, summaries, header)
     return 0
 
 

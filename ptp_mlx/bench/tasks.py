@@ -242,3 +242,33 @@ def write_tasks_plot(path: str, summaries: list[dict], title: str) -> None:
     fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
     atomic_write_bytes(Path(path), buf.getvalue())  # nothing half-written
+
+
+def tasks_command(eng, sampling, args) -> int:
+    """``ptp-bench --tasks N``: every rule of ``args.rules`` on N tasks; the table to stdout, ``--json``, ``--plot``."""
+    import json
+    import sys
+
+    from tqdm import tqdm
+
+    tasks = make_tasks(args.tasks, args.seed)
+    with tqdm(total=len(tasks), desc="ptp-bench --tasks", unit="item", file=sys.stderr, disable=None) as bar:
+        runs = run_rules(eng, tasks, args.rules, sampling, args.max_tokens, progress=bar.update)
+    exact = runs[0]
+    summaries = [exact.summary()] + [r.summary(exact) for r in runs[1:]]
+    how = "greedy" if sampling.greedy else f"T {sampling.temperature:g}, top-p {sampling.top_p:g}, seed {sampling.seed}"
+    header = (
+        f"ptp-bench --tasks {len(tasks)} | {how} | {args.max_tokens} new tokens | task seed {args.seed} | "
+        "lenient rules are not the exact sample"
+    )
+    print(tasks_table(summaries, header))
+    doc = {"tasks": {"settings": {"items": len(tasks), "sampling": how, "max_tokens": args.max_tokens}}}
+    doc["tasks"]["rules"] = summaries
+    doc["tasks"]["items"] = [
+        {"kind": t.kind, "answer": t.answer, "right": [r.right[i] for r in runs]} for i, t in enumerate(tasks)
+    ]
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps(doc, indent=1) + "\n").encode())
+    if args.plot:
+        write_tasks_plot(args.plot, summaries, header)
+    return 0

@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..drafting.protocol import CallResult, Drafter, Guess, Plan
-from .call import ChainInputs, PendingCall, build_call, call_shape
+from .call import ChainInputs, PendingCall, build_call, call_shape, call_uniforms
 from .session import DecodeSession
 
 
@@ -36,18 +36,6 @@ class Chained:
     guesses: list[Guess | None]
     before: tuple | None
     rows: int
-
-
-def _uniform_rows(sess: DecodeSession, plan: Plan, i: int) -> tuple[np.ndarray, np.ndarray]:
-    """The uniforms of a call that runs ``plan`` from generated position ``i``: token rows, auxiliary rows."""
-    u, n = sess.uniforms, len(plan.drafts)
-    row_u = u.take(i, n + 1)
-    widths = list(plan.branches)
-    if sess.greedy_u is not None:
-        aux_u = np.full(sum(w for _, w in widths), sess.greedy_u, np.float32)
-    else:
-        aux_u = np.concatenate([u.take(i + d, w) for d, w in widths]) if widths else np.zeros(0, np.float32)
-    return row_u, aux_u
 
 
 def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int) -> Chained | None:
@@ -77,13 +65,13 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
     draft_rows = np.zeros((n + 1, m), np.int32)
-    row_u, aux_u = _uniform_rows(sess, nxt, 0)
+    row_u, aux_u = call_uniforms(sess, nxt, 0)
     row_table = np.zeros((n + 1, row_u.size), np.float32)
     aux_table = np.zeros((n + 1, aux_u.size), np.float32)
     for g, x in enumerate(guesses):
         if x is not None:
             draft_rows[g] = x.draft_rows
-            row_table[g], aux_table[g] = _uniform_rows(sess, nxt, call.i + 1 + g)
+            row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
     c = call.out.accepted  # int32 []: the outcome, known on the device only
     rows = [mx.take(call.out.targets, c.reshape(1)).astype(mx.int32)]
     if m:

@@ -96,6 +96,21 @@ def call_shape(plan: Plan, runner_up: bool = False, mode_mass: bool = False) -> 
     return CallShape(parents, tuple(windows), runner_up and bool(windows), mode_mass and bool(windows))
 
 
+def call_uniforms(sess: DecodeSession, plan: Plan, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """The uniforms of a call that runs ``plan`` from generated position ``i``: token rows (float32 [n_tok]) and
+    auxiliary rows (float32 [n_aux]; the adapter's reserved one under greedy decoding)."""
+    u, n, alts = sess.uniforms, len(plan.drafts), plan.alts
+    widths = list(plan.branches) + [(1, w) for _, w in alts if w]  # (depth, rows) of each window
+    if sess.greedy_u is not None:
+        aux_u = np.full(sum(w for _, w in widths), sess.greedy_u, np.float32)
+    else:
+        aux_u = np.concatenate([u.take(i + d, w) for d, w in widths]) if widths else np.zeros(0, np.float32)
+    row_u = u.take(i, n + 1)
+    if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
+        row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
+    return row_u, aux_u
+
+
 def build_call(
     sess: DecodeSession, last: int, plan: Plan, i: int, tokens: mx.array | None = None, chain: ChainInputs | None = None
 ) -> PendingCall:
@@ -108,9 +123,9 @@ def build_call(
     masks and outputs. ``i``: the generated position of the
     call's first exact token (where its uniforms start). ``chain``: every input already on the device (a chained
     call of ``decode/ahead.py``; its ``offset`` is known once the call before it is read)."""
-    pm, cache, u, s, hook = sess.pm, sess.cache, sess.uniforms, sess.settings, sess.hook
+    pm, cache, s, hook = sess.pm, sess.cache, sess.settings, sess.hook
     offset = cache.offset
-    n, branches, alts = len(plan.drafts), plan.branches, plan.alts
+    n, alts = len(plan.drafts), plan.alts
     shape = call_shape(plan, sess.runner_up, sess.mode_mass)
     if chain is not None:
         out = sess.bank.call(
@@ -119,16 +134,8 @@ def build_call(
         return PendingCall(plan, -1, i, shape, out)
     if tokens is None:
         tokens = mx.array([last] + plan.drafts + [a for a, _ in alts], dtype=mx.int32)
-    widths = [(d, w) for d, w in branches] + [(1, w) for _, w in alts if w]  # (depth, rows) of each window
     n_aux = shape.n_aux
-    if sess.greedy_u is not None:
-        aux_u = np.full(n_aux, sess.greedy_u, np.float32)
-    else:
-        aux_u = np.concatenate([u.take(i + d, w) for d, w in widths]) if widths else np.zeros(0, np.float32)
-    row_u = u.take(i, n + 1)
-    if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
-        row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
-    row_u, aux_u = mx.array(row_u), mx.array(aux_u)
+    row_u, aux_u = (mx.array(x) for x in call_uniforms(sess, plan, i))
     prefixes = [plan.drafts[:j] for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
     if sess.bank is not None:
         out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, sess.rule)
