@@ -15,17 +15,14 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 
 from .decode.accept import EXACT, AcceptRule
-from .decode.ahead import build_chained, chain_default, confirm_chained, drop_chained
+from .decode.ahead import build_chained, confirm_chained, drop_chained
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
 from .decode.session import DecodeSession
-from .drafting.budget import Budget, BudgetPolicy, FixedBudget
-from .drafting.chain import ChainDrafter
-from .drafting.cost import CostCurve
-from .drafting.lookup import LookupDrafter
+from .drafting.budget import BudgetPolicy
+from .drafting.policy import DraftingConfig, make_drafter
 from .drafting.protocol import Drafter, DraftSession
-from .drafting.tree import TreeDrafter
 from .logits import LogitsHook, TokenLogprob
 from .model.ptp import PTPModel
 from .prompt_cache import PromptCache
@@ -66,13 +63,18 @@ class DecodeOptions:
     drafter: Drafter | None = None  # default: ``default_drafter`` (the adapter's own drafts); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
     logits: LogitsHook | None = None  # penalties, logit_bias and logprobs of one answer (ptp_mlx/logits.py)
-    # Chain calls: the next call built for every outcome of this one while it computes (``decode/ahead.py``). None:
-    # the device's default (``chain_default``); False: every call built after the read.
-    ahead: bool | None = None
+    # Chain calls: the next call built for every outcome of this one while it computes (``decode/ahead.py``), on every
+    # backend; False: every call built after the read (the profile's synchronous reference).
+    ahead: bool = True
     # Calls and steps: the fixed-shape ones compiled, or the same functions run eagerly (the reference); None: compiled
     # unless PTP_MLX_EAGER=1 (``decode.fixed.compiled_by_default``).
     compiled: bool | None = None
     accept: AcceptRule = EXACT  # the acceptance rule (decode/accept.py); a lenient one is opt-in and labelled
+
+    @property
+    def drafting(self) -> DraftingConfig:
+        """The drafting knobs above as one config (what ``drafting/policy.py: make_drafter`` composes from)."""
+        return DraftingConfig(self.num_draft_tokens, self.budget, self.trees, self.lookup, self.step)
 
 
 class ContextFull(ValueError):
@@ -192,17 +194,8 @@ def decoding_settings(pm, s: SamplingSettings) -> SamplingSettings:
 
 
 def default_drafter(pm: PTPModel, opts: DecodeOptions) -> Drafter:
-    """The adapter's drafts under the adaptive budget (``opts.budget`` or a flat curve) or a fixed one
-    (``opts.num_draft_tokens``); with runner-up siblings when ``opts.trees`` and the budget builds trees; with
-    prompt-lookup chains beside them when ``opts.lookup``."""
-    width = pm.config.window
-    if opts.num_draft_tokens:
-        budget: BudgetPolicy = FixedBudget(opts.num_draft_tokens, width)
-    else:
-        budget = opts.budget or Budget(CostCurve(), max_width=width)
-    kind = TreeDrafter if opts.trees and budget.builds_trees else ChainDrafter
-    drafter: Drafter = kind(budget, opts.step)
-    return LookupDrafter(drafter, max_draft=width - 1) if opts.lookup else drafter
+    """The adapter's drafts as ``opts.drafting`` composes them (``drafting/policy.py: make_drafter``)."""
+    return make_drafter(opts.drafting, pm.config.window)
 
 
 def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history, eos):
@@ -225,7 +218,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
-    chain = hook is None and (chain_default() if opts.ahead is None else bool(opts.ahead))
+    chain = hook is None and bool(opts.ahead)
     plan, call, nxt = None, None, None  # the next call's plan / its queued build / the call chained on it
     try:
         while i < max_new:

@@ -52,3 +52,31 @@ def adapter_dir(tmp_path_factory, tiny):
     out = tmp_path_factory.mktemp("adapter") / "ad"
     save_adapter(ad, make_config(model, ad, 4, 1.0, window=4), out)
     return out
+
+
+# The decoding tests' models (ptp_mlx/testing/decoding.py), one set per test module.
+@pytest.fixture(scope="module")
+def varied(tiny_model_dir):
+    """(model, tokenizer): the tiny Llama with re-randomised, larger weights (a private copy)."""
+    import mlx_lm
+
+    from ptp_mlx.testing.decoding import varied_model
+
+    model, tok = mlx_lm.load(str(tiny_model_dir))
+    return varied_model(model), tok
+
+
+@pytest.fixture(scope="module")
+def pm_sticky(varied):
+    """An adapter whose drafts are right exactly when the model emits its most frequent token."""
+    from ptp_mlx.testing.decoding import sticky_model
+
+    return sticky_model(*varied)
+
+
+@pytest.fixture(scope="module")
+def pm_random(varied):
+    """A plainly random adapter (linear-interpolation u-embedding, a reserved greedy u)."""
+    from ptp_mlx.testing.decoding import random_model
+
+    return random_model(varied[0])

@@ -2,30 +2,16 @@
 it (PTP against plain decoding, token for token), training's re-binning of teacher records, and near-tie
 classification in that order."""
 
-import sys
-from pathlib import Path
-
 import mlx.core as mx
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_decode import (  # noqa: E402
-    PROMPTS,
-    SETTINGS,
-    WINDOW,
-    ar,
-    assert_same,
-    pm_sticky,  # noqa: F401 (fixture)
-    varied,  # noqa: F401 (fixture)
-    with_seed,
-)
-
-from ptp_mlx.adapter import AdapterConfig  # noqa: E402
-from ptp_mlx.generate import encode_prompt  # noqa: E402
-from ptp_mlx.model.ptp import PTPModel  # noqa: E402
-from ptp_mlx.sampler import SamplingSettings, UniformStream, bins, filtered_probs, pick  # noqa: E402
-from ptp_mlx.ties import classify  # noqa: E402
+from ptp_mlx.adapter import AdapterConfig
+from ptp_mlx.generate import encode_prompt
+from ptp_mlx.model.ptp import PTPModel
+from ptp_mlx.sampler import SamplingSettings, UniformStream, bins, filtered_probs, pick
+from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
+from ptp_mlx.ties import classify
 
 CASES = [(0.7, 50, 0.95), (1.0, 0, 1.0), (0.7, 0, 0.9), (1.3, 20, 1.0)]
 

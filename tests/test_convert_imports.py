@@ -33,11 +33,36 @@ def test_no_module_level_torch_import_in_package():
     assert offenders == {}
 
 
-def test_converters_import_without_torch_at_module_level():
-    import ptp_mlx.convert.cli  # noqa: F401
-    import ptp_mlx.convert.common  # noqa: F401
-    import ptp_mlx.convert.hf  # noqa: F401
-    import ptp_mlx.convert.ptp  # noqa: F401
+# Imports the converters in a fresh interpreter where ``import torch`` fails (as on a machine without it), then
+# reports which modules loaded and whether torch did.
+_NO_TORCH = """
+import importlib, sys
 
-    import ptp_mlx.conversion  # noqa: F401
-    import ptp_mlx.gguf  # noqa: F401
+sys.modules["torch"] = None  # "import torch" now fails, and importlib.util.find_spec("torch") finds nothing
+names = sys.argv[1:]
+for name in names:
+    importlib.import_module(name)
+print(",".join(n for n in names if n in sys.modules), sys.modules.get("torch") is not None)
+"""
+CONVERTERS = ("ptp_mlx.convert.cli", "ptp_mlx.convert.common", "ptp_mlx.convert.hf", "ptp_mlx.convert.ptp")
+CONVERTERS += ("ptp_mlx.conversion", "ptp_mlx.gguf")
+
+
+def test_converters_import_without_torch_at_module_level():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, *CONVERTERS], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded, torch_loaded = out.stdout.split()
+    assert loaded.split(",") == list(CONVERTERS) and torch_loaded == "False"
+
+
+def test_the_torch_blocker_blocks():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_TORCH, "torch"], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "ModuleNotFoundError" in out.stderr and "torch" in out.stderr

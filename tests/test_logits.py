@@ -16,7 +16,7 @@ from ptp_mlx.engine import Engine
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.logits import LogitsHook, LogitsSettings
 from ptp_mlx.sampler import SamplingSettings
-from ptp_mlx.testing import OracleDrafter, TreeDrafter, make_tiny_model, multi_row_logit_gap, save_random_adapter
+from ptp_mlx.testing import OracleDrafter, RandomTreeDrafter, make_tiny_model, multi_row_logit_gap, save_random_adapter
 
 PROMPT = "hello there"  # greedy repeats tokens here: penalties change the answer
 SAMPLINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
@@ -62,7 +62,7 @@ def test_processed_ptp_equals_ar(engine, sname, proc):
     # Every draft right: each row inside a block counts the drafts before it.
     oracle = decode(engine, ids, s, ls, OracleDrafter(want, width=4))
     assert tokens_of(oracle) == want and max(st.accepted for st in oracle) == 3
-    trees = decode(engine, ids, s, ls, TreeDrafter(want, width=4, seed=1, p_right=0.6, vocab=259))
+    trees = decode(engine, ids, s, ls, RandomTreeDrafter(want, width=4, seed=1, p_right=0.6, vocab=259))
     assert tokens_of(trees) == want
     if ls.logprobs is not None:
         for run in (ar, ptp, oracle, trees):
@@ -160,7 +160,7 @@ def test_constrained_json_is_lossless(engine, sname, schema):
     assert tokens_of(ptp) == want
     oracle = decode(engine, ids, s, ls, OracleDrafter(want, width=4), max_tokens=60)
     assert tokens_of(oracle) == want and max(st.accepted for st in oracle) == 3
-    trees = decode(engine, ids, s, ls, TreeDrafter(want, width=4, seed=2, p_right=0.7, vocab=259), max_tokens=60)
+    trees = decode(engine, ids, s, ls, RandomTreeDrafter(want, width=4, seed=2, p_right=0.7, vocab=259), max_tokens=60)
     assert tokens_of(trees) == want
     # Log-probabilities are those of the constrained distribution: tokens the grammar rules out are no alternatives.
     for st in ar:

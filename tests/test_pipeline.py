@@ -8,19 +8,18 @@ from collections import Counter
 
 import mlx.core as mx
 import pytest
-from test_decode import PROMPTS, SETTINGS, WINDOW, ar, assert_same, pm_random, pm_sticky, varied, with_seed  # noqa: F401
 
 import ptp_mlx.generate as generate
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.model.kv import KVState
 from ptp_mlx.prompt_cache import PromptCache
+from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Chains calls whatever the device (on the CPU the default is not to), and counts the chained calls queued
-    ("hit"), those dropped after the read ("miss") and those built ("built")."""
-    monkeypatch.setattr(generate, "chain_default", lambda: True)
+    """Counts the chained calls (the default on every device) queued ("hit"), those dropped after the read ("miss")
+    and those built ("built")."""
     seen = Counter()
     build, confirm = generate.build_chained, generate.confirm_chained
 

@@ -10,11 +10,19 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
   A fixed shape is known ahead, so these calls run pipelined: plan and build are empty when the call was
   queued from its build ahead.
 
-Every row also reports **host time on the critical path** per call: the wall time of a call as the consumer of
-``stream_generate`` sees it (yield to yield) minus its compute, i.e. the host work the device waited for. For
-unpipelined calls compute is the wait in ``mx.eval``; for pipelined steps (mlx-lm's and ours), whose host work
-hides behind the previous step's compute, it is the same step's time when many steps are queued back to back
-(built first, then evaluated at once), so the host adds nothing there.
+Every row also reports **host time on the critical path** per call: the host work done while nothing is queued
+on the device, measured directly. For a PTP call that is its phases between the read of the call before it and
+its own queueing: planning and building it (zero when it was chained), then its read, trim and the drafter's
+update (median over calls of their sum); the "ahead" phase is not on the path (it runs while the call computes).
+For the unpipelined AR step it is its build and read; pipelined steps (mlx-lm's and ours) queue the next step
+before reading this one, so nothing of the host is on the path. Not included: MLX's walk of a call's graph inside
+``mx.async_eval`` before its first kernel starts (the "queue" phase also holds the dispatch of all but its last
+kernels, which runs while the device computes).
+
+The older, indirect figure stays beside it: **wall - compute**, the wall time of a call as the consumer of
+``stream_generate`` sees it (yield to yield) minus its compute (the wait in ``mx.eval`` of the synchronous run of
+the same shape; for pipelined steps the step's time with many steps queued back to back). It differences two
+separate runs, so on a noisy machine it moves by the noise of the compute (tens of milliseconds here).
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ from ..sampler import SamplingSettings, UniformStream, pick
 from .graph import call_primitives
 
 PHASES = ("plan", "build", "queue", "ahead", "compute", "read+trim", "update")
+# The host phases on the critical path of a call (see above): nothing is queued on the device while they run.
+ON_PATH = ("plan", "build", "read+trim", "update")
 # (drafts verified, [(branch, width), ...]): 3+7 is the issue's reference shape (2 drafts, 7 auxiliaries).
 SHAPES: tuple[tuple[int, tuple[tuple[int, int], ...]], ...] = (
     (0, ((0, 2),)),
@@ -55,14 +65,21 @@ class ProfileRow:
     tokens: list[int] | None = None  # what the calls emitted (PTP rows: compared with AR, a free lossless check)
     compute: float = 0.0  # median milliseconds of compute per call (the device's part)
     calls_raw: list[dict] | None = None  # (PTP rows, while profiling: every call's phases in seconds)
+    host: float = 0.0  # median milliseconds per call of the host phases on the critical path (``ON_PATH``)
 
     @property
     def host_on_path(self) -> float:
-        """Host milliseconds per call that the device waited for (wall time minus compute, at least 0)."""
+        """Host milliseconds per call that the device waited for, measured directly (``ON_PATH`` phases)."""
+        return self.host
+
+    @property
+    def wall_minus_compute(self) -> float:
+        """The indirect figure: wall time per call minus compute, at least 0."""
         return max(0.0, self.total - self.compute)
 
     def to_json(self) -> dict:
-        return {**{k: v for k, v in self.__dict__.items() if k != "calls_raw"}, "host_on_path": self.host_on_path}
+        doc = {k: v for k, v in self.__dict__.items() if k not in ("calls_raw", "host")}
+        return {**doc, "host_on_path": self.host_on_path, "wall_minus_compute": self.wall_minus_compute}
 
 
 class ShapeDrafter(Drafter):
@@ -193,7 +210,11 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings, compil
         for k, a, b in (("build", t0, t1), ("compute", t1, t2), ("read+trim", t2, t3)):
             ph[k].append(b - a)
     med = {k: _median_ms(v) for k, v in ph.items()}
-    rows.append(ProfileRow("ar (unpipelined)", 1, max_tokens, med, sum(med.values()), 1.0, compute=med["compute"]))
+    host = _median_ms([b + r for b, r in zip(ph["build"], ph["read+trim"], strict=True)])
+    unpiped = ProfileRow(
+        "ar (unpipelined)", 1, max_tokens, med, sum(med.values()), 1.0, compute=med["compute"], host=host
+    )
+    rows.append(unpiped)
     return rows
 
 
@@ -250,18 +271,20 @@ def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled)
     tpc = sum(len(st.tokens) for st in steps) / max(1, len(steps))
     toks = [t for st in steps for t in st.tokens]
     name = f"ptp {1 + n}+{rows - 1 - n}"
-    return ProfileRow(name, rows, len(full), med, total, tpc, toks, calls_raw=[{**c} for c in calls])
+    host = _median_ms([sum(c.get(k, 0.0) for k in ON_PATH) for c in calls])
+    return ProfileRow(name, rows, len(full), med, total, tpc, toks, calls_raw=[{**c} for c in calls], host=host)
 
 
 def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:
     """The fixed-format table: one line per kind of call, milliseconds per call, and the ratio to an AR step."""
-    cols = ["call", "rows", "calls"] + list(PHASES) + ["host on path", "total ms", "x ar step", "tokens/call"]
+    cols = ["call", "rows", "calls"] + list(PHASES) + ["host on path", "wall - compute", "total ms", "x ar step"]
+    cols += ["tokens/call"]
     lines = [header, "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         ph = [f"{r.phases[k]:.2f}" if k in r.phases else "" for k in PHASES]
         if "compute" not in r.phases:  # pipelined steps: compute measured with the steps queued back to back
             ph[PHASES.index("compute")] = f"({r.compute:.2f})"
-        ph.append(f"{r.host_on_path:.2f}")
+        ph += [f"{r.host_on_path:.2f}", f"{r.wall_minus_compute:.2f}"]
         lines.append(
             "| "
             + " | ".join(
@@ -302,8 +325,8 @@ def run_profile(
     header = (
         f"ptp-bench --profile | {len(ids)} prompt tokens | {max_tokens} new tokens | {_describe(s)} | "
         f"median ms per call, best of {rounds} interleaved rounds | ar step {ar_ms:.2f} ms | "
-        f"mlx-lm step {best['mlx-lm'].total:.2f} ms | host on path = wall time per call - compute "
-        f"(compute in parentheses: steps queued back to back)"
+        f"mlx-lm step {best['mlx-lm'].total:.2f} ms | host on path = host phases while nothing is queued "
+        f"(plan, build, read+trim, update) | wall - compute: compute in parentheses = steps queued back to back"
     )
     text = profile_table(rows, ar_ms, header)
     text += "\nlossless: " + (f"DIFFERS from ar: {', '.join(diverged)}" if diverged else "every PTP shape == ar")

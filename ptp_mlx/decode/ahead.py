@@ -97,7 +97,7 @@ def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: 
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the chained call's rows
     ok = guess is not None and plan is not None and not plan.burst and not plan.alts
     ok = ok and plan.branches == guess.plan.branches
-    ok = ok and plan.drafts == [result.aux_tokens[j] for j in guess.draft_rows]
+    ok = ok and plan.drafts == tuple(result.aux_tokens[j] for j in guess.draft_rows)
     if not ok:
         drop_chained(chained, cache, keep)
         return None
@@ -113,12 +113,3 @@ def drop_chained(chained: Chained, cache, keep: int) -> None:
         cache.restore(chained.before)
         chained.before = None
     cache.trim_to(keep)
-
-
-def chain_default() -> bool:
-    """Whether calls are chained by default: on a GPU, where ``mx.async_eval`` returns at once and the build hides
-    behind the whole call. Not on MLX's CPU backend: there the build overlaps the tail of the call (``async_eval``
-    returns once all but the last ~100 kernels are dispatched) but takes a core from the compute's own threads, and
-    on this 2-core machine two quiet ``ptp-bench --profile`` runs measured chained calls 3-12% faster in one and
-    -10% to +2% in the other (``docs/results/compiled/round2/``)."""
-    return mx.default_device() == mx.gpu

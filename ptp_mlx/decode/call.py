@@ -133,10 +133,10 @@ def build_call(
         )
         return PendingCall(plan, -1, i, shape, out)
     if tokens is None:
-        tokens = mx.array([last] + plan.drafts + [a for a, _ in alts], dtype=mx.int32)
+        tokens = mx.array([last, *plan.drafts, *(a for a, _ in alts)], dtype=mx.int32)
     n_aux = shape.n_aux
     row_u, aux_u = (mx.array(x) for x in call_uniforms(sess, plan, i))
-    prefixes = [plan.drafts[:j] for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
+    prefixes = [list(plan.drafts[:j]) for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
     if sess.bank is not None:
         out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, sess.rule)
         return PendingCall(plan, offset, i, shape, out, hook)
@@ -162,7 +162,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
         raise ValueError("cannot sample: the model produced non-finite logits")
     # 2. Accept the leading drafts that equal the exact tokens; if the first draft fell, an alternative may stand.
     c = int(o.accepted.item())
-    keep, block, alt = offset + 1 + c, plan.drafts[:c] + targets_l[c : c + 1], None
+    keep, block, alt = offset + 1 + c, list(plan.drafts[:c]) + targets_l[c : c + 1], None
     if c == 0 and alts:
         hit = [k for k, (a, _) in enumerate(alts) if a == targets_l[0]]
         if hit:

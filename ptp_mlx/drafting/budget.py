@@ -9,7 +9,7 @@ are poor. ``FixedBudget`` (``--num-draft-tokens N``) spends the same rows every 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -203,7 +203,7 @@ class Budget:
             return Plan([], [], burst=min(self.burst_len, remaining))  # (only a calibrating budget backs off)
         plan = Plan(drafts[:n], branches)
         if second is not None and n >= 1 and step == "fused" and remaining >= 2:
-            plan.alts = self._alternative(plan, confidences, second, room)
+            plan = replace(plan, alts=self._alternative(plan, confidences, second, room))
         return plan
 
     def _alternative(self, plan: Plan, confidences: list[float], second: tuple[int, float], room: int):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .budget import BudgetPolicy, Pace, reach, u_factor
 from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
 
@@ -60,7 +62,7 @@ class ChainDrafter(Drafter):
             self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
             self.pace = Pace()
         elif plan.drafts:
-            plan.source = "ptp"
+            plan = replace(plan, source="ptp")
         return plan
 
     def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
@@ -75,7 +77,7 @@ class ChainDrafter(Drafter):
         if nxt.burst or nxt.alts:
             return None
         if nxt.drafts:
-            nxt.source = "ptp"
+            nxt = replace(nxt, source="ptp")
         return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))])
 
     def update(self, plan: Plan, result: CallResult) -> None:

@@ -2,32 +2,43 @@
 
 The latest n tokens (n = 4, 3, 2) are looked up where they occurred before in the prompt and the answer so far;
 the tokens that followed them there become a candidate chain of drafts. Drafts are only ever verified by the exact
-rule, so the output does not change; the drafter only decides which chain a call verifies: the lookup chain when
-its expected accepted drafts (from the hit rate it has observed) beat the adapter's own chain, else the adapter's.
-Either way the call still drafts the adapter's branches after the verified chain, so adapter drafts continue
-where the lookup stops.
+rule, so the output does not change. ``LookupProposer`` is a peer of the adapter's ``ChainDrafter``: it offers its
+chain with the accepted drafts it expects (from the hit rate it has observed), and the policy of
+``drafting/policy.py`` picks between the offers. Either way the call still drafts the adapter's branches after the
+verified chain, so adapter drafts continue where the lookup stops.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .budget import Pace
-from .chain import ChainDrafter
-from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
+from .protocol import DraftSession
 
 NGRAMS = (4, 3, 2)
 
 
-class LookupDrafter(Drafter):
-    """Prompt-lookup chains beside the adapter's ``ChainDrafter`` (``source`` of a plan: "lookup" or "ptp")."""
+@dataclass(frozen=True)
+class LookupOffer:
+    """A lookup chain for the next call: its ``drafts``, the observed chance ``rate`` that a lookup draft stands
+    given the ones before it did, and the accepted drafts that rate makes ``expected``."""
+
+    drafts: tuple[int, ...]
+    rate: float
+
+    @property
+    def expected(self) -> float:
+        return sum(self.rate**k for k in range(1, len(self.drafts) + 1))
+
+
+class LookupProposer:
+    """Prompt-lookup chains from the prompt and the answer so far, with their observed hit rate and pace."""
+
+    source = "lookup"
 
     def __init__(
-        self,
-        inner: ChainDrafter,
-        prompt_ids: list[int] | None = None,
-        max_draft: int = 7,
-        prior: tuple[float, float] = (1.0, 1.0),
+        self, prompt_ids: list[int] | None = None, max_draft: int = 7, prior: tuple[float, float] = (1.0, 1.0)
     ):
-        self.inner = inner
         self.history = list(prompt_ids or [])
         self._own_history = prompt_ids is not None  # else ``begin`` starts it from the prompt
         self.max_draft = max_draft
@@ -41,15 +52,6 @@ class LookupDrafter(Drafter):
     def begin(self, session: DraftSession) -> None:
         if not self._own_history:
             self.history, self._index, self._indexed = list(session.prompt), {}, 0
-        self.inner.begin(session)
-
-    @property
-    def runner_up(self) -> bool:
-        return self.inner.runner_up
-
-    @property
-    def mode_mass(self) -> bool:
-        return self.inner.mode_mass
 
     @property
     def rate(self) -> float:
@@ -76,43 +78,27 @@ class LookupDrafter(Drafter):
                     return h[start + n : start + n + self.max_draft]
         return []
 
+    def offer(self) -> LookupOffer | None:
+        """The lookup chain in hand for the next call, or None."""
+        look = self.candidates()
+        return LookupOffer(tuple(look), self.rate) if look else None
+
     def ready(self, worth: float = 0.9) -> bool:
         """A lookup chain expected to land at least ``worth`` drafts is in hand: reason to end an autoregressive
         burst early (which wastes the step already queued, and the call costs more than a plain step)."""
         if self.pace.behind():
             return False  # lookup calls have delivered less than plain steps in this answer: let bursts run
-        look = self.candidates()
-        r = self.rate
-        if look and sum(r**k for k in range(1, len(look) + 1)) >= worth:
+        offer = self.offer()
+        if offer is not None and offer.expected >= worth:
             self.pace.cost += 1.0  # the queued step the caller now discards is charged to lookup
             return True
         return False
 
-    def plan(self, i: int, remaining: int, room: int) -> Plan:
-        look = self.candidates()
-        if look:
-            budget = self.inner.budget
-            r = self.rate
-            if sum(r**k for k in range(1, len(look) + 1)) > self.inner.expected(i):
-                # The budget fits the lookup chain to this machine's cost (it sees the hit rate as confidences).
-                conf = [min(0.99, r / budget.ratio)] * len(look)
-                alt = budget.plan(look, conf, remaining, room, self.inner.step)
-                if alt.drafts:
-                    alt.source = "lookup"
-                    return alt
-        return self.inner.plan(i, remaining, room)
-
-    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
-        # The adapter's next call, guessed ahead; when a lookup chain wins instead, the guess is not confirmed
-        # and that call is built after the read (a synchronous call).
-        return self.inner.guess(plan, accepted, i, remaining, room)
-
-    def update(self, plan: Plan, result: CallResult) -> None:
-        if plan.source == "lookup":
-            self.hits += result.accepted
-            self.misses += result.accepted < len(plan.drafts)
-            self.pace.add(result.accepted + 1, self.inner.budget.curve(plan.rows))
-        self.inner.update(plan, result)
+    def observe(self, proposed: int, accepted: int, cost: float) -> None:
+        """A call verified ``proposed`` lookup drafts, ``accepted`` of them stood, at ``cost`` plain steps."""
+        self.hits += accepted
+        self.misses += accepted < proposed
+        self.pace.add(accepted + 1, cost)
 
     def emitted(self, tokens: list[int]) -> None:
         self.history.extend(tokens)

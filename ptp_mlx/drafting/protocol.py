@@ -8,26 +8,35 @@ drafters only through this protocol.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..sampler import SamplingSettings, UniformStream
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
     """The rows of one PTP call: verify ``drafts`` (a prefix of those in hand) and draft ``branches``
-    ``[(d, width), ...]`` (branch d assumes d drafts accepted). ``burst > 0`` means: decode that many tokens
-    autoregressively instead (drafting does not pay)."""
+    ``((d, width), ...)`` (branch d assumes d drafts accepted). ``burst > 0`` means: decode that many tokens
+    autoregressively instead (drafting does not pay).
 
-    drafts: list[int]
-    branches: list[tuple[int, int]]
+    Frozen, its sequences stored as tuples: a plan is made once (by a drafter, or ``dataclasses.replace`` of
+    another) and read by everyone after, so no party can change what another planned."""
+
+    drafts: tuple[int, ...]
+    branches: tuple[tuple[int, int], ...]
     burst: int = 0
     source: str | None = None  # who proposed the drafts: "ptp" (the adapter) or "lookup" (prompt lookup)
     # Token tree: alternatives to the first draft, verified as sibling strands in the same call, each
     # ``(token, width)`` with an auxiliary branch of ``width`` rows (0: none) for the drafts after it.
-    alts: list[tuple[int, int]] = field(default_factory=list)
+    alts: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "drafts", tuple(self.drafts))
+        object.__setattr__(self, "branches", tuple((int(d), int(w)) for d, w in self.branches))
+        object.__setattr__(self, "alts", tuple((int(t), int(w)) for t, w in self.alts))
 
     @property
     def rows(self) -> int:
@@ -83,8 +92,9 @@ class DraftSession:
     settings: SamplingSettings
 
 
-class Drafter(Protocol):
-    """What a PTP call verifies. Subclass it to inherit the defaults of the optional parts."""
+class Drafter(ABC):
+    """What a PTP call verifies. Subclass it: ``plan`` and ``update`` are abstract (a subclass without them cannot
+    be constructed: ``TypeError`` names what is missing); the optional parts have defaults."""
 
     @property
     def runner_up(self) -> bool:
@@ -98,15 +108,16 @@ class Drafter(Protocol):
 
     def begin(self, session: DraftSession) -> None:
         """A new answer starts (called once, before the first ``plan``)."""
+        return None  # (optional: nothing to learn by default)
 
+    @abstractmethod
     def plan(self, i: int, remaining: int, room: int) -> Plan:
         """The next call's rows, for generated position ``i``, ``remaining`` tokens wanted and ``room`` rows
         left in the context."""
-        ...
 
+    @abstractmethod
     def update(self, plan: Plan, result: CallResult) -> None:
         """Learn from the call that ran ``plan`` (the next drafts, acceptance statistics)."""
-        ...
 
     def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (the next
@@ -117,6 +128,7 @@ class Drafter(Protocol):
 
     def emitted(self, tokens: list[int]) -> None:
         """Tokens the answer gained (every block, autoregressive bursts included)."""
+        return None  # (optional: nothing to keep by default)
 
     def ready(self) -> bool:
         """During an autoregressive burst: whether a draft worth a call is in hand (ends the burst early)."""

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from .drafting.protocol import CallResult, Drafter, Plan
+from ..drafting.protocol import CallResult, Drafter, Plan
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
@@ -158,7 +158,7 @@ class OracleDrafter(Drafter):
         pass
 
 
-class TreeDrafter(Drafter):
+class RandomTreeDrafter(Drafter):
     """A test drafter of random token trees: each call verifies a random chain (each draft the teacher's own
     token ``tokens[g]`` with probability ``p_right``, else a random one), random alternatives to its first draft
     (sometimes the right token), and random auxiliary branches for the chain's outcomes and for each
@@ -205,8 +205,8 @@ def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int =
     saved as an adapter folder at ``out`` (tests only)."""
     import mlx_lm
 
-    from .adapter import make_config, save_adapter
-    from .model.ptp import PTPAdapter
+    from ..adapter import make_config, save_adapter
+    from ..model.ptp import PTPAdapter
 
     model, _ = mlx_lm.load(str(model_dir))
     mx.random.seed(seed)
@@ -232,9 +232,9 @@ def explain_divergence(pm, prompt_ids, s, want: list[int], got: list[int], eos_i
     Returns ``(position, Tie or None, report)``; the tie is judged from the autoregressive decoder's own logits
     there (``ptp_mlx.ties``). Where one sequence ended, each of ``eos_ids`` is tried as its token.
     """
-    from .generate import decoding_settings
-    from .sampler import UniformStream
-    from .ties import classify, replay_ar_logits
+    from ..generate import decoding_settings
+    from ..sampler import UniformStream
+    from ..ties import classify, replay_ar_logits
 
     g = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
     refs = [want[g]] if g < len(want) else list(eos_ids)

@@ -1,0 +1,95 @@
+"""Drafters as peers behind one policy (docs/method.md, section 5), as llama.cpp chains its drafters.
+
+The adapter's ``ChainDrafter`` (or ``TreeDrafter``) and the ``LookupProposer`` each offer drafts for the next call
+with the accepted drafts they expect; ``DraftPolicy`` picks the better offer and fits it to this machine's cost
+with the budget it shares with the chain drafter (given to both when they are made). Neither peer reads the
+other: the policy talks to each through its public verbs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .budget import BudgetPolicy
+from .chain import ChainDrafter
+from .lookup import LookupProposer
+from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
+
+
+class DraftPolicy(Drafter):
+    """The adapter's chain drafter and, optionally, prompt lookup: per call the offer expected to land more
+    drafts is verified (``Plan.source`` says whose), and the call drafts the adapter's branches either way."""
+
+    def __init__(self, budget: BudgetPolicy, chain: ChainDrafter, lookup: LookupProposer | None = None):
+        self.budget, self.chain, self.lookup = budget, chain, lookup
+
+    @property
+    def runner_up(self) -> bool:
+        return self.chain.runner_up
+
+    @property
+    def mode_mass(self) -> bool:
+        return self.chain.mode_mass
+
+    def begin(self, session: DraftSession) -> None:
+        if self.lookup is not None:
+            self.lookup.begin(session)
+        self.chain.begin(session)
+
+    def plan(self, i: int, remaining: int, room: int) -> Plan:
+        offer = self.lookup.offer() if self.lookup is not None else None
+        if offer is not None and offer.expected > self.chain.expected(i):
+            # The budget fits the lookup chain to this machine's cost (it sees the hit rate as confidences).
+            conf = [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
+            plan = self.budget.plan(list(offer.drafts), conf, remaining, room, self.chain.step)
+            if plan.drafts:
+                return replace(plan, source=self.lookup.source)
+        return self.chain.plan(i, remaining, room)
+
+    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        # The adapter's next call, guessed ahead; when a lookup chain wins instead, the guess is not confirmed
+        # and that call is built after the read (a synchronous call).
+        return self.chain.guess(plan, accepted, i, remaining, room)
+
+    def update(self, plan: Plan, result: CallResult) -> None:
+        if self.lookup is not None and plan.source == self.lookup.source:
+            self.lookup.observe(len(plan.drafts), result.accepted, self.budget.curve(plan.rows))
+        self.chain.update(plan, result)
+
+    def emitted(self, tokens: list[int]) -> None:
+        if self.lookup is not None:
+            self.lookup.emitted(tokens)
+        self.chain.emitted(tokens)
+
+    def ready(self) -> bool:
+        return self.lookup is not None and self.lookup.ready()
+
+
+@dataclass(frozen=True)
+class DraftingConfig:
+    """How an answer drafts, in one place: the adaptive budget (``budget``, default a flat cost curve) or a fixed
+    one of ``num_draft_tokens`` drafts per call; runner-up siblings (``trees``, where the budget builds them);
+    prompt-lookup chains beside the adapter's (``lookup``); ``step``: "fused", or "simple" (draft, then verify)."""
+
+    num_draft_tokens: int | None = None
+    budget: BudgetPolicy | None = None
+    trees: bool = True
+    lookup: bool = True
+    step: str = "fused"
+
+
+def make_drafter(config: DraftingConfig, width: int) -> Drafter:
+    """The default drafter of an adapter with ``width``-row windows, composed from ``config``."""
+    from .budget import Budget, FixedBudget
+    from .cost import CostCurve
+    from .tree import TreeDrafter
+
+    if config.num_draft_tokens:
+        budget: BudgetPolicy = FixedBudget(config.num_draft_tokens, width)
+    else:
+        budget = config.budget or Budget(CostCurve(), max_width=width)
+    kind = TreeDrafter if config.trees and budget.builds_trees else ChainDrafter
+    chain = kind(budget, config.step)
+    if not config.lookup:
+        return chain
+    return DraftPolicy(budget, chain, LookupProposer(max_draft=width - 1))

@@ -1,0 +1,107 @@
+"""Prompt lookup (``ptp_mlx/drafting/lookup.py``) and the policy that picks between it and the adapter's chain
+(``ptp_mlx/drafting/policy.py``): candidates from the latest match, exact strands, bursts ended early, and peers
+that never read each other."""
+
+from collections import Counter
+
+import pytest
+
+from ptp_mlx.drafting.budget import Budget
+from ptp_mlx.drafting.chain import ChainDrafter
+from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.lookup import LookupProposer
+from ptp_mlx.drafting.policy import DraftingConfig, DraftPolicy, make_drafter
+from ptp_mlx.drafting.protocol import CallResult, Plan
+from ptp_mlx.generate import encode_prompt
+from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
+
+
+def test_lookup_candidates_follow_the_latest_match():
+    d = LookupProposer([5, 6, 7, 8, 9, 1, 2, 6, 7], max_draft=3)
+    assert d.candidates() == [8, 9, 1]  # "6 7" occurred before, followed by 8 9 1
+    d.emitted([8, 9, 4, 4])
+    assert d.candidates() == []  # "9 4 4" / "4 4" never occurred before
+    d.emitted([6, 7, 8, 9])
+    assert d.candidates() == [4, 4, 6]  # the longest match wins: "6 7 8 9" was followed by 4 4 6
+    d.emitted([4, 4])  # "8 9 4 4" is followed by 6 7 8 (and the match right behind, "9 4 4 ...", is too recent)
+    assert d.candidates() == [6, 7, 8]
+
+
+@pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])
+def test_lookup_strands_are_exact(pm_sticky, varied, name):
+    """Lookup drafts that are right (the answer itself planted in the history), wrong (another answer) or cut by
+    EOS and the token limit inside a strand: the output is the autoregressive one, and right ones are accepted."""
+    tok = varied[1]
+    s = with_seed(SETTINGS[name], 7)
+    ids = encode_prompt(tok, PROMPTS[0])
+    want, _ = ar(pm_sticky, tok, ids, s, 30, eos=set())
+    wrong, _ = ar(pm_sticky, tok, encode_prompt(tok, PROMPTS[1]), s, 30, eos=set())
+    sources = Counter()
+    for planted, max_tokens, eos in ((want, 30, set()), (wrong, 30, set()), (want, 13, set()), (want, 30, {want[9]})):
+        history = ids[-4:] + planted + [0] + ids  # the prompt's last 4 tokens, then the planted continuation
+        # A confident prior: the (uncalibrated, over-confident) sticky adapter would win most calls otherwise.
+        budget = Budget(CostCurve(), WINDOW)
+        lookup = LookupProposer(history, max_draft=WINDOW - 1, prior=(1000.0, 1.0))
+        drafter = DraftPolicy(budget, ChainDrafter(budget), lookup)
+        exp = ar(pm_sticky, tok, ids, s, max_tokens, eos=eos)
+        steps = assert_same(pm_sticky, tok, ids, s, max_tokens, {"drafter": drafter}, eos=eos, want=exp)
+        for st in steps:
+            sources[st.source] += st.accepted
+    assert sources["lookup"] > 20, sources
+
+
+class _AlwaysBurst(ChainDrafter):
+    """An inner drafter whose budget never drafts: every plan is a 16-token autoregressive burst."""
+
+    def __init__(self, width):
+        super().__init__(Budget(CostCurve(), max_width=width))
+
+    def plan(self, i, remaining, room):
+        return Plan([], [], burst=min(16, remaining))
+
+    def update(self, plan, result):
+        pass
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+def test_a_ready_lookup_chain_ends_a_burst_early_and_stays_exact(varied, pm_sticky, name):
+    _, tok = varied
+    s = with_seed(SETTINGS[name], 4)
+    interrupted = 0
+    for prompt in PROMPTS:
+        ids = encode_prompt(tok, prompt * 6)  # a repetitive prompt: lookup chains appear inside bursts
+        want = ar(pm_sticky, tok, ids, s, 48)
+        inner = _AlwaysBurst(WINDOW)
+        lookup = LookupProposer(ids, max_draft=WINDOW - 1, prior=(9.0, 1.0))
+        drafter = DraftPolicy(inner.budget, inner, lookup)
+        steps = assert_same(pm_sticky, tok, ids, s, 48, {"drafter": drafter}, want=want)
+        interrupted += sum(st.source == "lookup" for st in steps)  # only reachable by ending a burst early
+    assert interrupted > 0
+
+
+def test_the_policy_verifies_the_offer_expected_to_land_more_and_credits_it():
+    budget = Budget(CostCurve(), max_width=4)
+    chain = ChainDrafter(budget)
+    lookup = LookupProposer([5, 6, 7, 8, 9, 1, 2, 6, 7], max_draft=3, prior=(9.0, 1.0))
+    policy = DraftPolicy(budget, chain, lookup)
+    chain.drafts, chain.conf = [40, 41], [0.2, 0.2]  # the adapter's chain expects little
+    plan = policy.plan(0, 100, 100)
+    assert plan.source == "lookup" and plan.drafts == (8, 9, 1)[: len(plan.drafts)] and plan.drafts
+    policy.update(plan, CallResult([8, 3], 1, [], []))
+    assert (lookup.hits, lookup.misses) == (10.0, 2.0)  # one stood, then one fell
+    chain.drafts, chain.conf = [40, 41], [0.99, 0.99]  # now the chain is the better offer
+    lookup.hits, lookup.misses = 1.0, 9.0
+    plan = policy.plan(2, 100, 100)
+    assert plan.source == "ptp" and plan.drafts == (40, 41)
+    policy.update(plan, CallResult([40, 3], 1, [], []))
+    assert (lookup.hits, lookup.misses) == (1.0, 9.0)  # the chain's calls are not lookup evidence
+
+
+def test_the_default_drafter_is_composed_from_one_config():
+    chain = make_drafter(DraftingConfig(lookup=False, trees=False), 4)
+    assert type(chain) is ChainDrafter
+    policy = make_drafter(DraftingConfig(), 4)
+    assert isinstance(policy, DraftPolicy) and policy.lookup is not None and policy.lookup.max_draft == 3
+    assert policy.budget is policy.chain.budget  # one budget, given to both when they were made
+    fixed = make_drafter(DraftingConfig(num_draft_tokens=2, lookup=False), 4)
+    assert fixed.budget.num_draft == 2 and fixed.budget.shape_only

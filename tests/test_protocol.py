@@ -1,0 +1,103 @@
+"""The drafting protocol (``ptp_mlx/drafting/protocol.py``): a drafter is one class against one abstract base, a
+plan is frozen, and no drafting code reads another object's private state."""
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ptp_mlx.drafting.protocol import Drafter, Plan
+from ptp_mlx.generate import encode_prompt
+from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, assert_same, with_seed
+
+ROOT = Path(__file__).resolve().parents[1] / "ptp_mlx"
+
+
+class _RepeatDrafter(Drafter):
+    """A new drafter is one class against one protocol: it drafts the latest token repeated (right in runs of a
+    repeated token), learns the history from ``begin`` and ``emitted``, and runs one auxiliary branch per call
+    for the mere exercise of the rows (its drafts ignore them)."""
+
+    def __init__(self, n: int = 2):
+        self.n, self.history, self.calls, self.hits = n, [], 0, 0
+
+    def begin(self, session):
+        self.history = list(session.prompt)
+
+    def plan(self, i, remaining, room):
+        n = max(0, min(self.n, remaining - 1, room - 3))
+        return Plan([self.history[-1]] * n, [(0, 2)] if room >= n + 3 else [], source="repeat")
+
+    def update(self, plan, result):
+        self.calls += 1
+        self.hits += result.accepted
+
+    def emitted(self, tokens):
+        self.history.extend(tokens)
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0-k50-p0.8"])
+def test_a_drafter_defined_here_decodes_exactly(varied, pm_sticky, name):
+    _, tok = varied
+    for k, prompt in enumerate(PROMPTS):
+        s = with_seed(SETTINGS[name], 20 + k)
+        ids = encode_prompt(tok, prompt)
+        drafter = _RepeatDrafter()
+        steps = assert_same(pm_sticky, tok, ids, s, 20, {"drafter": drafter})
+        out = [t for st in steps for t in st.tokens]
+        # every call reported back; the history saw every block (a block may run past the output's end: EOS)
+        assert drafter.calls == len(steps) and drafter.history[len(ids) : len(ids) + len(out)] == out
+
+
+def test_a_drafter_without_plan_or_update_fails_at_construction():
+    class NoPlan(Drafter):
+        def update(self, plan, result):
+            pass
+
+    class NoUpdate(Drafter):
+        def plan(self, i, remaining, room):
+            return Plan([], [], burst=1)
+
+    with pytest.raises(TypeError, match="abstract method.*plan"):
+        NoPlan()
+    with pytest.raises(TypeError, match="abstract method.*update"):
+        NoUpdate()
+    assert NoUpdate.__abstractmethods__ == {"update"}
+
+
+def test_a_plan_is_frozen():
+    plan = Plan([1, 2], [(0, 2), [1, 3]], alts=[(7, 0)])
+    assert plan.drafts == (1, 2) and plan.branches == ((0, 2), (1, 3)) and plan.alts == ((7, 0),)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.source = "lookup"
+    assert dataclasses.replace(plan, source="lookup").source == "lookup" and plan.source is None
+    assert plan.rows == 1 + 2 + 5 + 1 and hash(plan) == hash(Plan((1, 2), ((0, 2), (1, 3)), alts=((7, 0),)))
+
+
+def _private_reads(path: Path) -> list[str]:
+    """``x._name`` where ``x`` is not ``self`` or ``cls`` (dunders and ``_replace`` aside), with line numbers."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                out.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    return out
+
+
+def test_no_drafting_code_reads_another_objects_private_state():
+    files = sorted((ROOT / "drafting").glob("*.py")) + [ROOT / "generate.py", *sorted((ROOT / "decode").glob("*.py"))]
+    found = [hit for f in files for hit in _private_reads(f)]
+    assert found == []
+    # The peers do not know each other: lookup imports no drafter; only the policy composes them.
+    for peer, other in (("lookup", "chain"), ("chain", "lookup"), ("lookup", "tree"), ("chain", "policy")):
+        tree = ast.parse((ROOT / "drafting" / f"{peer}.py").read_text())
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert other not in {(m or "").split(".")[-1] for m in mods}, (peer, other)
+
+
+def test_the_private_read_check_finds_one(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text("def f(d):\n    return d._drafts + self_like._n\n")
+    assert _private_reads(f) == ["x.py:2: ._drafts", "x.py:2: ._n"]
