@@ -19,7 +19,7 @@ from .decode.ahead import build_chained, confirm_chained, drop_chained
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
-from .decode.session import DecodeSession
+from .decode.session import CallRecord, DecodeSession
 from .drafting.budget import BudgetPolicy
 from .drafting.policy import DraftingConfig, make_drafter
 from .drafting.protocol import Drafter, DraftSession
@@ -82,7 +82,10 @@ class ContextFull(ValueError):
 
 
 def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool = True) -> list[int]:
-    """Token ids for a prompt string or a list of chat messages (chat template when the tokenizer has one)."""
+    """Token ids for a prompt string or a list of chat messages (chat template when the tokenizer has one).
+
+    The tokenizer-level function, for code that holds a tokenizer and no engine (training, the bench, tests);
+    ``Engine.encode`` is the engine's verb on top of it (it also passes tool definitions to the template)."""
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if chat and getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -162,18 +165,18 @@ def stream_generate(
             yield GenerationStep(
                 tokens=out,
                 text=detok.last_segment,
-                proposed=info.get("proposed", 0),
-                accepted=info.get("accepted", 0),
-                rows=info.get("rows", 1),
-                step_time=info.get("time", 0.0),
+                proposed=info.proposed,
+                accepted=info.accepted,
+                rows=info.rows,
+                step_time=info.time,
                 elapsed=now - t_gen,
                 generated=generated,
                 prompt_tokens=len(prompt_ids),
                 prompt_time=prompt_time,
                 finish_reason=finish or ("length" if generated >= max_new else None),
                 peak_memory=_peak_gb(),
-                source=info.get("source"),
-                logprobs=info["logprobs"][: len(out)] if info.get("logprobs") is not None else None,
+                source=info.source,
+                logprobs=info.logprobs[: len(out)] if info.logprobs is not None else None,
                 accept=opts.accept.label if opts.mode == "ptp" else "exact",
             )
             if finish or generated >= max_new:
@@ -214,7 +217,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     drafter.begin(DraftSession(list(history), u, s))
     bank = bank_for(pm, opts.compiled) if pm.adapter is not None or opts.drafter is None else None
     hook = opts.logits
-    sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.mode_mass, opts.accept)
+    sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.reads_top_prob, opts.accept)
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
@@ -262,8 +265,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
                 clock.mark("queue")
             clock.tag("rows", rows)
             t = time.perf_counter() - t_start
-            info = {"proposed": n, "accepted": c, "rows": rows, "time": t, "source": source}
-            yield block, {**info, "logprobs": out.logprobs}
+            yield block, CallRecord(t, n, c, rows, source, out.logprobs)
     finally:
         if nxt is not None:  # chained on a call that was never read: the state before it comes back
             drop_chained(nxt, cache, call.offset if call is not None else cache.offset - nxt.rows)

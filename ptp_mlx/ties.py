@@ -103,3 +103,18 @@ def classify(logits: mx.array, ref_token: int, other_token: int, u: float, s: Sa
             if flipped.any() and _pick(p, flipped, u, s.order) == other_token:
                 return Tie(True, "top-p cut-off", float(abs(before[j] - s.top_p)))
     return Tie(False, "bin edge", dist)
+
+
+def judge_divergence(
+    pm, prompt_ids, prefix, refs: list[int], others: list[int], u: float, s: SamplingSettings
+) -> tuple[mx.array, Tie]:
+    """The one divergence explainer (tests, ``ptp-bench`` and ``ptp_mlx.testing.explain_divergence`` use it): the
+    reference decoder's own logits after ``prefix`` (replayed, float32) and the closest call between each token of
+    ``refs`` (what the reference emitted there) and each of ``others`` (what the other decoder did), judged under
+    the uniform ``u`` and settings ``s`` in the CDF order of ``pm``'s adapter: a float near-tie if any is one."""
+    from .generate import decoding_settings
+
+    logits = replay_ar_logits(pm, list(prompt_ids), list(prefix)).astype(mx.float32)
+    s = decoding_settings(pm, s)  # the CDF order decoding used
+    ties = [classify(logits, r, o, u, s) for r in refs for o in others]
+    return logits, min(ties, key=lambda t: (not t.near_tie, t.distance))

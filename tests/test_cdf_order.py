@@ -144,7 +144,7 @@ def test_known_uniforms_sharpen_draft_confidences_in_probability_order(pm_prob, 
 
     assert u_factor(0.2, 0.5) > 1 > u_factor(0.7, 0.5) > u_factor(0.99, 0.4)
     d = ChainDrafter(Budget(CostCurve(), WINDOW))
-    d.drafts, d.conf, d.mode = [5, 6], [0.5, 0.4], [0.6, 0.3]
+    d.drafts, d.conf, d.top_prob = [5, 6], [0.5, 0.4], [0.6, 0.3]
     assert d.confidences(0) == [0.5, 0.4]  # no uniforms: unchanged
     d.uniforms = UniformStream(0)
     u1, u2 = UniformStream(0).take(4, 2)

@@ -52,7 +52,7 @@ def prefilled(pm, n: int) -> KVState:
 
 def run(pm, st, plan, s, bank):
     u = UniformStream(5)
-    sess = DecodeSession(pm, st, u, s, None, bank=bank, runner_up=True, mode_mass=not s.greedy)
+    sess = DecodeSession(pm, st, u, s, None, bank=bank, runner_up=True, reads_top_prob=not s.greedy)
     call = build_call(sess, 3, plan, 0)
     res = finish_call(st, call)
     return res, [np.array(k) for k, _ in st.contents()], st.offset
@@ -75,7 +75,7 @@ def test_compiled_equals_eager_equals_legacy(engine, pname, sname, offset):
     assert (res.block, res.accepted, res.alt, res.aux_tokens) == (leg.block, leg.accepted, leg.alt, leg.aux_tokens)
     assert [t for t, _ in res.second] == [t for t, _ in leg.second] and off == leg_off
     close = [(res.aux_conf, leg.aux_conf), ([c for _, c in res.second], [c for _, c in leg.second])]
-    close += [(res.aux_mode or [], leg.aux_mode or [])] + list(zip(kv, leg_kv, strict=True))
+    close += [(res.aux_top_prob or [], leg.aux_top_prob or [])] + list(zip(kv, leg_kv, strict=True))
     for a, b in close:
         assert np.allclose(a, b, rtol=1e-4, atol=1e-5)
     bank = bank_for(pm, True)

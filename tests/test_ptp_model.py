@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from ptp_mlx.model.ptp import PTPAdapter, PTPModel, UEmbedding, Window, build_mask
+from ptp_mlx.model.layers import CallPlan
+from ptp_mlx.model.ptp import PTPAdapter, PTPModel, UEmbedding, Window
 from ptp_mlx.testing import randomize_adapter
 
 P = 30  # tokens already in the cache before the pass under test
@@ -200,9 +201,9 @@ def test_trim_restores_cache_exactly(base):
     assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(again, axis=-1))
 
 
-def test_build_mask_visibility():
+def test_call_plan_mask_visibility():
     # Cache of 3, token rows at positions 3-4, Window(4, 2) and Window(5, 3).
-    m = np.array(build_mask(3, 2, [Window(4, 2), Window(5, 3)]))
+    m = np.array(CallPlan(3, 2, [Window(4, 2), Window(5, 3)]).mask(None))
     want = [  # cache | token rows | W1 | W2
         "111|10|00|000",  # token 3
         "111|11|00|000",  # token 4
@@ -215,7 +216,7 @@ def test_build_mask_visibility():
     assert m.shape == (7, 10) and m.dtype == bool
     assert ["".join("1" if x else "0" for x in row) for row in m] == [w.replace("|", "") for w in want]
     # Without a cache and without windows: plain causal.
-    assert np.array_equal(np.array(build_mask(0, 4, [])), np.tril(np.ones((4, 4), dtype=bool)))
+    assert np.array_equal(np.array(CallPlan(0, 4, []).mask(None)), np.tril(np.ones((4, 4), dtype=bool)))
 
 
 def bits_msb_first(u: float) -> list[int]:

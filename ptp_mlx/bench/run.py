@@ -254,9 +254,8 @@ def diagnose(
     with an end token: each of ``eos_ids`` is tried as its token. ``pm`` is the engine's ``PTPModel``."""
     import mlx.core as mx
 
-    from ..generate import decoding_settings
     from ..sampler import UniformStream
-    from ..ties import classify, replay_ar_logits
+    from ..ties import judge_divergence
 
     rec = next(
         (
@@ -268,19 +267,17 @@ def diagnose(
     )
     if rec is None or (div.ref_token is None and div.other_token is None):
         return
-    logits = replay_ar_logits(pm, rec.prompt_ids, rec.m.token_ids[: div.position]).astype(mx.float32)
-    top2 = mx.topk(logits, 2)
     refs = [div.ref_token] if div.ref_token is not None else list(eos_ids)
     others = [div.other_token] if div.other_token is not None else list(eos_ids)
     if not refs or not others:
         return
+    s = sampling or SamplingSettings()
+    s = dataclasses.replace(s, seed=s.seed + div.repeat) if seeds_vary else s
+    u = UniformStream(s.seed)[div.position]
+    logits, best = judge_divergence(pm, rec.prompt_ids, rec.m.token_ids[: div.position], refs, others, u, s)
+    top2 = mx.topk(logits, 2)
     div.logit_gap = float(logits[refs[0]] - logits[others[0]])
     div.top2_gap = float(mx.max(top2) - mx.min(top2))
     if sampling is None:
         return
-    s = dataclasses.replace(sampling, seed=sampling.seed + div.repeat) if seeds_vary else sampling
-    u = UniformStream(s.seed)[div.position]
-    s = decoding_settings(pm, s)  # the CDF order decoding used
-    ties = [classify(logits, r, o, u, s) for r in refs for o in others]
-    best = min(ties, key=lambda t: (not t.near_tie, t.distance))
     div.near_tie, div.tie = best.near_tie, best.describe()

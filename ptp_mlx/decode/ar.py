@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import mlx.core as mx
 
 from ..sampler import SamplingSettings, UniformStream, pick
+from .session import CallRecord
 
 PREFILL_CHUNK = 512
 
@@ -32,10 +33,10 @@ def prefill(model, tokens: list[int], cache) -> None:
 
 def ar_calls(
     pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None, bank=None
-) -> Iterator[tuple[list[int], dict]]:
+) -> Iterator[tuple[list[int], CallRecord]]:
     """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token.
 
-    Yields ``([token], {"time": seconds})`` per step (with ``"logprobs"`` when ``hook`` asks for them); the cache
+    Yields ``([token], CallRecord)`` per step (with the token's logprobs when ``hook`` asks for them); the cache
     gains each fed token (``last`` first). ``hook``: the answer's penalties, logit_bias and logprobs. ``bank``:
     steps are the fixed-shape ones of ``decode/fixed.py`` (run eagerly under a hook)."""
     base = pm.base
@@ -65,8 +66,6 @@ def ar_calls(
         t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
         if t < 0:
             raise ValueError("cannot sample: the model produced non-finite logits")
-        info = {"time": time.perf_counter() - t_start}
-        if scored is not None:
-            info["logprobs"] = hook.read(scored, [0], [t])
-        yield [t], info
+        lps = hook.read(scored, [0], [t]) if scored is not None else None
+        yield [t], CallRecord(time.perf_counter() - t_start, logprobs=lps)
         tok, scored = nxt, nxt_scored

@@ -86,14 +86,14 @@ class ChainInputs:
     bound: int  # the largest value ``offset`` can take
 
 
-def call_shape(plan: Plan, runner_up: bool = False, mode_mass: bool = False) -> CallShape:
+def call_shape(plan: Plan, runner_up: bool = False, reads_top_prob: bool = False) -> CallShape:
     """The shape of the call that runs ``plan``: token rows ``[last, drafts, alternatives]`` (alternatives follow
     ``last`` like ``q_1``), the chain's branches, then the alternatives' branches (each sees its strand)."""
     n, alts = len(plan.drafts), plan.alts
     parents = tuple(range(-1, n)) + (0,) * len(alts)
     windows = [WindowShape(1 + d, w) for d, w in plan.branches]
     windows += [WindowShape(2, w, via=n + 1 + k) for k, (_, w) in enumerate(alts) if w]
-    return CallShape(parents, tuple(windows), runner_up and bool(windows), mode_mass and bool(windows))
+    return CallShape(parents, tuple(windows), runner_up and bool(windows), reads_top_prob and bool(windows))
 
 
 def call_uniforms(sess: DecodeSession, plan: Plan, i: int) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +126,7 @@ def build_call(
     pm, cache, s, hook = sess.pm, sess.cache, sess.settings, sess.hook
     offset = cache.offset
     n, alts = len(plan.drafts), plan.alts
-    shape = call_shape(plan, sess.runner_up, sess.mode_mass)
+    shape = call_shape(plan, sess.runner_up, sess.reads_top_prob)
     if chain is not None:
         out = sess.bank.call(
             cache, shape, s, chain.tokens, chain.row_u, chain.aux_u, rule=sess.rule, at=(chain.offset, chain.bound)
@@ -178,11 +178,11 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
         return [] if a is None else a.tolist()
 
     second = list(zip(read(o.second), read(o.second_conf), strict=True))
-    mode_l = None if o.mode is None else o.mode.tolist()
+    top_l = None if o.top_prob is None else o.top_prob.tolist()
     lps = None
     if o.scored is not None:
         lps = call.hook.read(o.scored, list(range(c + 1)) if alt is None else [0, n + 1 + alt], block)
-    return CallResult(block, c if alt is None else 1, read(o.aux_top), read(o.aux_conf), second, alt, mode_l, lps)
+    return CallResult(block, c if alt is None else 1, read(o.aux_top), read(o.aux_conf), second, alt, top_l, lps)
 
 
 def ptp_call(sess: DecodeSession, last: int, plan: Plan, i: int, clock=NO_CLOCK) -> CallResult:

@@ -86,9 +86,11 @@ def outputs_head(
         best = mx.max(aux, axis=-1)
         lse = mx.logsumexp(aux, axis=-1)
         out.aux_top, out.aux_conf = top, mx.exp(best - lse)
-        if shape.mode_mass:  # the adapter's estimate of the mode's mass under the sampler's temperature
+        if (
+            shape.reads_top_prob
+        ):  # the adapter's estimate of the top token's probability under the sampler's temperature
             t = s.temperature
-            out.mode = mx.exp(best / t - mx.logsumexp(aux / t, axis=-1))
+            out.top_prob = mx.exp(best / t - mx.logsumexp(aux / t, axis=-1))
         if shape.runner_up:
             rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
             out.second, out.second_conf = mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)
@@ -118,7 +120,7 @@ def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, pre
     return outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule), st
 
 
-_OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "mode")
+_OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "top_prob")
 
 
 def _pack(out: CallOutputs) -> list[mx.array]:
@@ -128,7 +130,7 @@ def _pack(out: CallOutputs) -> list[mx.array]:
 def _unpack(shape: CallShape, arrays) -> CallOutputs:
     names = ["targets", "accepted"]
     if shape.windows:
-        names += ["aux_top", "aux_conf"] + (["mode"] if shape.mode_mass else [])
+        names += ["aux_top", "aux_conf"] + (["top_prob"] if shape.reads_top_prob else [])
         names += ["second", "second_conf"] if shape.runner_up else []
     names = [f for f in _OUT_FIELDS if f in names]
     return CallOutputs(**dict(zip(names, arrays, strict=True)))

@@ -38,13 +38,13 @@ class WindowShape:
 @dataclass(frozen=True)
 class CallShape:
     """Token rows ``[last, drafts..., alternatives...]`` (``parents[j]``: the row that token row ``j`` follows; -1 for
-    the first), then the auxiliary ``windows``; ``runner_up`` / ``mode_mass``: also return each auxiliary row's
+    the first), then the auxiliary ``windows``; ``runner_up`` / ``reads_top_prob``: also return each auxiliary row's
     runner-up / its top probability at the sampling temperature."""
 
     parents: tuple[int, ...]
     windows: tuple[WindowShape, ...] = ()
     runner_up: bool = False
-    mode_mass: bool = False
+    reads_top_prob: bool = False
 
     @property
     def n_tok(self) -> int:
@@ -126,9 +126,19 @@ class CallOutputs:
     aux_conf: mx.array | None = None  # float32 [n_aux]: its probability (softmax at T 1)
     second: mx.array | None = None  # int32 [n_aux]: the runner-up (``runner_up``)
     second_conf: mx.array | None = None  # float32 [n_aux]: its probability
-    mode: mx.array | None = None  # float32 [n_aux]: the top probability at the sampling temperature (``mode_mass``)
+    top_prob: mx.array | None = (
+        None  # float32 [n_aux]: the top probability at the sampling temperature (``reads_top_prob``)
+    )
     scored: list[mx.array] | None = None  # what a logits hook reads back for logprobs (eager calls only)
 
     def arrays(self) -> list[mx.array]:
-        fields = (self.targets, self.accepted, self.aux_top, self.aux_conf, self.second, self.second_conf, self.mode)
+        fields = (
+            self.targets,
+            self.accepted,
+            self.aux_top,
+            self.aux_conf,
+            self.second,
+            self.second_conf,
+            self.top_prob,
+        )
         return [a for a in fields if a is not None] + list(self.scored or [])

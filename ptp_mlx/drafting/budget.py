@@ -27,8 +27,8 @@ class BudgetPolicy(Protocol):
     curve: CostCurve  # relative cost of a call by rows
     calibrate: bool  # whether it learns from observed acceptance (and may turn to bursts)
     burst_len: int  # the next autoregressive burst's length
-    builds_trees: bool  # whether ``plan`` weighs a runner-up sibling (``second``)
-    shape_only: bool  # whether ``plan`` depends only on how many drafts are in hand (not on their confidences)
+    builds_trees: bool  # whether ``rows_for`` weighs a runner-up sibling (``second``)
+    shape_only: bool  # whether ``rows_for`` depends only on how many drafts are in hand (not on their confidences)
     max_width: int
 
     @property
@@ -36,7 +36,7 @@ class BudgetPolicy(Protocol):
         """Observed / predicted acceptance (1.0 when it does not calibrate)."""
         ...
 
-    def plan(
+    def rows_for(
         self,
         drafts: list[int],
         confidences: list[float],
@@ -105,6 +105,13 @@ def _fit(n: int, branches: list[tuple[int, int]], remaining: int, room: int, min
             fitted.append((d, w))
             used += w
     return n, fitted
+
+
+def simple_rows(drafts: list[int], width: int, remaining: int, room: int) -> tuple[int, list[tuple[int, int]]]:
+    """The rows of a ``step="simple"`` call, for either budget: a verifying call of the drafts in hand (no branch),
+    or, without drafts, a drafting call of one ``width``-row branch."""
+    n, branches = (len(drafts), []) if drafts else (0, [(0, width)])
+    return _fit(n, branches, remaining, room, 1)
 
 
 @dataclass
@@ -177,7 +184,7 @@ class Budget:
         r = self.ratio if r is None else r
         return min(1.0, s * r**k)  # k drafts in a row: the per-draft ratio k times
 
-    def plan(
+    def rows_for(
         self,
         drafts: list[int],
         confidences: list[float],
@@ -194,8 +201,7 @@ class Budget:
         """
         room = min(room, self.max_rows)
         if step == "simple":
-            n, branches = (len(drafts), []) if drafts else (0, [(0, self.max_width)])
-            n, branches = _fit(n, branches, remaining, room, 1)
+            n, branches = simple_rows(drafts, self.max_width, remaining, room)
         else:
             n, branches = self.choose(confidences, room)
             n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
@@ -276,7 +282,7 @@ class FixedBudget:
         if not 1 <= self.num_draft <= self.max_width - 1:
             raise ValueError(f"--num-draft-tokens must be between 1 and {self.max_width - 1} for this adapter")
 
-    def plan(
+    def rows_for(
         self,
         drafts: list[int],
         confidences: list[float],
@@ -287,8 +293,7 @@ class FixedBudget:
     ) -> Plan:
         k = self.num_draft
         if step == "simple":
-            n, branches = (len(drafts), []) if drafts else (0, [(0, k + 1)])
-            n, branches = _fit(n, branches, remaining, room, 1)
+            n, branches = simple_rows(drafts, k + 1, remaining, room)
         else:
             n = min(k, len(drafts))
             n, branches = _fit(n, [(d, k + 1) for d in range(n + 1)], remaining, room, 2)

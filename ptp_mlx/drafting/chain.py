@@ -23,7 +23,7 @@ class ChainDrafter(Drafter):
         # Sampling in probability order (the adapter's CDF order): the uniforms of the drafted positions are
         # known, and a draft can only be right if its u falls inside the mode's bin (``u_factor``).
         self.uniforms = None
-        self.mode: list[float] = []  # each draft's top probability at the decoding temperature
+        self.top_prob: list[float] = []  # each draft's top probability at the decoding temperature
         self.planned: list[float] = []  # the confidences the last plan used (what the budget calibrates on)
 
     def begin(self, session: DraftSession) -> None:
@@ -32,16 +32,16 @@ class ChainDrafter(Drafter):
         self.uniforms = session.uniforms if s.order == "prob" and not s.greedy else None
 
     @property
-    def mode_mass(self) -> bool:
+    def reads_top_prob(self) -> bool:
         return self.uniforms is not None
 
     def confidences(self, i: int) -> list[float]:
         """The drafts' confidences for a call at generated position ``i`` (draft k predicts position i+1+k),
         sharpened by their uniforms when sampling in probability order."""
-        if self.uniforms is None or len(self.mode) != len(self.conf):
+        if self.uniforms is None or len(self.top_prob) != len(self.conf):
             return self.conf
         us = self.uniforms.take(i + 1, len(self.conf))
-        return [c * u_factor(float(x), m) for c, x, m in zip(self.conf, us, self.mode, strict=True)]
+        return [c * u_factor(float(x), m) for c, x, m in zip(self.conf, us, self.top_prob, strict=True)]
 
     def expected(self, i: int) -> float:
         """Expected accepted drafts of the chain in hand, for a call at generated position ``i``."""
@@ -57,7 +57,7 @@ class ChainDrafter(Drafter):
             # plainly for a while, whatever the predictions say.
             plan = Plan([], [], burst=min(self.budget.burst_len, remaining))
         else:
-            plan = self.budget.plan(self.drafts, conf, remaining, room, self.step, second=self._second())
+            plan = self.budget.rows_for(self.drafts, conf, remaining, room, self.step, second=self._second())
         if plan.burst:
             self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
             self.pace = Pace()
@@ -73,7 +73,7 @@ class ChainDrafter(Drafter):
         rows = plan.branch_rows(accepted)
         r, w = rows if rows is not None else (0, 1)
         n = w - 1
-        nxt = self.budget.plan([0] * n, [1.0] * n, remaining, room, self.step)
+        nxt = self.budget.rows_for([0] * n, [1.0] * n, remaining, room, self.step)
         if nxt.burst or nxt.alts:
             return None
         if nxt.drafts:
@@ -86,12 +86,12 @@ class ChainDrafter(Drafter):
             self.budget.observe(self.planned[: len(plan.drafts)], result.accepted)
         if own:  # the adapter's calls: their real pace
             self.pace.add(result.accepted + 1, self.budget.curve(plan.rows))
-        self.drafts, self.conf, self.mode, self.planned = [], [], [], []
+        self.drafts, self.conf, self.top_prob, self.planned = [], [], [], []
         rows = plan.branch_rows(result.accepted, result.alt)
         if rows is not None:  # slot 0 predicts the exact token just emitted: the drafts start at slot 1
             r, w = rows
             self.drafts, self.conf = result.aux_tokens[r + 1 : r + w], result.aux_conf[r + 1 : r + w]
-            self.mode = result.aux_mode[r + 1 : r + w] if result.aux_mode else []
+            self.top_prob = result.aux_top_prob[r + 1 : r + w] if result.aux_top_prob else []
         self._took(result, rows)
 
     def _took(self, result: CallResult, rows: tuple[int, int] | None) -> None:

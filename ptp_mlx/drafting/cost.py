@@ -72,7 +72,7 @@ def measure_cost_curve(
             continue
         if real and w == 1:
             steps = list(ar_calls(pm, cache, 0, u, greedy, repeats + 3, bank=bank))
-            best = min(info["time"] for _, info in steps[1:-1])  # the first and last steps are not pipelined
+            best = min(rec.time for _, rec in steps[1:-1])  # the first and last steps are not pipelined
             cache.trim_to(context)  # the steps left their tokens in the cache
         else:
             best = float("inf")

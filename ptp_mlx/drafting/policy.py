@@ -28,8 +28,8 @@ class DraftPolicy(Drafter):
         return self.chain.runner_up
 
     @property
-    def mode_mass(self) -> bool:
-        return self.chain.mode_mass
+    def reads_top_prob(self) -> bool:
+        return self.chain.reads_top_prob
 
     def begin(self, session: DraftSession) -> None:
         if self.lookup is not None:
@@ -41,7 +41,7 @@ class DraftPolicy(Drafter):
         if offer is not None and offer.expected > self.chain.expected(i):
             # The budget fits the lookup chain to this machine's cost (it sees the hit rate as confidences).
             conf = [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
-            plan = self.budget.plan(list(offer.drafts), conf, remaining, room, self.chain.step)
+            plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step)
             if plan.drafts:
                 return replace(plan, source=self.lookup.source)
         return self.chain.plan(i, remaining, room)

@@ -70,7 +70,9 @@ class CallResult:
     aux_conf: list[float] = field(default_factory=list)
     second: list[tuple[int, float]] = field(default_factory=list)
     alt: int | None = None
-    aux_mode: list[float] | None = None  # each row's top probability at the decoding temperature (``mode_mass``)
+    aux_top_prob: list[float] | None = (
+        None  # each row's top probability at the decoding temperature (``reads_top_prob``)
+    )
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
 
 
@@ -102,8 +104,8 @@ class Drafter(ABC):
         return False
 
     @property
-    def mode_mass(self) -> bool:
-        """Whether calls should read each auxiliary row's top probability (``CallResult.aux_mode``)."""
+    def reads_top_prob(self) -> bool:
+        """Whether calls should read each auxiliary row's top probability (``CallResult.aux_top_prob``)."""
         return False
 
     def begin(self, session: DraftSession) -> None:

@@ -190,10 +190,6 @@ class GatedLoRALinear(nn.Module):
         self._key = key
         self.group = None  # a ``model.fused.FusedGroup`` once the projections are fused with an adapter
 
-    @classmethod
-    def from_base(cls, linear: nn.Module, ctx: PTPContext, key: tuple[int, str]) -> GatedLoRALinear:
-        return cls(linear, ctx, key)
-
     def __call__(self, x: mx.array) -> mx.array:
         lora, group = self._ctx.lora, self.group
         if isinstance(lora, FusedGate):  # a fused adapter's pass: its groups add the delta in the same matmul
@@ -336,7 +332,7 @@ def install(model: nn.Module) -> PTPContext:
         for parent in (attn, layer.mlp):
             for name, mod in list(parent.children().items()):
                 if isinstance(mod, (nn.Linear, nn.QuantizedLinear)):
-                    setattr(parent, name, GatedLoRALinear.from_base(mod, ctx, (i, name)))
+                    setattr(parent, name, GatedLoRALinear(mod, ctx, (i, name)))
     object.__setattr__(model, "_ptp_ctx", ctx)  # a plain attribute, not a module parameter
     return ctx
 

@@ -18,6 +18,7 @@ from ..adapter_config import U_EMBEDDING_KINDS, AdapterConfig
 from .fused import FusedGate, fuse_projections
 from .kv import KVState
 from .layers import (
+    PROJECTION_ORDER,
     CallPlan,
     StaticKV,
     UnsupportedModel,
@@ -31,17 +32,13 @@ from .layers import (
     token_embedding,
 )
 
-__all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window", "build_mask"]
+__all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window"]
 
 
-def build_mask(offset: int, n_tok: int, windows: list[Window]) -> mx.array:
-    """The attention mask of a pass (see ``layers.CallPlan.mask``)."""
-    return CallPlan(offset, n_tok, windows).mask(None)
-
-
-# The Llama-style projection names (the shipped adapter's targets); other families name theirs differently
-# (phi3: qkv_proj, gate_up_proj) and ``PTPAdapter`` takes whatever the model's blocks hold.
-ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The Llama-style projection names: the targets a PyTorch PTP checkpoint can name (``convert/ptp_layout.py`` checks
+# against them). Other families name theirs differently (phi3: qkv_proj, gate_up_proj); ``PTPAdapter`` takes whatever
+# the model's blocks hold, in ``layers.PROJECTION_ORDER``, of which these are the separate (unfused) ones.
+ALL_TARGETS = tuple(n for n in PROJECTION_ORDER if n not in ("qkv_proj", "gate_up_proj"))
 
 
 class UEmbedding(nn.Module):

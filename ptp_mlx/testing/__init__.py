@@ -232,19 +232,16 @@ def explain_divergence(pm, prompt_ids, s, want: list[int], got: list[int], eos_i
     Returns ``(position, Tie or None, report)``; the tie is judged from the autoregressive decoder's own logits
     there (``ptp_mlx.ties``). Where one sequence ended, each of ``eos_ids`` is tried as its token.
     """
-    from ..generate import decoding_settings
     from ..sampler import UniformStream
-    from ..ties import classify, replay_ar_logits
+    from ..ties import judge_divergence
 
     g = next((i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got)))
     refs = [want[g]] if g < len(want) else list(eos_ids)
     others = [got[g]] if g < len(got) else list(eos_ids)
     if not refs or not others:
         return g, None, f"lengths differ: {len(want)} vs {len(got)} tokens (common prefix {g})"
-    logits = replay_ar_logits(pm, list(prompt_ids), want[:g]).astype(mx.float32)
     u = UniformStream(s.seed)[g]
-    s = decoding_settings(pm, s)  # the CDF order decoding used
-    tie = min((classify(logits, r, o, u, s) for r in refs for o in others), key=lambda t: (not t.near_tie, t.distance))
+    _, tie = judge_divergence(pm, prompt_ids, want[:g], refs, others, u, s)
     report = f"first divergence at generated position {g}: {refs[0]} vs {others[0]}, u={u:.9f}: {tie.describe()}"
     return g, tie, report
 

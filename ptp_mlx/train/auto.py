@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..cli_common import UserError
 from .plan import TRAIN_PER_PROMPT, TRAIN_TOKENS, VAL_PER_PROMPT, VAL_TOKENS, Plan
+from .run_folder import RunFolder, free_bytes, lock_run, release_runs, trim_partial_line
 
 SIZES = {"small": 10.0, "medium": 30.0, "large": 90.0}  # minutes
 PHASES = ("prompts", "probe", "pregenerate", "train", "eval", "bench", "install")
@@ -55,49 +56,8 @@ def add_auto_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice")
 
 
-class RunFolder:
-    """The run folder: inputs, outputs and one marker per finished phase (written atomically)."""
-
-    def __init__(self, root: Path):
-        self.root = Path(root)
-
-    def __getattr__(self, name: str) -> Path:
-        files = {"prompts": "prompts.jsonl", "teacher": "teacher.jsonl", "val": "val.jsonl", "plan": "plan.json"}
-        if name in files:
-            return self.root / files[name]
-        if name in ("train", "adapter", "probe_dir"):
-            return self.root / name
-        raise AttributeError(name)
-
-    def done(self, phase: str) -> dict | None:
-        f = self.root / "phases" / f"{phase}.json"
-        return json.loads(f.read_text()) if f.is_file() else None
-
-    def mark(self, phase: str, info: dict) -> None:
-        from ..paths import atomic_write_bytes
-
-        atomic_write_bytes(self.root / "phases" / f"{phase}.json", (json.dumps(info, indent=1) + "\n").encode())
-
-
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _free_bytes(path: Path) -> int:
-    p = Path(path).resolve()
-    while not p.exists():
-        p = p.parent
-    return shutil.disk_usage(p).free
-
-
-def _trim_partial_line(path: Path) -> None:
-    """Cut an interrupted writer's unfinished last line, so appending resumes on a clean line."""
-    if not path.is_file():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
 
 
 def model_name(model: str | None) -> str:
@@ -128,8 +88,7 @@ def run_auto(a: argparse.Namespace) -> int:
             raise UserError(f"no space left on the device during {where['phase']}: free some and run again") from None
         raise
     finally:
-        while _LOCKS:
-            _LOCKS.pop().close()  # releases the run folder
+        release_runs()
 
 
 def _checks(a: argparse.Namespace):
@@ -154,8 +113,8 @@ def _checks(a: argparse.Namespace):
             raise UserError(
                 f"{a.prompts}: needs training prompts and held-out ones (ids ending in 0 or 5; {len(rows)} prompts)"
             )
-    if _free_bytes(a.run) < MIN_FREE:
-        raise UserError(f"too little disk space for {a.run}: {_free_bytes(a.run) / 2**20:.0f} MiB free")
+    if free_bytes(a.run) < MIN_FREE:
+        raise UserError(f"too little disk space for {a.run}: {free_bytes(a.run) / 2**20:.0f} MiB free")
     base, tok = load(a.model)
     check_model_type(model_type(base))  # a hub model, whose config was not on disk before loading
     if a.prompts is None and not getattr(tok, "chat_template", None):
@@ -172,7 +131,7 @@ def _auto(a: argparse.Namespace, grp, where: dict) -> int:
     fp = model_fingerprint(base)
     run = RunFolder(a.run)
     if grp.main:
-        _lock(run.root)
+        lock_run(run.root)
     meta = run.root / "auto.json"
     if meta.is_file() and json.loads(meta.read_text()).get("fingerprint") != fp:
         raise UserError(f"run folder {run.root} belongs to another model: pass --run DIR")
@@ -211,22 +170,6 @@ def _auto(a: argparse.Namespace, grp, where: dict) -> int:
     return 0
 
 
-def _lock(root: Path) -> None:
-    """One ``auto`` per run folder: a second one would write the same files (the lock goes with the process)."""
-    import fcntl
-
-    root.mkdir(parents=True, exist_ok=True)
-    f = open(root / ".lock", "w")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        raise UserError(f"another ptp-train auto is running in {root}") from None
-    _LOCKS.append(f)  # held until the run ends
-
-
-_LOCKS: list = []
-
-
 def _eta(name: str, seconds: float) -> None:
     end = time.strftime("%H:%M", time.localtime(time.time() + seconds))
     _say(f"auto: {name}: about {seconds / 60:.1f} min (until about {end})")
@@ -259,7 +202,7 @@ def _probe(a, base, tok, run: RunFolder, minutes: float, processes: int) -> dict
     plan = make_plan(pr, minutes, processes, bench_prompts=a.bench_prompts, bench_tokens=a.bench_tokens,
                      rank=a.rank, rows_per_step=a.rows_per_step, steps=a.steps,
                      previous=adapter_for(base) is not None)  # fmt: skip
-    free = _free_bytes(run.root)
+    free = free_bytes(run.root)
     if free < plan.disk_bytes:
         raise UserError(f"too little disk space: the run needs about {plan.disk_bytes / 2**20:.0f} MiB, "
                         f"{free / 2**20:.0f} MiB free at {run.root}")  # fmt: skip
@@ -284,7 +227,7 @@ def _pregenerate(a, base, tok, run: RunFolder, plan: Plan) -> dict:
     s = SamplingSettings(0.7, 50, 0.95)
     try:
         for f in (run.val, run.teacher):
-            _trim_partial_line(f)
+            trim_partial_line(f)
         pregenerate(base, tok, run.prompts, run.val, n=VAL_PER_PROMPT, sampling=s, max_new=VAL_TOKENS,
                     split="val", limit=plan.val_prompts, seed=7, batch_prompts=8,
                     deadline=t0 + 0.35 * max(1.0, seconds - spent))  # fmt: skip
