@@ -1,4 +1,5 @@
-"""Acceptance statistics of a generation, printed in one fixed format by every command."""
+"""Acceptance statistics of a generation, printed in one fixed format by every command: the one per-step
+aggregator of ``ptp-generate`` and the server (the chat keeps its own per-chat counts, restored with saved chats)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ class RunStats:
     peak_memory: float = 0.0
     histogram: Counter = field(default_factory=Counter)  # tokens emitted per call -> count
     by_source: Counter = field(default_factory=Counter)  # accepted drafts per source ("ptp", "lookup")
+    proposed: int = 0  # drafts verified
+    accepted: int = 0  # drafts accepted
 
     def add(self, step: GenerationStep, final: bool) -> None:
         self.calls += 1
+        self.proposed += step.proposed
+        self.accepted += step.accepted
         self.tokens += len(step.tokens)
         self.histogram[step.accepted + 1] += 1
         if step.source:

@@ -97,6 +97,34 @@ def test_lenient_tokens_are_exact_or_likely_given_their_prefix(engine, sname):
     assert lenient > 0  # the rule changed the answer somewhere: the replay checked real lenient tokens
 
 
+def test_lookup_exact_verifies_lookup_chains_by_the_exact_rule(engine):
+    """``lookup=0``: a call whose drafts are a lookup chain is verified by the exact rule (its answer is exact where
+    only lookup drafts were offered), while the adapter's own drafts stay lenient."""
+    import dataclasses
+
+    from ptp_mlx.generate import DecodeOptions, stream_generate
+    from ptp_mlx.testing import OracleDrafter
+
+    r = AcceptRule.parse("threshold:tau=0,lookup=0")
+    assert r.label == "lenient threshold tau=0 lookup=exact" and r.for_source("lookup") == EXACT
+    assert r.for_source("ptp") is r and AcceptRule.parse("threshold:tau=0").for_source("lookup").lenient
+    with pytest.raises(ValueError, match="lookup must be 0 or 1"):
+        AcceptRule.parse("entropy:lookup=0.5")
+    ids = engine.encode("hello there")
+    ar = tokens_of(engine.generate(ids, mode="ar", max_tokens=24))
+    wrong = [(t + 1) % 200 + 3 for t in ar]  # every draft wrong: tau=0 would accept them all
+
+    class WrongLookup(OracleDrafter):  # the same wrong drafts, offered as lookup chains
+        def plan(self, i, remaining, room):
+            return dataclasses.replace(super().plan(i, remaining, room), source="lookup")
+
+    for kind, exact in ((WrongLookup, True), (OracleDrafter, False)):
+        opts = DecodeOptions(mode="ptp", max_tokens=24, drafter=kind(wrong, 4), accept=r)
+        steps = list(stream_generate(engine.pm, engine.tokenizer, ids, opts))
+        assert (tokens_of(steps) == ar) is exact, kind
+        assert {st.accept for st in steps} == {r.label}
+
+
 def test_everything_accepted_at_tau_zero(engine):
     steps = list(engine.generate(engine.encode("hello"), max_tokens=40, num_draft_tokens=3, accept="threshold:tau=0"))
     full = [st for st in steps if st.proposed and st.finish_reason is None]

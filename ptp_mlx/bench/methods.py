@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from ..sampler import SamplingSettings
+from ..stats import RunStats
 
 # ptp-chain: PTP with the adapter's chain only (no prompt lookup, no sibling strands); ptp-lenient: PTP under the
 # lenient acceptance rule of ``--accept`` (not the exact sample: never in the lossless check)
@@ -65,11 +66,11 @@ class EngineRunner:
     def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
         mx.clear_cache()
         toks: list[int] = []
-        calls = acc = first_tokens = 0
+        first_tokens = 0
         first_time = 0.0
         finish = None
         peak = 0.0
-        by_source: dict[str, int] = {}
+        stats = RunStats()
         c0, t0 = time.process_time(), time.perf_counter()
         for st in self.engine.generate(
             ids,
@@ -82,17 +83,16 @@ class EngineRunner:
             trees=self.lookup,  # ptp-chain turns both off
             accept=self.accept,
         ):
-            if st.source:
-                by_source[st.source] = by_source.get(st.source, 0) + st.accepted
-            calls += 1
-            acc += st.accepted + 1
+            stats.add(st, final=False)  # (the one per-step aggregator: ptp_mlx/stats.py)
             if not toks and st.tokens:
                 first_time, first_tokens = time.perf_counter() - t0, len(st.tokens)
             toks.extend(st.tokens)
             finish = st.finish_reason
             peak = max(peak, st.peak_memory)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        return Measured(toks, calls, acc, wall, first_time, first_tokens, peak, finish, cpu, by_source)
+        acc = sum(k * v for k, v in stats.histogram.items())  # tokens settled: accepted drafts + 1 per call
+        by_source = dict(stats.by_source)
+        return Measured(toks, stats.calls, acc, wall, first_time, first_tokens, peak, finish, cpu, by_source)
 
 
 class MlxLmRunner:

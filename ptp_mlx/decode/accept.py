@@ -12,6 +12,10 @@ its uniforms: it is labelled wherever it is shown.
   default: the published rule) keeps a least probability every accepted draft needs;
 - ``threshold``: accept ``x`` if ``p(x) >= tau``.
 
+Either rule takes ``lookup=0``: prompt-lookup drafts (text copied from the prompt or the answer) are then verified
+by the exact rule, and only the adapter's own drafts are accepted leniently (a copied span that the model would
+not have continued that way is where a lenient rule changes what a passage question answers).
+
 A threshold above 1 accepts nothing the exact rule does not: the strictest setting of each rule is exact decoding.
 """
 
@@ -22,7 +26,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 KINDS = ("exact", "entropy", "threshold")
-DEFAULTS = {"entropy": {"eps": 0.3, "delta": 0.09, "floor": 0.0}, "threshold": {"tau": 0.3}}
+DEFAULTS = {
+    "entropy": {"eps": 0.3, "delta": 0.09, "floor": 0.0, "lookup": 1.0},
+    "threshold": {"tau": 0.3, "lookup": 1.0},
+}
 
 
 @dataclass(frozen=True)
@@ -34,25 +41,31 @@ class AcceptRule:
     delta: float = 0.09
     floor: float = 0.0
     tau: float = 0.3
+    lookup: float = 1.0  # 1: lookup drafts are accepted by the same rule; 0: by the exact rule only
 
     @property
     def lenient(self) -> bool:
         return self.kind != "exact"
 
+    def for_source(self, source: str | None) -> AcceptRule:
+        """The rule a call whose drafts come from ``source`` ("ptp", "lookup", ...) is verified under."""
+        return EXACT if source == "lookup" and not self.lookup else self
+
     @property
     def label(self) -> str:
         """How an answer decoded under this rule is labelled (``exact`` or ``lenient ...``)."""
+        extra = "" if self.lookup else " lookup=exact"
         if self.kind == "entropy":
-            extra = f" floor={self.floor:g}" if self.floor else ""
-            return f"lenient entropy eps={self.eps:g} delta={self.delta:g}{extra}"
+            floor = f" floor={self.floor:g}" if self.floor else ""
+            return f"lenient entropy eps={self.eps:g} delta={self.delta:g}{floor}{extra}"
         if self.kind == "threshold":
-            return f"lenient threshold tau={self.tau:g}"
+            return f"lenient threshold tau={self.tau:g}{extra}"
         return "exact"
 
     @classmethod
     def parse(cls, text: str) -> AcceptRule:
         """``exact``, ``entropy``, ``entropy:eps=0.3,delta=0.09,floor=0.05``, ``threshold``, ``threshold:tau=0.2`` (or
-        ``threshold:0.2``). Raises ``ValueError`` naming what is wrong."""
+        ``threshold:0.2``); either lenient rule also takes ``lookup=0``. Raises ``ValueError`` naming what is wrong."""
         kind, _, params = (text or "").strip().partition(":")
         kind = kind.strip().lower()
         if kind not in KINDS:
@@ -64,8 +77,8 @@ class AcceptRule:
         values = dict(DEFAULTS[kind])
         for part in filter(None, (p.strip() for p in params.split(","))):
             name, eq, val = part.partition("=")
-            if not eq and len(values) == 1:  # threshold:0.2
-                name, val = next(iter(values)), name
+            if not eq and kind == "threshold":  # threshold:0.2
+                name, val = "tau", name
             name = name.strip()
             if name not in values:
                 raise ValueError(f"the {kind} rule has no parameter {name!r} (it has: {', '.join(values)})")
@@ -75,6 +88,8 @@ class AcceptRule:
                 raise ValueError(f"{kind} rule: {name} must be a number, got {val.strip()!r}") from None
             if not values[name] >= 0:
                 raise ValueError(f"{kind} rule: {name} must be >= 0, got {val.strip()!r}")
+            if name == "lookup" and values[name] not in (0.0, 1.0):
+                raise ValueError(f"{kind} rule: lookup must be 0 or 1, got {val.strip()!r}")
         return cls(kind, **values)
 
     def accepts(self, rows: mx.array, drafts: mx.array, temperature: float) -> mx.array:

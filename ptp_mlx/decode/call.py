@@ -124,12 +124,13 @@ def build_call(
     call's first exact token (where its uniforms start). ``chain``: every input already on the device (a chained
     call of ``decode/ahead.py``; its ``offset`` is known once the call before it is read)."""
     pm, cache, s, hook = sess.pm, sess.cache, sess.settings, sess.hook
+    rule = sess.rule.for_source(plan.source)  # (``lookup=0``: lookup chains verified by the exact rule)
     offset = cache.offset
     n, alts = len(plan.drafts), plan.alts
     shape = call_shape(plan, sess.runner_up, sess.reads_top_prob)
     if chain is not None:
         out = sess.bank.call(
-            cache, shape, s, chain.tokens, chain.row_u, chain.aux_u, rule=sess.rule, at=(chain.offset, chain.bound)
+            cache, shape, s, chain.tokens, chain.row_u, chain.aux_u, rule=rule, at=(chain.offset, chain.bound)
         )
         return PendingCall(plan, -1, i, shape, out)
     if tokens is None:
@@ -138,12 +139,12 @@ def build_call(
     row_u, aux_u = (mx.array(x) for x in call_uniforms(sess, plan, i))
     prefixes = [list(plan.drafts[:j]) for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
     if sess.bank is not None:
-        out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, sess.rule)
+        out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, rule)
         return PendingCall(plan, offset, i, shape, out, hook)
     # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
     windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
     logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
-    out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, sess.rule)
+    out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule)
     return PendingCall(plan, offset, i, shape, out, hook)
 
 

@@ -235,8 +235,6 @@ class EngineWorker:
             )
             for st in steps:
                 stats.add(st, final=False)
-                usage.drafts_proposed += st.proposed
-                usage.drafts_accepted += st.accepted
                 usage.completion_tokens = st.generated
                 text, lps = out.feed(st)
                 if text or lps:
@@ -260,7 +258,7 @@ class EngineWorker:
             job.post(Delta(tail))
         if calls and finish == "stop":
             finish = "tool_calls"
-        usage.calls = stats.calls
+        usage.calls, usage.drafts_proposed, usage.drafts_accepted = stats.calls, stats.proposed, stats.accepted
         usage.tokens_per_call = stats.mean_accepted
         usage.accepted_by_source = dict(stats.by_source)
         usage.cached_tokens = pc.reused if pc is not None else 0
