@@ -80,3 +80,60 @@ def pm_random(varied):
     from ptp_mlx.testing.decoding import random_model
 
     return random_model(varied[0])
+
+
+# The bench tests' prompt file (tests/test_bench.py, tests/test_bench_cli.py): two categories, one two-turn prompt.
+BENCH_PROMPTS = [
+    {"question_id": "a-1", "category": "alpha", "turns": ["Say hello."]},
+    {"question_id": "b-1", "category": "beta", "turns": ["Count to three.", "Now backwards."]},
+    {"question_id": "a-2", "category": "alpha", "turns": ["Name a colour."]},
+]
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    import json
+
+    p = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    p.write_text("".join(json.dumps(x) + "\n" for x in BENCH_PROMPTS))
+    return p
+
+
+# The server tests' model, adapter and live server (ptp_mlx/testing/serving.py), one per test module.
+@pytest.fixture(scope="module")
+def serve_model_dir(tmp_path_factory):
+    from ptp_mlx.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("serve") / "model", varied=True, seed=3)
+
+
+@pytest.fixture(scope="module")
+def serve_adapter_dir(serve_model_dir, tmp_path_factory):
+    """A randomized PTP adapter: drafts are verified, some accepted."""
+    from ptp_mlx.testing import save_random_adapter
+
+    return save_random_adapter(serve_model_dir, tmp_path_factory.mktemp("serve") / "adapter")
+
+
+@pytest.fixture(scope="module")
+def server(serve_model_dir, serve_adapter_dir, tmp_path_factory):
+    from ptp_mlx.engine import Engine
+    from ptp_mlx.serve.app import create_app
+    from ptp_mlx.serve.schema import Defaults
+    from ptp_mlx.serve.worker import EngineWorker
+    from ptp_mlx.testing.serving import DRAFTS, MAX_BODY, MAX_QUEUE, MODEL_ID, ThreadServer
+
+    with pytest.MonkeyPatch.context() as mp:  # the cost curve is measured into a scratch cache root
+        mp.setenv("PTP_MLX_HOME", str(tmp_path_factory.mktemp("home")))
+        load = lambda: Engine.load(str(serve_model_dir), str(serve_adapter_dir))  # noqa: E731
+        worker = EngineWorker(load, max_queue=MAX_QUEUE, num_draft_tokens=DRAFTS)
+        worker.start()
+    srv = ThreadServer(create_app(worker, MODEL_ID, Defaults(max_tokens=32), MAX_BODY), worker)
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def anyio_backend():
+    """The chat tests run on asyncio (``pytest.mark.anyio``)."""
+    return "asyncio"

@@ -11,7 +11,6 @@ import httpx
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_serve import DRAFTS, MODEL_ID, ThreadServer, adapter_dir, model_dir, ptp_generate  # noqa: F401 (fixtures)
 
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate_cli import main as generate_main
@@ -19,6 +18,7 @@ from ptp_mlx.serve.app import create_app
 from ptp_mlx.serve.schema import Defaults
 from ptp_mlx.serve.worker import EngineWorker
 from ptp_mlx.testing import multi_row_logit_gap, save_random_adapter
+from ptp_mlx.testing.serving import DRAFTS, MODEL_ID, ThreadServer, ptp_generate
 from ptp_mlx.testing_tools import TOOL_CALL, make_tool_model
 
 MSG = [{"role": "user", "content": "hello there"}]
@@ -44,11 +44,11 @@ def start(model, adapter, home, mode=None, lenient=False, worker=None) -> Thread
 
 
 @pytest.fixture(scope="module")
-def servers(model_dir, adapter_dir, tmp_path_factory):  # noqa: F811
+def servers(serve_model_dir, serve_adapter_dir, tmp_path_factory):
     """A PTP server, a plain (--mode ar) one, and a lenient front end on the PTP server's engine."""
     home = tmp_path_factory.mktemp("home")
-    ptp = start(model_dir, adapter_dir, home)
-    ar = start(model_dir, adapter_dir, home, mode="ar")
+    ptp = start(serve_model_dir, serve_adapter_dir, home)
+    ar = start(serve_model_dir, serve_adapter_dir, home, mode="ar")
     lenient = start(None, None, None, lenient=True, worker=ptp.worker)
     yield ptp, ar, lenient
     lenient.server.should_exit = True
@@ -58,8 +58,8 @@ def servers(model_dir, adapter_dir, tmp_path_factory):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def replay_engine(model_dir, adapter_dir):  # noqa: F811
-    return Engine.load(str(model_dir), str(adapter_dir), measure_cost=False)
+def replay_engine(serve_model_dir, serve_adapter_dir):
+    return Engine.load(str(serve_model_dir), str(serve_adapter_dir), measure_cost=False)
 
 
 def replay(engine, ids, answer, temperature, bias=None) -> np.ndarray:
@@ -266,7 +266,7 @@ def test_unsupported_fields_are_refused_by_name(servers):
     assert r.status_code == 200 and r.json()["choices"][0]["message"] == plain.json()["choices"][0]["message"]
 
 
-def test_ptp_generate_takes_the_same_penalties(servers, model_dir, adapter_dir, capsys):  # noqa: F811
+def test_ptp_generate_takes_the_same_penalties(servers, serve_model_dir, serve_adapter_dir, capsys):
     flags = [
         "--no-chat",
         "--max-tokens",
@@ -278,12 +278,14 @@ def test_ptp_generate_takes_the_same_penalties(servers, model_dir, adapter_dir, 
         "--logit-bias",
         "5=-1",
     ]
-    want = ptp_generate(capsys, model_dir, adapter_dir, "hello there", *flags)
+    want = ptp_generate(capsys, serve_model_dir, serve_adapter_dir, "hello there", *flags)
     kw = {"frequency_penalty": 1.5, "logit_bias": {"81": 3, "5": -1}}
     r = servers[0].client().completions.create(model=MODEL_ID, prompt="hello there", max_tokens=30, **kw)
     assert r.choices[0].text == want
     for bad in (["--logit-bias", "x"], ["--logit-bias", "999=1"], ["--presence-penalty", "5"]):
-        rc = generate_main(["--model", str(model_dir), "--adapter", str(adapter_dir), "--prompt", "hi", *bad])
+        rc = generate_main(
+            ["--model", str(serve_model_dir), "--adapter", str(serve_adapter_dir), "--prompt", "hi", *bad]
+        )
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1, err
 
@@ -368,17 +370,19 @@ def test_langchain_structured_output(servers):
     assert isinstance(out, Reply)
 
 
-def test_ptp_generate_json_schema(servers, model_dir, adapter_dir, capsys, tmp_path):  # noqa: F811
+def test_ptp_generate_json_schema(servers, serve_model_dir, serve_adapter_dir, capsys, tmp_path):
     path = tmp_path / "schema.json"
     path.write_text(json.dumps(SCHEMA))
-    want = ptp_generate(capsys, model_dir, adapter_dir, "hello there", "--max-tokens", 48, "--json-schema", path)
+    want = ptp_generate(
+        capsys, serve_model_dir, serve_adapter_dir, "hello there", "--max-tokens", 48, "--json-schema", path
+    )
     assert json.loads(want)["mood"] in ("calm", "busy")
     rf = {"type": "json_schema", "json_schema": {"name": "reply", "schema": SCHEMA}}
     r = servers[0].client().chat.completions.create(model=MODEL_ID, messages=MSG, max_tokens=48, response_format=rf)
     assert r.choices[0].message.content == want
     (tmp_path / "bad.json").write_text('{"type": "nope"}')
     for bad in (["--json-schema", tmp_path / "missing.json"], ["--json-schema", tmp_path / "bad.json"]):
-        argv = ["--model", model_dir, "--adapter", adapter_dir, "--prompt", "hi", *bad]
+        argv = ["--model", serve_model_dir, "--adapter", serve_adapter_dir, "--prompt", "hi", *bad]
         rc = generate_main([str(a) for a in argv])
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("error:") and len(err.strip().splitlines()) == 1, err

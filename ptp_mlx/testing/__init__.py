@@ -263,3 +263,16 @@ def multi_row_logit_gap(base, prompt_ids: list[int], answer: list[int], widths=(
 
     one = rows(1)
     return max(float(np.abs(rows(w) - one).max()) for w in (*widths, len(fed)))
+
+
+class FlipOne:
+    """A deliberately broken bench decoder (tests only): the real runner ``inner`` with the token at ``pos`` changed."""
+
+    def __init__(self, inner, pos=3):
+        self.inner, self.pos = inner, pos
+
+    def __call__(self, ids, max_tokens, sampling):
+        m = self.inner(ids, max_tokens, sampling)
+        if len(m.token_ids) > self.pos:
+            m.token_ids[self.pos] = (m.token_ids[self.pos] + 1) % 200 + 3
+        return m
