@@ -7,7 +7,6 @@ waits on it, so typing stays responsive while the model works.
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from typing import Any, Protocol
 
 from textual.message import Message
 
+from ptp_mlx.engine_owner import EngineOwner
 from ptp_mlx.sampler import SamplingSettings
 
 LogFn = Callable[[str], None]
@@ -155,57 +155,50 @@ def engine_loader(model: str | None, adapter: str | None, measure_cost: bool = T
     return load
 
 
-class EngineThread(threading.Thread):
-    """Owns the engine: loads it, then answers requests one at a time on its own MLX stream."""
+class EngineThread(EngineOwner[ChatRequest]):
+    """Owns the engine for the chat (``ptp_mlx/engine_owner.py``): loads it, then answers requests one at a time on
+    its own MLX stream, posting Textual messages."""
 
     def __init__(self, loader: Loader, post: Callable[[Message], Any]) -> None:
-        super().__init__(name="ptp-engine", daemon=True)
+        super().__init__("ptp-engine")
         self._loader = loader
         self._post = post
-        self._requests: queue.Queue[ChatRequest | None] = queue.Queue()
-        self._current: ChatRequest | None = None
+        self._load_error = ""
         # The conversation's KV cache, carried between answers: each turn prefills only what is new (the cache is
         # trimmed to whatever prefix the prompts still share). One cache, for the chat answered last: another
         # chat (a new one, or one reopened from the list) starts a fresh one and the old one's memory goes.
         self._prompt_cache = None
         self._cache_conversation: str | None = None
 
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
     def submit(self, request: ChatRequest) -> None:
-        self._requests.put(request)
+        self._jobs.put(request)
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Stop the answer in progress, end the thread and wait for it (bounded)."""
         if self._current is not None:
             self._current.stop.set()
-        self._requests.put(None)
-        if self.is_alive() and threading.current_thread() is not self:
-            self.join(timeout)
+        self._jobs.put(None)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
-    def run(self) -> None:
-        import mlx.core as mx
-
-        # MLX streams belong to the thread that made them: this thread creates its own and does every
-        # model operation (loading included) inside it.
-        stream = mx.new_stream(mx.default_device())
-        with mx.stream(stream):
-            self._serve()
-
-    def _serve(self) -> None:
+    def _load(self) -> EngineLike | None:
         try:
             engine = self._loader(lambda text: self._post(EngineStatus(text)))
         except Exception as e:  # noqa: BLE001 - every load failure becomes a notification
-            error = describe_error(e)
-            self._post(EngineFailed(error))
-            while (req := self._requests.get()) is not None:
-                self._post(AnswerFailed(req.request_id, "no model loaded: " + error))
-            return
+            self._load_error = describe_error(e)
+            self._post(EngineFailed(self._load_error))
+            return None
         self._post(EngineReady(engine.has_adapter, engine.default_mode(), describe_engine(engine)))
-        while (req := self._requests.get()) is not None:
-            self._current = req
-            try:
-                self._answer(engine, req)
-            finally:
-                self._current = None
+        return engine
+
+    def _refuse(self, req: ChatRequest) -> None:
+        self._post(AnswerFailed(req.request_id, "no model loaded: " + self._load_error))
 
     def _answer(self, engine: EngineLike, req: ChatRequest) -> None:
         s = req.settings

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..engine_owner import EngineOwner
 from ..errors import UserError
 from ..generate import ContextFull
 from ..prompt_cache import PromptCache
@@ -99,8 +100,9 @@ class PromptCachePool:
         del self.entries[: max(0, len(self.entries) - self.size)]
 
 
-class EngineWorker:
-    """Loads the engine on its own thread, then answers ``Job``s one at a time, in order."""
+class EngineWorker(EngineOwner[Job]):
+    """Loads the engine on its own thread (``ptp_mlx/engine_owner.py``), then answers ``Job``s one at a time, in
+    order; a full queue is refused with 503."""
 
     def __init__(
         self,
@@ -110,13 +112,11 @@ class EngineWorker:
         mode: str | None = None,
         num_draft_tokens: int | None = None,
     ) -> None:
+        super().__init__("ptp-serve-engine", max_queue)
         self._loader = loader
-        self._jobs: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
-        self._thread = threading.Thread(target=self._run, name="ptp-serve-engine", daemon=True)
         self._ready = threading.Event()
         self._stopped = threading.Event()
-        self._closed = False
-        self._current: Job | None = None
+        self._closing = False
         self.pool = PromptCachePool(cache_size) if cache_size > 0 else None
         self.engine = None
         self.load_error: BaseException | None = None
@@ -136,7 +136,7 @@ class EngineWorker:
 
     def submit(self, job: Job) -> None:
         """Queue ``job``, or raise ``APIError`` 503 when the queue is full or the server is stopping."""
-        if self._closed:
+        if self._closing:
             raise APIError(503, "the server is shutting down", "server_error", None, "shutting_down")
         try:
             self._jobs.put_nowait(job)
@@ -155,7 +155,7 @@ class EngineWorker:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Cancel the answer in progress and every waiting job, end the thread and wait for it (bounded)."""
-        self._closed = True
+        self._closing = True
         if self._current is not None:
             self._current.cancel.set()
         while True:
@@ -175,44 +175,43 @@ class EngineWorker:
 
     # --- the engine thread ----------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        import mlx.core as mx
+    def _load(self):
+        try:
+            engine = self._loader()
+            self.mode = self.mode or engine.default_mode()
+            self.engine = engine
+        except BaseException as e:  # noqa: BLE001 - handed to the thread that waits in start()
+            self.load_error = e
+            engine = None
+        self._ready.set()
+        return engine
 
-        # This thread makes its own stream and does every model operation (loading included) inside it.
-        with mx.stream(mx.new_stream(mx.default_device())):
-            try:
-                self.engine = self._loader()
-                self.mode = self.mode or self.engine.default_mode()
-            except BaseException as e:  # noqa: BLE001 - handed to the thread that waits in start()
-                self.load_error = e
-            self._ready.set()
-            if self.load_error is None:
-                self._serve()
+    def _refuse(self, job: Job) -> None:
+        job.post(Failed(APIError(503, "the engine did not load", "server_error", None, None)))
+
+    def _skip(self, job: Job) -> bool:
+        return job.cancel.is_set()  # its client left while it waited
+
+    def _closed(self) -> None:
         self._stopped.set()
         # Parked, never ended: MLX (0.32, Linux) aborts the process at exit ("terminate called without an active
         # exception") when the thread that made a stream ended before it. A daemon thread blocked here is harmless.
         threading.Event().wait()
 
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            if job.cancel.is_set():
-                continue  # its client left while it waited
-            self._current = job
-            try:
-                self._answer(job)
-            except APIError as e:
-                job.post(Failed(e))
-            except ContextFull as e:
-                job.post(Failed(APIError(400, str(e), param="messages", code="context_length_exceeded")))
-            except (UserError, ValueError) as e:
-                job.post(Failed(APIError(400, str(e))))
-            except Exception as e:  # noqa: BLE001 - one request fails, the server stays up
-                msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                job.post(Failed(APIError(500, f"{type(e).__name__}: {msg}", "server_error", None, None)))
-            finally:
-                self._current = None
+    def _answer(self, engine, job: Job) -> None:
+        try:
+            self._respond(job)
+        except APIError as e:
+            job.post(Failed(e))
+        except ContextFull as e:
+            job.post(Failed(APIError(400, str(e), param="messages", code="context_length_exceeded")))
+        except (UserError, ValueError) as e:
+            job.post(Failed(APIError(400, str(e))))
+        except Exception as e:  # noqa: BLE001 - one request fails, the server stays up
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            job.post(Failed(APIError(500, f"{type(e).__name__}: {msg}", "server_error", None, None)))
 
-    def _answer(self, job: Job) -> None:
+    def _respond(self, job: Job) -> None:
         eng, req = self.engine, job.req
         pc = self.pool.take(job.ids) if self.pool is not None else None
         out = AnswerText(eng.tokenizer, StopMatcher(req.stop), req.tools)
