@@ -173,9 +173,6 @@ class EngineThread(EngineOwner[ChatRequest]):
     def start(self) -> None:
         self._thread.start()
 
-    def is_alive(self) -> bool:
-        return self._thread.is_alive()
-
     def submit(self, request: ChatRequest) -> None:
         self._jobs.put(request)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .testing import SPECIALS, tiny_config
+from .testing import SPECIALS, save_byte_tokenizer, tiny_config
 
 TOOL_CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 CALL_TEXT = json.dumps(TOOL_CALL)
@@ -36,26 +36,7 @@ TOOL_TEMPLATE = (
 
 
 def _save_tokenizer(out: Path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    byte_syms = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(SPECIALS + byte_syms)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIALS)
-    tok.add_tokens(ADDED)  # ids 259, 260, 261
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=SPECIALS[1],
-        eos_token=SPECIALS[2],
-        unk_token=SPECIALS[0],
-        pad_token=SPECIALS[0],
-        clean_up_tokenization_spaces=False,
-    )
-    fast.chat_template = TOOL_TEMPLATE
-    fast.save_pretrained(str(out))
-    return fast
+    return save_byte_tokenizer(out, TOOL_TEMPLATE, ADDED)  # ADDED get ids 259, 260, 261
 
 
 def make_tool_model(out: Path, seed: int = 0) -> Path:

@@ -65,12 +65,7 @@ class ProfileRow:
     tokens: list[int] | None = None  # what the calls emitted (PTP rows: compared with AR, a free lossless check)
     compute: float = 0.0  # median milliseconds of compute per call (the device's part)
     calls_raw: list[dict] | None = None  # (PTP rows, while profiling: every call's phases in seconds)
-    host: float = 0.0  # median milliseconds per call of the host phases on the critical path (``ON_PATH``)
-
-    @property
-    def host_on_path(self) -> float:
-        """Host milliseconds per call that the device waited for, measured directly (``ON_PATH`` phases)."""
-        return self.host
+    host_on_path: float = 0.0  # median ms per call of the host phases on the critical path (``ON_PATH``)
 
     @property
     def wall_minus_compute(self) -> float:
@@ -78,8 +73,8 @@ class ProfileRow:
         return max(0.0, self.total - self.compute)
 
     def to_json(self) -> dict:
-        doc = {k: v for k, v in self.__dict__.items() if k not in ("calls_raw", "host")}
-        return {**doc, "host_on_path": self.host_on_path, "wall_minus_compute": self.wall_minus_compute}
+        doc = {k: v for k, v in self.__dict__.items() if k != "calls_raw"}
+        return {**doc, "wall_minus_compute": self.wall_minus_compute}
 
 
 class ShapeDrafter(Drafter):
@@ -212,7 +207,7 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings, compil
     med = {k: _median_ms(v) for k, v in ph.items()}
     host = _median_ms([b + r for b, r in zip(ph["build"], ph["read+trim"], strict=True)])
     unpiped = ProfileRow(
-        "ar (unpipelined)", 1, max_tokens, med, sum(med.values()), 1.0, compute=med["compute"], host=host
+        "ar (unpipelined)", 1, max_tokens, med, sum(med.values()), 1.0, compute=med["compute"], host_on_path=host
     )
     rows.append(unpiped)
     return rows
@@ -272,7 +267,7 @@ def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled)
     toks = [t for st in steps for t in st.tokens]
     name = f"ptp {1 + n}+{rows - 1 - n}"
     host = _median_ms([sum(c.get(k, 0.0) for k in ON_PATH) for c in calls])
-    return ProfileRow(name, rows, len(full), med, total, tpc, toks, calls_raw=[{**c} for c in calls], host=host)
+    return ProfileRow(name, rows, len(full), med, total, tpc, toks, calls_raw=[{**c} for c in calls], host_on_path=host)
 
 
 def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:

@@ -86,9 +86,7 @@ def outputs_head(
         best = mx.max(aux, axis=-1)
         lse = mx.logsumexp(aux, axis=-1)
         out.aux_top, out.aux_conf = top, mx.exp(best - lse)
-        if (
-            shape.reads_top_prob
-        ):  # the adapter's estimate of the top token's probability under the sampler's temperature
+        if shape.reads_top_prob:  # the adapter's top probability at the sampler's temperature
             t = s.temperature
             out.top_prob = mx.exp(best / t - mx.logsumexp(aux / t, axis=-1))
         if shape.runner_up:

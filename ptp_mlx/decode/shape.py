@@ -126,19 +126,9 @@ class CallOutputs:
     aux_conf: mx.array | None = None  # float32 [n_aux]: its probability (softmax at T 1)
     second: mx.array | None = None  # int32 [n_aux]: the runner-up (``runner_up``)
     second_conf: mx.array | None = None  # float32 [n_aux]: its probability
-    top_prob: mx.array | None = (
-        None  # float32 [n_aux]: the top probability at the sampling temperature (``reads_top_prob``)
-    )
+    top_prob: mx.array | None = None  # float32 [n_aux]: top probability at the sampling temperature
     scored: list[mx.array] | None = None  # what a logits hook reads back for logprobs (eager calls only)
 
     def arrays(self) -> list[mx.array]:
-        fields = (
-            self.targets,
-            self.accepted,
-            self.aux_top,
-            self.aux_conf,
-            self.second,
-            self.second_conf,
-            self.top_prob,
-        )
-        return [a for a in fields if a is not None] + list(self.scored or [])
+        fields = (self.targets, self.accepted, self.aux_top, self.aux_conf, self.second, self.second_conf)
+        return [a for a in (*fields, self.top_prob) if a is not None] + list(self.scored or [])

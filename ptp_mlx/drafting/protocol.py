@@ -70,9 +70,7 @@ class CallResult:
     aux_conf: list[float] = field(default_factory=list)
     second: list[tuple[int, float]] = field(default_factory=list)
     alt: int | None = None
-    aux_top_prob: list[float] | None = (
-        None  # each row's top probability at the decoding temperature (``reads_top_prob``)
-    )
+    aux_top_prob: list[float] | None = None  # each row's top probability at the decoding temperature
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
 
 

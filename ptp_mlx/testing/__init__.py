@@ -42,18 +42,19 @@ def tiny_config(
     }
 
 
-def save_byte_tokenizer(out: Path) -> None:
-    """Byte-level BPE without merges: 3 special tokens then the 256 byte symbols (vocabulary 259)."""
+def save_byte_tokenizer(out: Path, template: str = CHAT_TEMPLATE, added: list[str] | None = None):
+    """Byte-level BPE without merges: 3 special tokens then the 256 byte symbols (vocabulary 259), then ``added``
+    tokens (ids from 259), with the chat ``template``; saved to ``out``. Returns the tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    byte_syms = list(pre_tokenizers.ByteLevel.alphabet())
-    byte_syms.sort()
-    vocab = {t: i for i, t in enumerate(SPECIALS + byte_syms)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    byte_syms = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(SPECIALS + byte_syms)}, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(SPECIALS)
+    if added:
+        tok.add_tokens(added)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=SPECIALS[1],
@@ -62,8 +63,9 @@ def save_byte_tokenizer(out: Path) -> None:
         pad_token=SPECIALS[0],
         clean_up_tokenization_spaces=False,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = template
     fast.save_pretrained(str(out))
+    return fast
 
 
 # Family-specific config fields on top of ``tiny_config`` (small sliding windows, so the window really slides).
