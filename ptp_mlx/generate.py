@@ -19,7 +19,7 @@ from .decode.ahead import build_chained, confirm_chained, drop_chained
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
-from .decode.session import CallRecord, DecodeSession
+from .decode.session import CallRecord, ContextTokens, DecodeSession, vocab_size
 from .drafting.budget import BudgetPolicy
 from .drafting.policy import DraftingConfig, make_drafter
 from .drafting.protocol import Drafter, DraftSession
@@ -218,6 +218,8 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     bank = bank_for(pm, opts.compiled) if pm.adapter is not None or opts.drafter is None else None
     hook = opts.logits
     sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.reads_top_prob, opts.accept)
+    if opts.accept.guarded:  # a pivot rule's lookup calls read which tokens the context holds
+        sess.context = ContextTokens(vocab_size(pm), history)
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
@@ -231,7 +233,9 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
                 # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
                 plan = plan or drafter.plan(i, max_new - i, ctx - cache.offset)
                 if plan.burst:
-                    last, done = yield from _burst(pm, cache, last, u, i, s, plan.burst, drafter, hook, bank)
+                    last, done = yield from _burst(
+                        pm, cache, last, u, i, s, plan.burst, drafter, hook, bank, sess.context
+                    )
                     i, plan = i + done, None
                     continue
                 clock.mark("plan")
@@ -248,6 +252,8 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
             drafter.update(plan, out)
             drafter.emitted(out.block)
+            if sess.context is not None:
+                sess.context.add(out.block)
             block, c, rows, last = out.block, out.accepted, plan.rows, out.block[-1]
             n = len(plan.drafts) + len(plan.alts)
             source = "alt" if out.alt is not None else plan.source if n else None
@@ -274,7 +280,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
             cache.trim_to(call.offset)
 
 
-def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None):
+def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, context=None):
     """Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive burst instead.
     Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``."""
     burst = ar_calls(pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank)
@@ -283,6 +289,8 @@ def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None):
         last = block[-1]
         done += 1
         drafter.emitted(block)
+        if context is not None:
+            context.add(block)
         yield block, info
         if done < length and drafter.ready():
             # The next step is already queued and has fed ``last`` into the cache: trim it so the

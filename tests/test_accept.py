@@ -174,3 +174,66 @@ def test_bench_prices_lenient_answers_in_quality(dirs, tmp_path, capsys):
     assert 0 < q["ptp-lenient"]["mean_p"] <= 1 and q["ptp-lenient"]["perplexity"] >= 1
     lp, p, n = answer_scores(Engine.load(model, adapter, measure_cost=False).pm.base, [1, 2, 3], [4, 5])
     assert n == 2 and lp < 0 and 0 < p < 2
+
+
+def test_pivot_guard_reads_the_rows_picks_against_the_context():
+    """``pivot=1``: a lenient acceptance stands only where the row's exact pick is not a token of the context."""
+    rows = mx.array([[2.0, 1.9, 0.0, 0.0], [2.0, 1.9, 0.0, 0.0]])  # the draft (1) nearly ties with the pick (0)
+    drafts, picks = mx.array([1, 1]), mx.array([0, 0])
+    r = AcceptRule.parse("entropy:pivot=1")
+    assert r.guarded and r.label == "lenient entropy eps=0.3 delta=0.09 pivot" and not AcceptRule.parse("entropy").guarded
+    assert r.for_source("lookup") is r and not r.for_source("ptp").guarded and r.for_source("ptp").lenient
+    assert not AcceptRule.parse("entropy:pivot=1,lookup=0").for_source("lookup").lenient
+    offered = mx.array([True, True, False, False])  # the context holds the pick: a pivot, left to the exact rule
+    assert r.accepts(rows, drafts, 1.0, picks, offered).tolist() == [False, False]
+    assert r.accepts(rows, drafts, 1.0, picks, ~offered).tolist() == [True, True]
+    assert AcceptRule.parse("entropy").accepts(rows, drafts, 1.0).tolist() == [True, True]
+    with pytest.raises(ValueError, match="needs the rows' exact picks"):
+        r.accepts(rows, drafts, 1.0)
+    with pytest.raises(ValueError, match="pivot must be 0 or 1"):
+        AcceptRule.parse("threshold:pivot=2")
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, compiled):
+    """Wrong lookup chains under ``threshold:tau=0`` (every draft would stand): with ``pivot=1`` a token of the
+    answer differs from the exact sample only where that sample was not in the context (prompt and answer so far);
+    a prompt that holds every token id leaves nothing lenient, so the answer is the exact one."""
+    import dataclasses
+
+    from ptp_mlx.generate import DecodeOptions, stream_generate
+    from ptp_mlx.testing import OracleDrafter
+
+    class WrongLookup(OracleDrafter):
+        def plan(self, i, remaining, room):
+            return dataclasses.replace(super().plan(i, remaining, room), source="lookup")
+
+    def answer(ids, rule, n=24):
+        ar = tokens_of(engine.generate(ids, mode="ar", max_tokens=n))
+        wrong = [(t + 1) % 200 + 3 for t in ar]
+        opts = DecodeOptions(mode="ptp", max_tokens=n, drafter=WrongLookup(wrong, 4), accept=rule, compiled=compiled)
+        steps = list(stream_generate(engine.pm, engine.tokenizer, ids, opts))
+        assert {st.accept for st in steps} == {rule.label}
+        return ar, tokens_of(steps)
+
+    guarded = AcceptRule.parse("threshold:tau=0,pivot=1")
+    ids = engine.encode("hello there")
+    ar, got = answer(ids, guarded)
+    _, loose = answer(ids, AcceptRule.parse("threshold:tau=0"))
+    assert loose != ar and got != ar  # drafts the context does not offer still stand
+    pm, u, cache = engine.pm, UniformStream(0), engine.pm.make_cache()
+    pm.base(mx.array(ids[:-1])[None], cache=cache)
+    prev, refused, lenient = ids[-1], 0, 0
+    for g, tok in enumerate(got):
+        logits = pm.base(mx.array([[prev]]), cache=cache)[0, -1]
+        want = int(pick(mx.array(u[g]), logits, 0.0).item())
+        offered = want in set(ids) | set(got[:g])
+        if tok != want:
+            assert not offered, (g, tok, want)
+            lenient += 1
+        refused += offered
+        prev = tok
+    assert lenient and refused  # both cases happened in this answer
+    everything = list(range(3, 259)) + ids
+    ar_all, got_all = answer(everything, guarded)
+    assert got_all == ar_all

@@ -27,6 +27,37 @@ def test_lookup_candidates_follow_the_latest_match():
     assert d.candidates() == [6, 7, 8]
 
 
+
+def test_lookup_guess_is_the_offer_after_a_chain_that_stood():
+    """``guess_after``: the chain the proposer will offer once its chain stood whole and the copied text went on,
+    with the rate those hits make, computed without changing the proposer (random histories with repeats)."""
+    import copy
+    import random
+
+    r, checked = random.Random(0), 0
+    for _ in range(300):
+        text = [r.randrange(6) for _ in range(r.randrange(8, 40))]
+        d = LookupProposer(text * r.randrange(1, 3) + text[: r.randrange(len(text))], max_draft=r.randrange(2, 6))
+        d.hits, d.misses = r.randrange(5), r.randrange(1, 5)
+        offer = d.offer()
+        if offer is None:
+            continue
+        n = r.randrange(1, len(offer.drafts) + 1)
+        drafts = offer.drafts[:n]
+        before = (list(d.history), d.hits, d.misses)
+        guess = d.guess_after(drafts)
+        assert (d.history, d.hits, d.misses) == before  # a guess changes nothing the proposer decides by
+        real = copy.deepcopy(d)
+        at = real._match(real.history)
+        if at + n >= len(real.history):
+            assert guess is None  # the copied text has no next token to assume
+            continue
+        real.observe(n, n, 1.0)
+        real.emitted([*drafts, real.history[at + n]])
+        assert guess == real.offer(), (text, drafts)
+        checked += guess is not None
+    assert checked > 50
+
 @pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])
 def test_lookup_strands_are_exact(pm_sticky, varied, name):
     """Lookup drafts that are right (the answer itself planted in the history), wrong (another answer) or cut by

@@ -10,9 +10,11 @@ import mlx.core as mx
 import pytest
 
 import ptp_mlx.generate as generate
+from ptp_mlx.drafting.protocol import Guess
 from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
 from ptp_mlx.model.kv import KVState
 from ptp_mlx.prompt_cache import PromptCache
+from ptp_mlx.testing import OracleDrafter
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
 
@@ -132,3 +134,28 @@ def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):  # noqa: F811
     got = [t for st in stream_generate(pm_sticky, tok, ids, opts) for t in st.tokens]
     assert got == ar(pm_sticky, tok, ids, SETTINGS["greedy"], 16)[0]
     assert spy["built"] == 0 and spy["hit"] == 0 and spy["miss"] == 0
+
+
+
+class KnownDraftsOracle(OracleDrafter):
+    """An oracle whose next call is known to the host for every outcome (the way a lookup continuation is):
+    ``guess`` returns the real next plan with its drafts as tokens, not as rows of the current call."""
+
+    def guess(self, plan, accepted, i, remaining, room):
+        return Guess(self.plan(i, remaining, room), None)
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0-k50-p0.8"])
+def test_calls_with_drafts_the_host_knows_are_chained_and_exact(pm_sticky, varied, spy, name):  # noqa: F811
+    """Chained calls whose drafts are host tokens gathered by the outcome (``Guess.draft_rows`` None): every outcome
+    is guessed right, so every build is queued; drafts right and wrong, the answer is the autoregressive one."""
+    tok = varied[1]
+    s = with_seed(SETTINGS[name], 5)
+    ids = encode_prompt(tok, PROMPTS[1])
+    want, _ = ar(pm_sticky, tok, ids, s, 40)
+    drafts = [t if k % 5 else (t + 7) % 200 + 3 for k, t in enumerate(want)]  # every fifth draft wrong
+    opts = DecodeOptions(mode="ptp", max_tokens=40, sampling=s, drafter=KnownDraftsOracle(drafts, 4))
+    steps = list(stream_generate(pm_sticky, tok, ids, opts))
+    assert [t for st in steps for t in st.tokens] == want
+    assert spy["hit"] > 3 and spy["miss"] <= 1, spy  # (the answer's last call may find no next one)
+    assert len({k for k in spy if k.startswith("hit after ")}) > 1  # several outcomes served by host tokens

@@ -16,19 +16,26 @@ Either rule takes ``lookup=0``: prompt-lookup drafts (text copied from the promp
 by the exact rule, and only the adapter's own drafts are accepted leniently (a copied span that the model would
 not have continued that way is where a lenient rule changes what a passage question answers).
 
+Either rule also takes ``pivot=1``: a lookup draft then stands leniently only where the row's exact pick is not itself
+a token of the context (the prompt and the answer so far). A row split between two tokens the text offers (the
+city a passage names for one person, or the one it names for another) is a "pivot": the choice is the answer, so it
+is left to the exact rule; a row whose exact pick the text does not offer (a rephrasing of what lookup copies)
+still takes the copy. The adapter's own drafts are not guarded (their calls are built ahead, before the tokens
+that would update the context are known).
+
 A threshold above 1 accepts nothing the exact rule does not: the strictest setting of each rule is exact decoding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 
 KINDS = ("exact", "entropy", "threshold")
 DEFAULTS = {
-    "entropy": {"eps": 0.3, "delta": 0.09, "floor": 0.0, "lookup": 1.0},
-    "threshold": {"tau": 0.3, "lookup": 1.0},
+    "entropy": {"eps": 0.3, "delta": 0.09, "floor": 0.0, "lookup": 1.0, "pivot": 0.0},
+    "threshold": {"tau": 0.3, "lookup": 1.0, "pivot": 0.0},
 }
 
 
@@ -42,19 +49,28 @@ class AcceptRule:
     floor: float = 0.0
     tau: float = 0.3
     lookup: float = 1.0  # 1: lookup drafts are accepted by the same rule; 0: by the exact rule only
+    pivot: float = 0.0  # 1: a lookup draft is refused leniency where the exact pick is a token of the context
 
     @property
     def lenient(self) -> bool:
         return self.kind != "exact"
 
     def for_source(self, source: str | None) -> AcceptRule:
-        """The rule a call whose drafts come from ``source`` ("ptp", "lookup", ...) is verified under."""
-        return EXACT if source == "lookup" and not self.lookup else self
+        """The rule a call whose drafts come from ``source`` ("ptp", "lookup", ...) is verified under (the pivot
+        guard is kept for lookup chains only: ``guarded``)."""
+        if source == "lookup":
+            return self if self.lookup else EXACT
+        return replace(self, pivot=0.0) if self.pivot else self
+
+    @property
+    def guarded(self) -> bool:
+        """Whether a call under this rule reads the context's tokens (``pivot``; ``offered`` of ``accepts``)."""
+        return self.lenient and bool(self.pivot)
 
     @property
     def label(self) -> str:
         """How an answer decoded under this rule is labelled (``exact`` or ``lenient ...``)."""
-        extra = "" if self.lookup else " lookup=exact"
+        extra = ("" if self.lookup else " lookup=exact") + (" pivot" if self.pivot and self.lookup else "")
         if self.kind == "entropy":
             floor = f" floor={self.floor:g}" if self.floor else ""
             return f"lenient entropy eps={self.eps:g} delta={self.delta:g}{floor}{extra}"
@@ -65,7 +81,7 @@ class AcceptRule:
     @classmethod
     def parse(cls, text: str) -> AcceptRule:
         """``exact``, ``entropy``, ``entropy:eps=0.3,delta=0.09,floor=0.05``, ``threshold``, ``threshold:tau=0.2`` (or
-        ``threshold:0.2``); either lenient rule also takes ``lookup=0``. Raises ``ValueError`` naming what is wrong."""
+        ``threshold:0.2``); either lenient rule also takes ``lookup=0`` and ``pivot=1``. Raises ``ValueError`` naming what is wrong."""
         kind, _, params = (text or "").strip().partition(":")
         kind = kind.strip().lower()
         if kind not in KINDS:
@@ -88,13 +104,30 @@ class AcceptRule:
                 raise ValueError(f"{kind} rule: {name} must be a number, got {val.strip()!r}") from None
             if not values[name] >= 0:
                 raise ValueError(f"{kind} rule: {name} must be >= 0, got {val.strip()!r}")
-            if name == "lookup" and values[name] not in (0.0, 1.0):
-                raise ValueError(f"{kind} rule: lookup must be 0 or 1, got {val.strip()!r}")
+            if name in ("lookup", "pivot") and values[name] not in (0.0, 1.0):
+                raise ValueError(f"{kind} rule: {name} must be 0 or 1, got {val.strip()!r}")
         return cls(kind, **values)
 
-    def accepts(self, rows: mx.array, drafts: mx.array, temperature: float) -> mx.array:
+    def accepts(
+        self,
+        rows: mx.array,
+        drafts: mx.array,
+        temperature: float,
+        picks: mx.array | None = None,
+        offered: mx.array | None = None,
+    ) -> mx.array:
         """bool [n]: whether row ``j`` (logits [n, vocab], the verifying rows) accepts ``drafts[j]`` besides an
-        exact match (a lenient rule's; the exact rule never calls it)."""
+        exact match (a lenient rule's; the exact rule never calls it). A ``guarded`` rule also takes the rows'
+        exact ``picks`` (int32 [n]) and ``offered`` (bool [vocab]: the tokens of the context) and refuses a row
+        whose pick the context offers."""
+        ok = self._likely(rows, drafts, temperature)
+        if self.guarded:
+            if picks is None or offered is None:
+                raise ValueError("a rule with pivot=1 needs the rows' exact picks and the context's tokens")
+            ok = ok & ~mx.take(offered, picks.astype(mx.int32))
+        return ok
+
+    def _likely(self, rows: mx.array, drafts: mx.array, temperature: float) -> mx.array:
         t = temperature if temperature > 0 else 1.0
         x = rows.astype(mx.float32) / t
         logp = x - mx.logsumexp(x, axis=-1, keepdims=True)

@@ -2,11 +2,13 @@
 "Pipelined calls").
 
 A call's inputs depend on what it accepted, which the host learns only when it reads the call. When the drafter
-can tell the next call's rows before that read for every outcome alike (``Drafter.guess``: a fixed budget, whose
-next call has the same shape whatever is accepted), the next call is one fixed-shape call whose inputs are
-gathered on the device from this call's outputs by its accepted count ``c``: its token rows (the exact token at
-``c``, then the drafts of branch ``c``), its uniforms (a table with one row per outcome) and its cache offset
-(this call's plus ``1 + c``). Its graph is built while this call computes; after the read it is queued at once
+can tell the next call's rows before that read (``Drafter.guess``: a fixed budget, whose next call has the same
+shape whatever is accepted; prompt lookup, whose chain continues the copied text when every draft stands), the
+next call is one fixed-shape call whose inputs are gathered on the device from this call's outputs by its
+accepted count ``c``: its token rows (the exact token at ``c``, then the drafts of branch ``c``, or the host's
+guessed drafts for outcome ``c``), its uniforms (a table with one row per outcome) and its cache offset (this
+call's plus ``1 + c``). Outcomes the drafter cannot tell get no row of their own: if one happens the call is
+dropped. Its graph is built while this call computes; after the read it is queued at once
 if the drafter's real plan is the guessed one for the outcome that happened, and dropped otherwise (the call is
 then built as ever). Either way the same call runs on the same rows, so the output is unchanged.
 
@@ -43,7 +45,7 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     apply: the eager legacy pass, a logits hook, a token tree (a landed alternative moves K/V rows on the host),
     a drafter that cannot tell, or outcomes whose next calls differ in shape."""
     plan, cache = call.plan, sess.cache
-    if sess.bank is None or sess.hook is not None or plan.alts or call.out.aux_top is None:
+    if sess.bank is None or sess.hook is not None or plan.alts:
         return None
     n = len(plan.drafts)
     guesses: list[Guess | None] = []
@@ -53,15 +55,22 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
             guesses.append(None)
             continue
         guess = drafter.guess(plan, g, i, max_new - i, ctx - (call.offset + 1 + g))
-        if guess is None or guess.plan.burst or guess.plan.alts:
-            return None
-        guesses.append(guess)
+        if guess is not None and (guess.plan.burst or guess.plan.alts):
+            guess = None
+        guesses.append(
+            guess
+        )  # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
     known = [x for x in guesses if x is not None]
     if not known:
         return None
     nxt = known[0].plan
     if any(x.plan.branches != nxt.branches or len(x.plan.drafts) != len(nxt.drafts) for x in known):
         return None  # one outcome's next call has another shape: no single build serves them all
+    on_device = {x.draft_rows is not None for x in known}
+    if len(on_device) > 1 or (True in on_device and call.out.aux_top is None):
+        return None  # drafts from this call's rows for some outcomes, known tokens for others: not one gather
+    if sess.rule.for_source(nxt.source).guarded:
+        return None  # a pivot rule reads the context, which this call's block may still change
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
     draft_rows = np.zeros((n + 1, m), np.int32)
@@ -70,12 +79,13 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     aux_table = np.zeros((n + 1, aux_u.size), np.float32)
     for g, x in enumerate(guesses):
         if x is not None:
-            draft_rows[g] = x.draft_rows
+            draft_rows[g] = x.plan.drafts if x.draft_rows is None else x.draft_rows
             row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
     c = call.out.accepted  # int32 []: the outcome, known on the device only
     rows = [mx.take(call.out.targets, c.reshape(1)).astype(mx.int32)]
     if m:
-        rows.append(mx.take(call.out.aux_top, mx.take(mx.array(draft_rows), c, axis=0)).astype(mx.int32))
+        picked = mx.take(mx.array(draft_rows), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
+        rows.append(picked if known[0].draft_rows is None else mx.take(call.out.aux_top, picked).astype(mx.int32))
     inputs = ChainInputs(
         tokens=mx.concatenate(rows) if m else rows[0],
         row_u=mx.take(mx.array(row_table), c, axis=0),
@@ -97,7 +107,7 @@ def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: 
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the chained call's rows
     ok = guess is not None and plan is not None and not plan.burst and not plan.alts
     ok = ok and plan.branches == guess.plan.branches
-    ok = ok and plan.drafts == tuple(result.aux_tokens[j] for j in guess.draft_rows)
+    ok = ok and tuple(plan.drafts) == guess.drafts(result.aux_tokens) and plan.source == guess.plan.source
     if not ok:
         drop_chained(chained, cache, keep)
         return None

@@ -125,6 +125,7 @@ def build_call(
     call of ``decode/ahead.py``; its ``offset`` is known once the call before it is read)."""
     pm, cache, s, hook = sess.pm, sess.cache, sess.settings, sess.hook
     rule = sess.rule.for_source(plan.source)  # (``lookup=0``: lookup chains verified by the exact rule)
+    offered = sess.context.array() if rule.guarded and sess.context is not None else None
     offset = cache.offset
     n, alts = len(plan.drafts), plan.alts
     shape = call_shape(plan, sess.runner_up, sess.reads_top_prob)
@@ -139,12 +140,12 @@ def build_call(
     row_u, aux_u = (mx.array(x) for x in call_uniforms(sess, plan, i))
     prefixes = [list(plan.drafts[:j]) for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
     if sess.bank is not None:
-        out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, rule)
+        out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, rule, offered=offered)
         return PendingCall(plan, offset, i, shape, out, hook)
     # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
     windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
     logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
-    out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule)
+    out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule, offered)
     return PendingCall(plan, offset, i, shape, out, hook)
 
 

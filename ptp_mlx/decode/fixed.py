@@ -62,10 +62,19 @@ def _mask_fn(shape: CallShape, offset: mx.array, bucket: int, dtype) -> Callable
 
 
 def outputs_head(
-    shape: CallShape, logits, tokens, row_u, s: SamplingSettings, hook=None, prefixes=None, rule: AcceptRule = EXACT
+    shape: CallShape,
+    logits,
+    tokens,
+    row_u,
+    s: SamplingSettings,
+    hook=None,
+    prefixes=None,
+    rule: AcceptRule = EXACT,
+    offered=None,
 ) -> CallOutputs:
     """Exact picks, the accepted count and the auxiliary rows' drafts from a call's logits [rows, vocab]. With a
-    logits ``hook`` (eager calls), row ``j``'s logits are processed counting ``prefixes[j]`` (the drafts before it)."""
+    logits ``hook`` (eager calls), row ``j``'s logits are processed counting ``prefixes[j]`` (the drafts before it).
+    ``offered``: bool [vocab], the context's tokens (a ``guarded`` rule's)."""
     n_tok, n = shape.n_tok, shape.n_drafts
     rows = logits[:n_tok]
     if hook is not None:  # penalties and logit_bias: a row counts the drafts before it (ptp_mlx/logits.py)
@@ -75,7 +84,7 @@ def outputs_head(
     # Under a lenient ``rule`` a draft also stands when its verifying row finds it likely enough (decode/accept.py).
     ok = tokens[1 : n + 1] == targets[:n] if n else None
     if n and rule.lenient:  # (the exact rule adds nothing to the graph)
-        ok = ok | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature)
+        ok = ok | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature, targets[:n], offered)
     accepted = mx.sum(mx.cumprod(ok.astype(mx.int32))) if n else mx.array(0)
     out = CallOutputs(targets, accepted.astype(mx.int32))
     if hook is not None:
@@ -97,13 +106,15 @@ def outputs_head(
 
 def call_graph(pm, shape: CallShape, bucket: int, s: SamplingSettings, rule, tokens, row_u, aux_u, offset, *kv):
     """One PTP call as a pure function of arrays: ``tokens`` int32 [n_tok], ``row_u`` float32 [n_tok], ``aux_u``
-    float32 [n_aux], ``offset`` int32 [] and the K/V buffers (keys of every layer, then values). Returns the
-    outputs' arrays (``_OUT_FIELDS`` order, the ones the shape wants) followed by the written buffers."""
-    out, st = _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, rule=rule)
+    float32 [n_aux], ``offset`` int32 [] and the K/V buffers (keys of every layer, then values; under a ``guarded``
+    rule first ``offered``, bool [vocab]). Returns the outputs' arrays (``_OUT_FIELDS`` order, the ones the shape
+    wants) followed by the written buffers."""
+    offered, kv = (kv[0], kv[1:]) if rule.guarded else (None, kv)
+    out, st = _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, rule=rule, offered=offered)
     return (*_pack(out), *st.keys, *st.values)
 
 
-def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, prefixes=None, rule=EXACT):
+def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, prefixes=None, rule=EXACT, offered=None):
     L = len(kv) // 2
     p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
     st = KVState.traced(kv[:L], kv[L:], p)
@@ -115,7 +126,7 @@ def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, pre
         logits = pm.base(tokens[None], cache=st)[0]
     finally:
         pm.ctx.end()
-    return outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule), st
+    return outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule, offered), st
 
 
 _OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "top_prob")
@@ -205,6 +216,7 @@ class CompileBank:
         hook=None,
         prefixes=None,
         rule: AcceptRule = EXACT,
+        offered: mx.array | None = None,
         at: tuple[mx.array, int] | None = None,
     ) -> CallOutputs:
         """Queue one call on ``state`` (nothing is computed yet): the state gains all ``shape.rows`` rows, as an
@@ -212,21 +224,23 @@ class CompileBank:
         ``hook`` (row ``j`` processed counting ``prefixes[j]``), the same function runs eagerly: the host decides
         the processed rows per call. ``at``: ``(offset, bound)``, the call's offset as an int32 array computed on
         the device (a chained call, ``decode/ahead.py``) and its upper bound; the state's offset then becomes
-        ``bound + rows`` until the caller trims it."""
+        ``bound + rows`` until the caller trims it. ``offered``: the context's tokens, bool [vocab] (a ``guarded``
+        rule's lookup calls)."""
         bucket, offset, end = self._prepare(state, shape.rows, at)
         if hook is not None:
             if at is not None:
                 raise ValueError("a call under a logits hook cannot be chained")
             keys, values = state.take_buffers()
             kv = keys + values
-            out, st = _call(self.pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook, prefixes, rule)
+            args = (tokens, row_u, aux_u, offset, kv, hook, prefixes, rule, offered)
+            out, st = _call(self.pm, shape, bucket, s, *args)
             del keys, values
             state.put_buffers(st.keys, st.values, end)
             return out
         key = ("ptp", shape, bucket, s) if not rule.lenient else ("ptp", shape, bucket, s, rule)
         fn = self._fn(key, lambda: partial(call_graph, self.pm, shape, bucket, s, rule))
         keys, values = state.take_buffers()  # the state lets go of the buffers: the call writes them in place
-        res = fn(tokens, row_u, aux_u, offset, *keys, *values)
+        res = fn(tokens, row_u, aux_u, offset, *([offered] if rule.guarded else []), *keys, *values)
         del keys, values
         L = len(state)
         state.put_buffers(res[-2 * L : -L], res[-L:], end)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import mlx.core as mx
+import numpy as np
+
 from .accept import EXACT, AcceptRule
 
 if TYPE_CHECKING:
@@ -12,6 +15,39 @@ if TYPE_CHECKING:
     from ..model.ptp import PTPModel
     from ..sampler import SamplingSettings, UniformStream
     from .fixed import CompileBank
+
+
+class ContextTokens:
+    """Which vocabulary ids the context holds (the prompt and the answer so far): what a ``pivot`` rule's lookup
+    calls read (``decode/accept.py``), as one bool [vocab] array refreshed only when a new id arrives."""
+
+    def __init__(self, vocab: int, tokens=()):
+        self.seen = np.zeros(vocab, dtype=bool)
+        self._array: mx.array | None = None
+        self.add(tokens)
+
+    def add(self, tokens) -> None:
+        ids = np.asarray(list(tokens), dtype=np.int64)
+        ids = ids[(ids >= 0) & (ids < self.seen.size)]
+        if ids.size and not self.seen[ids].all():
+            self.seen[ids] = True
+            self._array = None
+
+    def array(self) -> mx.array:
+        """bool [vocab]: True where the context holds that id."""
+        if self._array is None:
+            self._array = mx.array(self.seen)
+        return self._array
+
+
+def vocab_size(pm: PTPModel) -> int:
+    """The model's vocabulary size (the rows of its logits)."""
+    n = getattr(pm.args, "vocab_size", None)
+    if not n:
+        from ..model.layers import token_embedding
+
+        n = token_embedding(pm.base).weight.shape[0]
+    return int(n)
 
 
 @dataclass
@@ -33,6 +69,7 @@ class DecodeSession:
     runner_up: bool = False
     reads_top_prob: bool = False
     rule: AcceptRule = EXACT  # the acceptance rule (decode/accept.py): exact unless the answer opted out
+    context: ContextTokens | None = None  # the context's token ids, kept only under a ``pivot`` rule
 
 
 @dataclass(frozen=True)

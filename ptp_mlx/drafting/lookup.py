@@ -70,13 +70,42 @@ class LookupProposer:
     def candidates(self) -> list[int]:
         """The continuation of the longest recent n-gram match, or []."""
         self._reindex()
-        h = self.history
+        at = self._match(self.history)
+        return [] if at is None else self.history[at : at + self.max_draft]
+
+    def _match(self, h: list[int]) -> int | None:
+        """Where the continuation of ``h``'s longest recent n-gram match starts in ``h``, or None. ``h`` is the
+        history, perhaps with tokens appended that the index has not seen: their n-grams are scanned here, latest
+        first, as ``_reindex`` would have indexed them."""
+        upto = len(h) - self.max_draft + 1
         for n in NGRAMS:
-            if len(h) > n:
-                start = self._index.get(tuple(h[-n:]))
-                if start is not None and start + n < len(h):
-                    return h[start + n : start + n + self.max_draft]
-        return []
+            if len(h) <= n:
+                continue
+            key = tuple(h[-n:])
+            start = next(
+                (e - n for e in range(upto - 1, max(self._indexed, n) - 1, -1) if tuple(h[e - n : e]) == key), None
+            )
+            if start is None:
+                start = self._index.get(key)
+            if start is not None and start + n < len(h):
+                return start + n
+        return None
+
+    def guess_after(self, drafts: tuple[int, ...]) -> LookupOffer | None:
+        """The lookup chain the next call would get if every one of ``drafts`` (this call's lookup chain) stands and
+        the exact token after them is the copied text's next one as well, with the rate those hits make; None when
+        the copied text has no next token or that history offers no chain. Nothing here changes the proposer."""
+        self._reindex()
+        h = self.history
+        at = self._match(h)
+        if at is None or tuple(h[at : at + len(drafts)]) != tuple(drafts) or at + len(drafts) >= len(h):
+            return None
+        nxt = self._match(h + list(drafts) + [h[at + len(drafts)]])
+        if nxt is None:
+            return None
+        ext = h + list(drafts) + [h[at + len(drafts)]]
+        rate = (self.hits + len(drafts)) / (self.hits + self.misses + len(drafts))
+        return LookupOffer(tuple(ext[nxt : nxt + self.max_draft]), rate)
 
     def offer(self) -> LookupOffer | None:
         """The lookup chain in hand for the next call, or None."""

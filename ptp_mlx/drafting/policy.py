@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 from .budget import BudgetPolicy
 from .chain import ChainDrafter
-from .lookup import LookupProposer
+from .lookup import LookupOffer, LookupProposer
 from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
 
 
@@ -39,17 +39,28 @@ class DraftPolicy(Drafter):
     def plan(self, i: int, remaining: int, room: int) -> Plan:
         offer = self.lookup.offer() if self.lookup is not None else None
         if offer is not None and offer.expected > self.chain.expected(i):
-            # The budget fits the lookup chain to this machine's cost (it sees the hit rate as confidences).
-            conf = [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
-            plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step)
-            if plan.drafts:
-                return replace(plan, source=self.lookup.source)
+            plan = self._fit_lookup(offer, remaining, room)  # fitted to this machine's cost
+            if plan is not None:
+                return plan
         return self.chain.plan(i, remaining, room)
 
     def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
-        # The adapter's next call, guessed ahead; when a lookup chain wins instead, the guess is not confirmed
-        # and that call is built after the read (a synchronous call).
+        # After a lookup chain, when all of it stands: the chain that continues the copied text (the policy's
+        # choice between the peers needs the adapter's drafts, read only after the call: a guess the read may
+        # not confirm). Otherwise the adapter's next call, guessed ahead where its budget can tell it.
+        if self.lookup is not None and plan.source == self.lookup.source:
+            offer = self.lookup.guess_after(plan.drafts) if accepted == len(plan.drafts) else None
+            if offer is None:
+                return None
+            nxt = self._fit_lookup(offer, remaining, room)
+            return Guess(nxt, None) if nxt is not None else None
         return self.chain.guess(plan, accepted, i, remaining, room)
+
+    def _fit_lookup(self, offer: LookupOffer, remaining: int, room: int) -> Plan | None:
+        """The budget's rows for a lookup chain (it sees the hit rate as confidences), or None without drafts."""
+        conf = [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
+        plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step)
+        return replace(plan, source=self.lookup.source) if plan.drafts else None
 
     def update(self, plan: Plan, result: CallResult) -> None:
         if self.lookup is not None and plan.source == self.lookup.source:

@@ -76,11 +76,19 @@ class CallResult:
 
 @dataclass
 class Guess:
-    """The next call's rows as a drafter can tell them before the current call is read: ``plan`` (its drafts are
-    placeholders) and ``draft_rows``, the current call's auxiliary rows whose argmax tokens are those drafts."""
+    """The next call's rows as a drafter can tell them before the current call is read: ``plan`` and where its
+    drafts come from: ``draft_rows``, the current call's auxiliary rows whose argmax tokens they are (the plan's
+    drafts are then placeholders), or, with ``draft_rows`` None, the plan's own drafts (tokens the host already
+    knows: a prompt-lookup continuation)."""
 
     plan: Plan
-    draft_rows: list[int]
+    draft_rows: list[int] | None
+
+    def drafts(self, aux_tokens: list[int]) -> tuple[int, ...]:
+        """The guessed call's drafts once the current call's auxiliary argmax tokens are read."""
+        if self.draft_rows is None:
+            return tuple(self.plan.drafts)
+        return tuple(aux_tokens[j] for j in self.draft_rows)
 
 
 @dataclass
