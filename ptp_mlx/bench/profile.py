@@ -8,7 +8,11 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
   split by ``PhaseClock`` into planning, graph building, building the next call ahead (``ptp_mlx/decode/ahead.py``),
   compute (the wait for it), reading + cache trim, and the drafter's update with the next plan and its queueing.
   A fixed shape is known ahead, so these calls run pipelined: plan and build are empty when the call was
-  queued from its build ahead.
+  queued from its build ahead;
+- ``ptp default``: the PTP calls of the default drafter (the engine's adaptive budget, prompt lookup, trees) on
+  the same prompt, autoregressive bursts left out: its calls are chained only where the drafter can tell the next
+  one before the read (a lookup chain that stood whole), so its host time mixes chained and synchronous calls;
+  ``chained`` says how many of its calls were queued from a build ahead.
 
 Every row also reports **host time on the critical path** per call: the host work done while nothing is queued
 on the device, measured directly. For a PTP call that is its phases between the read of the call before it and
@@ -66,6 +70,7 @@ class ProfileRow:
     compute: float = 0.0  # median milliseconds of compute per call (the device's part)
     calls_raw: list[dict] | None = None  # (PTP rows, while profiling: every call's phases in seconds)
     host_on_path: float = 0.0  # median ms per call of the host phases on the critical path (``ON_PATH``)
+    chained: int | None = None  # (the default drafter's row) calls queued from a build ahead, with no build phase
 
     @property
     def wall_minus_compute(self) -> float:
@@ -270,6 +275,37 @@ def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled)
     return ProfileRow(name, rows, len(full), med, total, tpc, toks, calls_raw=[{**c} for c in calls], host_on_path=host)
 
 
+def profile_default(
+    eng, ids: list[int], max_tokens: int, s: SamplingSettings, compiled: bool = True
+) -> ProfileRow | None:
+    """The default drafter's PTP calls on ``ids`` (what ``ptp-generate`` runs), medians over its calls (not its
+    autoregressive bursts); None when it made no PTP call."""
+    clock = PhaseClock()
+    opts = DecodeOptions(
+        mode="ptp", max_tokens=max_tokens, sampling=s, budget=eng.budget_for(s), clock=clock, compiled=compiled
+    )
+    steps = []
+    stamps = []
+    for st in stream_generate(eng.pm, eng.tokenizer, ids, opts):
+        stamps.append(time.perf_counter())
+        steps.append(st)
+    calls = [c for c in clock.calls if "rows" in c]  # (a burst's loop turn plans and leaves no "rows" tag)
+    ptp = [k for k, st in enumerate(steps) if st.rows > 1 and k >= 1]
+    if not calls or not ptp:
+        return None
+    med = {k: _median_ms([c.get(k, 0.0) for c in calls]) for k in PHASES}
+    host = _median_ms([sum(c.get(k, 0.0) for k in ON_PATH) for c in calls])
+    chained = sum(1 for c in calls if "build" not in c)
+    rows = round(statistics.median(c["rows"] for c in calls))
+    tpc = sum(len(steps[k].tokens) for k in ptp) / len(ptp)
+    total = _median_ms([stamps[k] - stamps[k - 1] for k in ptp])
+    toks = [t for st in steps for t in st.tokens]  # (bursts included: compared with AR like every PTP row)
+    compute = _median_ms([c.get("queue", 0.0) + c.get("compute", 0.0) for c in calls])
+    row = ProfileRow("ptp default", rows, len(calls), med, total, tpc, toks, compute, host_on_path=host)
+    row.chained = chained
+    return row
+
+
 def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:
     """The fixed-format table: one line per kind of call, milliseconds per call, and the ratio to an AR step."""
     cols = ["call", "rows", "calls"] + list(PHASES) + ["host on path", "wall - compute", "total ms", "x ar step"]
@@ -308,6 +344,8 @@ def run_profile(
         rows += profile_ar(eng, ids, max_tokens, s, compiled)
         if eng.has_adapter:
             rows += profile_ptp(eng, ids, max_tokens, s, compiled=compiled)
+            default = profile_default(eng, ids, max_tokens, s, compiled)
+            rows += [default] if default is not None else []
         for r in rows:
             if r.name not in best:
                 order.append(r.name)
@@ -325,6 +363,12 @@ def run_profile(
     )
     text = profile_table(rows, ar_ms, header)
     text += "\nlossless: " + (f"DIFFERS from ar: {', '.join(diverged)}" if diverged else "every PTP shape == ar")
+    if "ptp default" in best:
+        d = best["ptp default"]
+        text += (
+            f"\nptp default: {d.calls} PTP calls (bursts aside), {d.chained} of them chained; rows and phases are "
+            "medians over its calls, whose shapes vary"
+        )
     host = {r.name: round(r.host_on_path, 3) for r in rows}
     entries = 0 if bank is None else len(bank.entries)
     prims = call_primitives(eng, ids, SHAPES, s, compiled)
