@@ -14,7 +14,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Footer, Header, Input, Static
 
 from ptp_mlx import blas
-from ptp_mlx.decode.accept import EXACT, AcceptRule
+from ptp_mlx.decode.accept import EXACT, SUGGESTED, AcceptRule
 
 from .conversations import ConversationsScreen
 from .engine_thread import (
@@ -60,6 +60,8 @@ class ChatApp(App[None]):
         store: ConversationStore | None = None,
         clock: Callable[[], float] = time.monotonic,
         system: str | None = None,
+        accept: AcceptRule | None = None,
+        lenient: AcceptRule | None = None,
     ) -> None:
         super().__init__()
         self.system = system  # system prompt put before every conversation sent to the model
@@ -67,7 +69,9 @@ class ChatApp(App[None]):
         self.settings = settings or GenSettings()
         self.requested_mode = mode
         self.mode = mode or "ar"
-        self.accept: AcceptRule = EXACT  # ctrl+g: lenient acceptance (not the exact sample), for PTP answers
+        self.accept: AcceptRule = accept or EXACT  # ctrl+g: lenient acceptance (not the exact sample), for PTP answers
+        # The lenient rule ctrl+g switches to: ``accept`` if lenient (``ptp-chat --accept``), else the suggested one.
+        self.lenient = lenient or (self.accept if self.accept.lenient else AcceptRule.parse(SUGGESTED))
         self.current_accept: AcceptRule = EXACT  # the rule of the answer in progress
         self.store = store or store_for_model(None)
         self.history: Conversation = self.store.new()  # the open chat; the newest saved one once mounted
@@ -294,8 +298,8 @@ class ChatApp(App[None]):
         self._refresh_stats()
 
     def action_toggle_accept(self) -> None:
-        """ctrl+g: exact acceptance (the model's exact sample) or the lenient entropy rule for the next answers."""
-        self.accept = EXACT if self.accept.lenient else AcceptRule.parse("entropy")
+        """ctrl+g: exact acceptance (the model's exact sample) or the lenient rule for the next answers."""
+        self.accept = EXACT if self.accept.lenient else self.lenient
         if self.accept.lenient:
             where = "" if self.mode == "ptp" else " (in PTP mode: ctrl+t)"
             self.notify(f"lenient acceptance{where}: faster, but answers are not the model's exact sample")

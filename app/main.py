@@ -14,6 +14,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_flags(p, max_tokens=512)
     p.add_argument("--system", default=None, help="system prompt (where the chat template has a system role)")
     p.add_argument(
+        "--accept",
+        default="exact",
+        metavar="RULE",
+        help="acceptance rule to start with: exact (the model's exact sample, default) or a LENIENT rule, as for "
+        "ptp-generate (not the exact sample); ctrl+g switches between exact and this rule (entropy:pivot=2 when exact)",
+    )
+    p.add_argument(
         "--no-measure",
         action="store_true",
         help="skip measuring the forward-pass cost curve for the PTP budget (a flat curve is used)",
@@ -23,15 +30,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
 
+    from ptp_mlx.decode.accept import AcceptRule
+    from ptp_mlx.errors import UserError
+
     from .chat import ChatApp
     from .engine_thread import GenSettings, engine_loader
     from .history import store_for_model
 
     sampling_from_args(args)
+    try:
+        accept = AcceptRule.parse(args.accept)
+    except ValueError as e:
+        raise UserError(f"--accept: {e}") from None
     settings = GenSettings(args.temp, args.top_k, args.top_p, args.seed, args.max_tokens, args.num_draft_tokens)
     # Missing model or bad adapter folders are reported inside the app (the model loads there).
     loader = engine_loader(args.model, args.adapter, measure_cost=not args.no_measure)
-    app = ChatApp(loader, settings, args.mode, store=store_for_model(args.model), system=args.system)
+    app = ChatApp(loader, settings, args.mode, store=store_for_model(args.model), system=args.system, accept=accept)
     app.run()
     return 1 if app.load_error else 0  # the model never loaded: a failure while running
 

@@ -219,7 +219,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     hook = opts.logits
     sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.reads_top_prob, opts.accept)
     if opts.accept.guarded:  # a pivot rule's lookup calls read which tokens the context holds
-        sess.context = ContextTokens(vocab_size(pm), history)
+        sess.context = ContextTokens(opts.accept.pivot, vocab_size(pm), history)
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.

@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="exact",
         metavar="RULE",
         help="acceptance rule: exact (the model's exact sample, default) or a LENIENT rule that also accepts likely "
-        "drafts, so the answer is no longer the exact sample: entropy[:eps=E,delta=D] or threshold[:tau=T]",
+        "drafts, so the answer is no longer the exact sample: entropy[:eps=E,delta=D,floor=F] or threshold[:tau=T], "
+        "either also with lookup=0 or pivot=1|2 (README, 'Lenient acceptance')",
     )
     p.add_argument("--json", action="store_true", help="constrain the answer to a JSON object")
     p.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the answer to JSON matching a schema")

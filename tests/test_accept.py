@@ -177,28 +177,43 @@ def test_bench_prices_lenient_answers_in_quality(dirs, tmp_path, capsys):
 
 
 def test_pivot_guard_reads_the_rows_picks_against_the_context():
-    """``pivot=1``: a lenient acceptance stands only where the row's exact pick is not a token of the context."""
+    """A pivot rule's lenient acceptance stands only where the context does not offer the row's exact pick: as a
+    token (``pivot=1``) or right after the row's own token (``pivot=2``)."""
+    from ptp_mlx.decode.session import ContextTokens
+
     rows = mx.array([[2.0, 1.9, 0.0, 0.0], [2.0, 1.9, 0.0, 0.0]])  # the draft (1) nearly ties with the pick (0)
-    drafts, picks = mx.array([1, 1]), mx.array([0, 0])
+    drafts, picks, inputs = mx.array([1, 1]), mx.array([0, 0]), mx.array([3, 2])
     r = AcceptRule.parse("entropy:pivot=1")
-    assert r.guarded and r.label == "lenient entropy eps=0.3 delta=0.09 pivot" and not AcceptRule.parse("entropy").guarded
+    assert (
+        r.guarded
+        and r.label == "lenient entropy eps=0.3 delta=0.09 pivot=1"
+        and not AcceptRule.parse("entropy").guarded
+    )
     assert r.for_source("lookup") is r and not r.for_source("ptp").guarded and r.for_source("ptp").lenient
     assert not AcceptRule.parse("entropy:pivot=1,lookup=0").for_source("lookup").lenient
-    offered = mx.array([True, True, False, False])  # the context holds the pick: a pivot, left to the exact rule
-    assert r.accepts(rows, drafts, 1.0, picks, offered).tolist() == [False, False]
-    assert r.accepts(rows, drafts, 1.0, picks, ~offered).tolist() == [True, True]
+    held = ContextTokens(1, 4, [0, 1])  # the context holds the pick: a pivot, left to the exact rule
+    assert r.accepts(rows, drafts, 1.0, picks, held.array(), inputs).tolist() == [False, False]
+    assert r.accepts(rows, drafts, 1.0, picks, ContextTokens(1, 4, [1, 2, 3]).array(), inputs).tolist() == [True, True]
     assert AcceptRule.parse("entropy").accepts(rows, drafts, 1.0).tolist() == [True, True]
+    pairs = AcceptRule.parse("threshold:tau=0.1,pivot=2")
+    ctx = ContextTokens(2, 4, [3, 1])
+    ctx.add([2])
+    ctx.add([0])  # pairs 3-1, 1-2 and, across the two blocks, 2-0: the pick 0 follows token 2, not token 3
+    assert ctx.seen.sum() == 3
+    assert pairs.accepts(rows, drafts, 1.0, picks, ctx.array(), inputs).tolist() == [True, False]
     with pytest.raises(ValueError, match="needs the rows' exact picks"):
         r.accepts(rows, drafts, 1.0)
-    with pytest.raises(ValueError, match="pivot must be 0 or 1"):
-        AcceptRule.parse("threshold:pivot=2")
+    with pytest.raises(ValueError, match="pivot must be 0, 1 or 2"):
+        AcceptRule.parse("threshold:pivot=3")
 
 
 @pytest.mark.parametrize("compiled", [True, False])
-def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, compiled):
-    """Wrong lookup chains under ``threshold:tau=0`` (every draft would stand): with ``pivot=1`` a token of the
-    answer differs from the exact sample only where that sample was not in the context (prompt and answer so far);
-    a prompt that holds every token id leaves nothing lenient, so the answer is the exact one."""
+@pytest.mark.parametrize("pivot", [1, 2])
+def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, compiled, pivot):
+    """Wrong lookup chains under ``threshold:tau=0`` (every draft would stand): under a pivot guard a token of the
+    answer differs from the exact sample only where that sample was not a token of the context (``pivot=1``) or
+    never followed the row's token there (``pivot=2``); with ``pivot=1`` a prompt that holds every token id leaves
+    nothing lenient: the answer is the exact one."""
     import dataclasses
 
     from ptp_mlx.generate import DecodeOptions, stream_generate
@@ -216,7 +231,7 @@ def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, c
         assert {st.accept for st in steps} == {rule.label}
         return ar, tokens_of(steps)
 
-    guarded = AcceptRule.parse("threshold:tau=0,pivot=1")
+    guarded = AcceptRule.parse(f"threshold:tau=0,pivot={pivot}")
     ids = engine.encode("hello there")
     ar, got = answer(ids, guarded)
     _, loose = answer(ids, AcceptRule.parse("threshold:tau=0"))
@@ -227,13 +242,17 @@ def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, c
     for g, tok in enumerate(got):
         logits = pm.base(mx.array([[prev]]), cache=cache)[0, -1]
         want = int(pick(mx.array(u[g]), logits, 0.0).item())
-        offered = want in set(ids) | set(got[:g])
+        seen = ids + got[:g]
+        if pivot == 1:
+            offered = want in seen
+        else:  # the pick right after the row's own token (``prev``) somewhere in the context
+            offered = any(a == prev and b == want for a, b in zip(seen[:-1], seen[1:], strict=True))
         if tok != want:
             assert not offered, (g, tok, want)
             lenient += 1
         refused += offered
         prev = tok
     assert lenient and refused  # both cases happened in this answer
-    everything = list(range(3, 259)) + ids
-    ar_all, got_all = answer(everything, guarded)
-    assert got_all == ar_all
+    if pivot == 1:  # (every pair of the 259 ids would not fit the tiny model's context)
+        ar_all, got_all = answer(list(range(3, 259)) + ids, guarded)
+        assert got_all == ar_all

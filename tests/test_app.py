@@ -27,6 +27,7 @@ from ptp_mlx.app.widgets import BlocksView, HelpScreen, StatsBar, UserMessage, s
 from textual.widgets import Input, Markdown  # noqa: E402
 from textual.widgets._markdown import MarkdownFence  # noqa: E402
 
+from ptp_mlx.decode.accept import SUGGESTED, AcceptRule  # noqa: E402
 from ptp_mlx.errors import UserError  # noqa: E402
 from ptp_mlx.testing.chat import (  # noqa: E402
     BLOCKS,
@@ -161,10 +162,27 @@ async def test_lenient_acceptance_is_a_labelled_switch(tmp_path):
         assert "LENIENT" not in str(app.query_one("#stats").render())
         await send(pilot, "two")
         await wait_answered(pilot, app)
-    assert engine.calls[0]["accept"].label == "lenient entropy eps=0.3 delta=0.09" and engine.calls[1]["accept"] is None
+    assert engine.calls[0]["accept"] == AcceptRule.parse(SUGGESTED) and engine.calls[1]["accept"] is None
+    assert engine.calls[0]["accept"].label == "lenient entropy eps=0.3 delta=0.09 pivot=2"
     saved = [t for t in app.history.turns if t["role"] == "assistant"]
     assert "not the exact sample" in saved[0]["note"] and "lenient" not in saved[1]["note"]
 
+
+async def test_chat_starts_with_the_rule_it_was_given(tmp_path):
+    """``ptp-chat --accept RULE``: answers start under RULE (labelled), and ctrl+g switches between exact and it."""
+    engine = FakeEngine()
+    rule = AcceptRule.parse("threshold:0.2")
+    app = make_app(engine, tmp_path, accept=rule)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.ready)
+        assert "PTP LENIENT" in str(app.query_one("#stats").render())
+        await send(pilot, "one")
+        await wait_answered(pilot, app)
+        for _ in range(2):
+            await pilot.press("ctrl+g")
+        await send(pilot, "two")
+        await wait_answered(pilot, app)
+    assert engine.calls[0]["accept"] == rule == engine.calls[1]["accept"]
 
 async def test_mode_switch_without_adapter_warns(tmp_path):
     app = make_app(FakeEngine(has_adapter=False), tmp_path, mode="ptp")
@@ -315,6 +333,7 @@ def test_helpers():
         (["--top-p", "0"], "top_p"),
         (["--max-tokens", "0"], "--max-tokens"),
         (["--mode", "ptp", "--adapter", "none"], "needs an adapter"),
+        (["--accept", "sloppy"], "--accept: unknown acceptance rule 'sloppy'"),
     ],
 )
 def test_cli_bad_flags_exit_2(argv, message, capsys):

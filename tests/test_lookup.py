@@ -27,7 +27,6 @@ def test_lookup_candidates_follow_the_latest_match():
     assert d.candidates() == [6, 7, 8]
 
 
-
 def test_lookup_guess_is_the_offer_after_a_chain_that_stood():
     """``guess_after``: the chain the proposer will offer once its chain stood whole and the copied text went on,
     with the rate those hits make, computed without changing the proposer (random histories with repeats)."""
@@ -57,6 +56,7 @@ def test_lookup_guess_is_the_offer_after_a_chain_that_stood():
         assert guess == real.offer(), (text, drafts)
         checked += guess is not None
     assert checked > 50
+
 
 @pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])
 def test_lookup_strands_are_exact(pm_sticky, varied, name):

@@ -136,7 +136,6 @@ def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):  # noqa: F811
     assert spy["built"] == 0 and spy["hit"] == 0 and spy["miss"] == 0
 
 
-
 class KnownDraftsOracle(OracleDrafter):
     """An oracle whose next call is known to the host for every outcome (the way a lookup continuation is):
     ``guess`` returns the real next plan with its drafts as tokens, not as rows of the current call."""

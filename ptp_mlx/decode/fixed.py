@@ -84,7 +84,7 @@ def outputs_head(
     # Under a lenient ``rule`` a draft also stands when its verifying row finds it likely enough (decode/accept.py).
     ok = tokens[1 : n + 1] == targets[:n] if n else None
     if n and rule.lenient:  # (the exact rule adds nothing to the graph)
-        ok = ok | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature, targets[:n], offered)
+        ok = ok | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature, targets[:n], offered, tokens[:n])
     accepted = mx.sum(mx.cumprod(ok.astype(mx.int32))) if n else mx.array(0)
     out = CallOutputs(targets, accepted.astype(mx.int32))
     if hook is not None:

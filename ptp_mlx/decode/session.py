@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 import numpy as np
 
-from .accept import EXACT, AcceptRule
+from .accept import EXACT, PAIR_TABLE, AcceptRule, context_index
 
 if TYPE_CHECKING:
     from ..model.kv import KVState
@@ -18,23 +18,33 @@ if TYPE_CHECKING:
 
 
 class ContextTokens:
-    """Which vocabulary ids the context holds (the prompt and the answer so far): what a ``pivot`` rule's lookup
-    calls read (``decode/accept.py``), as one bool [vocab] array refreshed only when a new id arrives."""
+    """What the context holds (the prompt and the answer so far) for a pivot rule's lookup calls
+    (``decode/accept.py``): its token ids (``pivot=1``: a bool [vocab] table) or its adjacent token pairs (``pivot=2``:
+    a hashed bool table), one array refreshed only when something new arrives."""
 
-    def __init__(self, vocab: int, tokens=()):
-        self.seen = np.zeros(vocab, dtype=bool)
+    def __init__(self, pivot: float, vocab: int, tokens=()):
+        self.pivot = pivot
+        self.seen = np.zeros(vocab if pivot == 1 else PAIR_TABLE, dtype=bool)
         self._array: mx.array | None = None
+        self._last: int | None = None  # the latest token (the first of the next pair)
         self.add(tokens)
 
     def add(self, tokens) -> None:
-        ids = np.asarray(list(tokens), dtype=np.int64)
-        ids = ids[(ids >= 0) & (ids < self.seen.size)]
-        if ids.size and not self.seen[ids].all():
-            self.seen[ids] = True
+        ids = [int(t) for t in tokens]
+        if not ids:
+            return
+        if self.pivot == 1:
+            idx = context_index(1, None, [t for t in ids if 0 <= t < self.seen.size])
+        else:
+            seq = ([] if self._last is None else [self._last]) + ids
+            idx = context_index(2, seq[:-1], seq[1:])
+        self._last = ids[-1]
+        if idx.size and not self.seen[idx].all():
+            self.seen[idx] = True
             self._array = None
 
     def array(self) -> mx.array:
-        """bool [vocab]: True where the context holds that id."""
+        """bool: True where the context holds that id (or pair), indexed by ``context_index``."""
         if self._array is None:
             self._array = mx.array(self.seen)
         return self._array
