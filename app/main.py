@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="exact",
         metavar="RULE",
         help="acceptance rule to start with: exact (the model's exact sample, default) or a LENIENT rule, as for "
-        "ptp-generate (not the exact sample); ctrl+g switches between exact and this rule (entropy:pivot=2 when exact)",
+        "ptp-generate (not the exact sample); ctrl+g switches between exact and this rule (entropy:pivot=1 when exact)",
     )
     p.add_argument(
         "--no-measure",

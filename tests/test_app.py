@@ -163,7 +163,7 @@ async def test_lenient_acceptance_is_a_labelled_switch(tmp_path):
         await send(pilot, "two")
         await wait_answered(pilot, app)
     assert engine.calls[0]["accept"] == AcceptRule.parse(SUGGESTED) and engine.calls[1]["accept"] is None
-    assert engine.calls[0]["accept"].label == "lenient entropy eps=0.3 delta=0.09 pivot=2"
+    assert engine.calls[0]["accept"].label == "lenient entropy eps=0.3 delta=0.09 pivot=1"
     saved = [t for t in app.history.turns if t["role"] == "assistant"]
     assert "not the exact sample" in saved[0]["note"] and "lenient" not in saved[1]["note"]
 
@@ -183,6 +183,7 @@ async def test_chat_starts_with_the_rule_it_was_given(tmp_path):
         await send(pilot, "two")
         await wait_answered(pilot, app)
     assert engine.calls[0]["accept"] == rule == engine.calls[1]["accept"]
+
 
 async def test_mode_switch_without_adapter_warns(tmp_path):
     app = make_app(FakeEngine(has_adapter=False), tmp_path, mode="ptp")
