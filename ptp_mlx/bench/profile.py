@@ -245,6 +245,15 @@ def profile_ptp(
     return out
 
 
+def _timed_steps(eng, ids: list[int], opts: DecodeOptions) -> tuple[list, list[float]]:
+    """Decode ``ids`` for real; every step and the time its consumer received it."""
+    steps, stamps = [], []
+    for st in stream_generate(eng.pm, eng.tokenizer, ids, opts):
+        stamps.append(time.perf_counter())
+        steps.append(st)
+    return steps, stamps
+
+
 def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled) -> ProfileRow | None:
     clock = PhaseClock()
     opts = DecodeOptions(
@@ -256,10 +265,7 @@ def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled)
         ahead=ahead,
         compiled=compiled,
     )
-    steps, stamps = [], []
-    for st in stream_generate(eng.pm, eng.tokenizer, ids, opts):
-        stamps.append(time.perf_counter())
-        steps.append(st)
+    steps, stamps = _timed_steps(eng, ids, opts)
     rows = 1 + n + sum(w for _, w in branches)
     # Call k (k >= 1) took stamps[k] - stamps[k-1] of wall time (one clock entry and one step per call).
     full = [k for k, c in enumerate(clock.calls) if c.get("rows") == rows and 1 <= k < len(stamps)]
@@ -284,11 +290,7 @@ def profile_default(
     opts = DecodeOptions(
         mode="ptp", max_tokens=max_tokens, sampling=s, budget=eng.budget_for(s), clock=clock, compiled=compiled
     )
-    steps = []
-    stamps = []
-    for st in stream_generate(eng.pm, eng.tokenizer, ids, opts):
-        stamps.append(time.perf_counter())
-        steps.append(st)
+    steps, stamps = _timed_steps(eng, ids, opts)
     calls = [c for c in clock.calls if "rows" in c]  # (a burst's loop turn plans and leaves no "rows" tag)
     ptp = [k for k, st in enumerate(steps) if st.rows > 1 and k >= 1]
     if not calls or not ptp:

@@ -59,11 +59,13 @@ class AcceptRule:
     def lenient(self) -> bool:
         return self.kind != "exact"
 
-    def for_source(self, source: str | None) -> AcceptRule:
+    def for_source(self, source: str | None, first: bool = False) -> AcceptRule:
         """The rule a call whose drafts come from ``source`` ("ptp", "lookup", ...) is verified under (the pivot
-        guard is kept for lookup chains only: ``guarded``)."""
+        guard is kept for lookup chains only: ``guarded``). ``first``: the answer's first call; under a guard it
+        is verified exactly (an answer's opening decides what it answers: in a chat, lookup offers the previous
+        answer after the same template header)."""
         if source == "lookup":
-            return self if self.lookup else EXACT
+            return EXACT if not self.lookup or (first and self.guarded) else self
         return replace(self, pivot=0.0) if self.pivot else self
 
     @property

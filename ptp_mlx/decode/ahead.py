@@ -57,9 +57,8 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
         guess = drafter.guess(plan, g, i, max_new - i, ctx - (call.offset + 1 + g))
         if guess is not None and (guess.plan.burst or guess.plan.alts):
             guess = None
-        guesses.append(
-            guess
-        )  # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
+        # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
+        guesses.append(guess)
     known = [x for x in guesses if x is not None]
     if not known:
         return None
@@ -73,18 +72,18 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
         return None  # a pivot rule reads the context, which this call's block may still change
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
-    draft_rows = np.zeros((n + 1, m), np.int32)
+    per_outcome = np.zeros((n + 1, m), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
     row_u, aux_u = call_uniforms(sess, nxt, 0)
     row_table = np.zeros((n + 1, row_u.size), np.float32)
     aux_table = np.zeros((n + 1, aux_u.size), np.float32)
     for g, x in enumerate(guesses):
         if x is not None:
-            draft_rows[g] = x.plan.drafts if x.draft_rows is None else x.draft_rows
+            per_outcome[g] = x.plan.drafts if x.draft_rows is None else x.draft_rows
             row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
     c = call.out.accepted  # int32 []: the outcome, known on the device only
     rows = [mx.take(call.out.targets, c.reshape(1)).astype(mx.int32)]
     if m:
-        picked = mx.take(mx.array(draft_rows), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
+        picked = mx.take(mx.array(per_outcome), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
         rows.append(picked if known[0].draft_rows is None else mx.take(call.out.aux_top, picked).astype(mx.int32))
     inputs = ChainInputs(
         tokens=mx.concatenate(rows) if m else rows[0],

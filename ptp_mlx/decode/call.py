@@ -18,7 +18,6 @@ import numpy as np
 from ..drafting.protocol import CallResult, Plan
 from ..model.kv import KVState
 from ..model.ptp import Window
-from .accept import EXACT
 from .fixed import outputs_head
 from .session import DecodeSession
 from .shape import CallOutputs, CallShape, WindowShape
@@ -125,11 +124,7 @@ def build_call(
     call's first exact token (where its uniforms start). ``chain``: every input already on the device (a chained
     call of ``decode/ahead.py``; its ``offset`` is known once the call before it is read)."""
     pm, cache, s, hook = sess.pm, sess.cache, sess.settings, sess.hook
-    rule = sess.rule.for_source(plan.source)  # (``lookup=0``: lookup chains verified by the exact rule)
-    if rule.guarded and i == 0:
-        # An answer's opening decides what it answers: under a pivot rule a copied opening (in a chat, lookup
-        # offers the previous answer after the same template header) is verified exactly.
-        rule = EXACT
+    rule = sess.rule.for_source(plan.source, first=i == 0)  # (``lookup=0``: lookup chains verified exactly)
     offered = sess.context.array() if rule.guarded and sess.context is not None else None
     offset = cache.offset
     n, alts = len(plan.drafts), plan.alts
