@@ -138,6 +138,25 @@ class Engine:
         ids = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
+    def turn_start(self, messages: Sequence[dict], ids: Sequence[int], tools: list[dict] | None = None) -> int:
+        """Where the current turn (the last user message and what follows) starts in ``ids``, the prompt of
+        ``messages``: how many tokens ``ids`` shares with the earlier messages rendered alone. 0 for one message or
+        a tokenizer without a chat template; the whole prompt if the template will not render the earlier messages
+        alone (no part of the prompt is then taken for this turn's)."""
+        msgs = list(messages)
+        last = max((k for k, m in enumerate(msgs) if m.get("role") == "user"), default=0)
+        if last == 0 or not getattr(self.tokenizer, "chat_template", None):
+            return 0
+        try:
+            kw = {"tools": tools} if tools else {}
+            before = self.tokenizer.apply_chat_template(msgs[:last], add_generation_prompt=False, tokenize=True, **kw)
+        except Exception:  # noqa: BLE001 - a template that needs a user message last: claim nothing for this turn
+            return len(ids)
+        before = list(before["input_ids"] if isinstance(before, dict) else before)
+        return next(
+            (k for k, (a, b) in enumerate(zip(before, ids, strict=False)) if a != b), min(len(before), len(ids))
+        )
+
     def generate(
         self,
         prompt: str | Sequence[dict] | Sequence[int],
@@ -153,6 +172,7 @@ class Engine:
         tools: list[dict] | None = None,
         compiled: bool | None = None,
         accept: AcceptRule | str | None = None,
+        turn_start: int | None = None,
     ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids.
 
@@ -164,7 +184,9 @@ class Engine:
         (``ptp_mlx.tools.parse_tool_calls`` reads the calls back). ``compiled=False`` runs the fixed-shape calls
         eagerly (the reference the compiled ones are tested against). ``accept``: the acceptance rule
         (``decode/accept.py``; a string is parsed): exact by default; a lenient rule is not the exact sample and every
-        step says so (``GenerationStep.accept``)."""
+        step says so (``GenerationStep.accept``). ``turn_start``: where the prompt's current turn starts (token ids
+        of a chat: ``turn_start``; messages: found here); a lenient rule never accepts a copy of what came before
+        it (an earlier answer) but by the exact rule."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
             raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
@@ -172,6 +194,10 @@ class Engine:
             ids = list(prompt)
         else:
             ids = self.encode(prompt, tools=tools)
+        rule = AcceptRule.parse(accept) if isinstance(accept, str) else accept or EXACT
+        if turn_start is None:
+            chat = not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
+            turn_start = self.turn_start(prompt, ids, tools) if chat and rule.lenient else 0
         sampling = sampling or SamplingSettings()
         if num_draft_tokens is not None and not 1 <= num_draft_tokens <= self.pm.config.window - 1:
             raise UserError(f"--num-draft-tokens must be between 1 and {self.pm.config.window - 1} for this adapter")
@@ -185,7 +211,8 @@ class Engine:
             lookup=lookup,
             trees=trees,
             compiled=compiled,
-            accept=AcceptRule.parse(accept) if isinstance(accept, str) else accept or EXACT,
+            accept=rule,
+            turn_start=turn_start,
         )
         if logits is not None and logits.active:
             vocab = getattr(self.pm.args, "vocab_size", None)

@@ -70,6 +70,7 @@ class DecodeOptions:
     # unless PTP_MLX_EAGER=1 (``decode.fixed.compiled_by_default``).
     compiled: bool | None = None
     accept: AcceptRule = EXACT  # the acceptance rule (decode/accept.py); a lenient one is opt-in and labelled
+    turn_start: int = 0  # where the prompt's current turn starts (a chat's last user message; ``Engine.turn_start``)
 
     @property
     def drafting(self) -> DraftingConfig:
@@ -214,7 +215,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     # Greedy verification ignores u, so drafts may use the adapter's reserved "argmax" u when it has one.
     greedy_u = pm.config.greedy_u if s.greedy else None
     drafter = opts.drafter if opts.drafter is not None else default_drafter(pm, opts)
-    drafter.begin(DraftSession(list(history), u, s))
+    drafter.begin(DraftSession(list(history), u, s, opts.turn_start))
     bank = bank_for(pm, opts.compiled) if pm.adapter is not None or opts.drafter is None else None
     hook = opts.logits
     sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.reads_top_prob, opts.accept)

@@ -257,3 +257,52 @@ def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, c
     if pivot == 1:  # (every pair of the 259 ids would not fit the tiny model's context)
         ar_all, got_all = answer(list(range(3, 259)) + ids, guarded)
         assert got_all == ar_all
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_copies_of_an_earlier_turn_are_verified_exactly(engine, compiled):
+    """``Plan.strict`` (a lookup chain copied from an earlier turn of a chat): verified by the exact rule under any
+    lenient rule, guarded or not, chained or built after the read: wrong drafts at ``tau=0`` leave the exact answer."""
+    import dataclasses
+
+    from ptp_mlx.generate import DecodeOptions, stream_generate
+    from ptp_mlx.testing import OracleDrafter
+
+    class EarlierTurn(OracleDrafter):
+        def plan(self, i, remaining, room):
+            return dataclasses.replace(super().plan(i, remaining, room), source="lookup", strict=True)
+
+    ids = engine.encode("hello there")
+    ar = tokens_of(engine.generate(ids, mode="ar", max_tokens=24))
+    wrong = [(t + 1) % 200 + 3 for t in ar]
+    for text in ("threshold:tau=0", "threshold:tau=0,pivot=1", "entropy:eps=0,delta=0"):
+        rule = AcceptRule.parse(text)
+        assert rule.for_source("lookup", strict=True) == EXACT and rule.for_source("lookup").lenient
+        opts = DecodeOptions(mode="ptp", max_tokens=24, drafter=EarlierTurn(wrong, 4), accept=rule, compiled=compiled)
+        steps = list(stream_generate(engine.pm, engine.tokenizer, ids, opts))
+        assert tokens_of(steps) == ar, text
+        assert {st.accept for st in steps} == {rule.label}  # still a lenient answer: labelled as one
+    loose = DecodeOptions(mode="ptp", max_tokens=24, drafter=OracleDrafter(wrong, 4), accept=rule, compiled=compiled)
+    assert tokens_of(stream_generate(engine.pm, engine.tokenizer, ids, loose)) != ar  # not strict: they stand
+
+
+def test_turn_start_is_where_the_last_user_message_starts(engine, monkeypatch):
+    """``Engine.turn_start``: the tokens before it are the earlier messages rendered alone; ``Engine.generate``
+    finds it for chat messages under a lenient rule and passes it to decoding."""
+    import ptp_mlx.engine as engine_mod
+
+    first = [{"role": "user", "content": "hello there"}]
+    chat = first + [{"role": "assistant", "content": "one two three"}, {"role": "user", "content": "four five"}]
+    ids = engine.encode(chat)
+    before = engine.tokenizer.apply_chat_template(chat[:2], add_generation_prompt=False, tokenize=True)
+    t = engine.turn_start(chat, ids)
+    assert 0 < t < len(ids) and ids[:t] == list(before)[:t]
+    assert engine.tokenizer.decode(ids[t:]).count("four five") == 1 and "three" not in engine.tokenizer.decode(ids[t:])
+    assert engine.turn_start(first, engine.encode(first)) == 0
+    seen = []
+    real = engine_mod.stream_generate
+    monkeypatch.setattr(engine_mod, "stream_generate", lambda *a, **k: seen.append(a[3].turn_start) or real(*a, **k))
+    for accept, prompt in (("threshold:0.5", chat), ("exact", chat), ("threshold:0.5", ids)):
+        list(engine.generate(prompt, max_tokens=2, accept=accept))
+    list(engine.generate(ids, max_tokens=2, accept="threshold:0.5", turn_start=t))
+    assert seen == [t, 0, 0, t]

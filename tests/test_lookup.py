@@ -38,6 +38,7 @@ def test_lookup_guess_is_the_offer_after_a_chain_that_stood():
         text = [r.randrange(6) for _ in range(r.randrange(8, 40))]
         d = LookupProposer(text * r.randrange(1, 3) + text[: r.randrange(len(text))], max_draft=r.randrange(2, 6))
         d.hits, d.misses = r.randrange(5), r.randrange(1, 5)
+        d.turn_start = r.randrange(len(d.history) + 1)  # ``earlier`` offers must agree too
         offer = d.offer()
         if offer is None:
             continue
@@ -56,6 +57,25 @@ def test_lookup_guess_is_the_offer_after_a_chain_that_stood():
         assert guess == real.offer(), (text, drafts)
         checked += guess is not None
     assert checked > 50
+
+
+def test_copies_of_an_earlier_turn_are_planned_strict():
+    """A lookup chain copied from before ``DraftSession.turn_start`` (an earlier turn of a chat) is offered
+    ``earlier``, and the policy's plan for it is ``strict``: verified by the exact rule whatever the answer's rule."""
+    from ptp_mlx.drafting.protocol import DraftSession
+    from ptp_mlx.sampler import SamplingSettings, UniformStream
+
+    prompt = [5, 6, 7, 8, 9, 1, 2, 6, 7]  # "6 7" occurred at 1: the chain 8 9 1 is copied from position 3
+    for turn, earlier in ((6, True), (3, False), (0, False)):
+        policy = make_drafter(DraftingConfig(), WINDOW)
+        policy.lookup.max_draft, policy.lookup.hits = 3, 1000.0  # a confident lookup wins the call
+        policy.begin(DraftSession(prompt, UniformStream(0), SamplingSettings(0.0), turn))
+        assert policy.lookup.offer().drafts == (8, 9, 1) and policy.lookup.offer().earlier is earlier
+        plan = policy.plan(0, 30, 100)
+        assert plan.source == "lookup" and plan.strict is earlier, turn
+        if earlier:  # the answer's own text follows the prompt: a copy from it is never earlier
+            policy.emitted([8, 9, 1, 2, 8, 9])
+            assert policy.lookup.offer().drafts == (1, 2, 8) and policy.lookup.offer().earlier is False
 
 
 @pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])

@@ -207,3 +207,18 @@ def test_lenient_acceptance_is_opt_in_and_answered_with_its_label(server):
     )
     ptp = loose.usage.model_extra["ptp"]
     assert ptp["accept"] == "lenient threshold tau=0" and ptp["drafts_accepted"] == ptp["drafts_proposed"] > 0
+
+
+def test_lenient_follow_ups_know_where_their_turn_starts(server, monkeypatch):
+    """A lenient chat request's job carries where its last user message starts (``Engine.turn_start``: copies
+    of an earlier answer are then verified exactly); an exact one does not need it."""
+    seen, submit = [], server.worker.submit
+    monkeypatch.setattr(server.worker, "submit", lambda job: seen.append(job.turn_start) or submit(job))
+    chat = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "one two"}]
+    chat.append({"role": "user", "content": "three"})
+    for accept in ("threshold:0", "exact"):
+        server.client().chat.completions.create(
+            model=MODEL_ID, messages=chat, max_tokens=4, extra_body={"accept": accept}
+        )
+    eng = server.worker.engine
+    assert seen == [eng.turn_start(chat, eng.encode(chat)), 0] and seen[0] > 0

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ptp_mlx.bench import cli
-from ptp_mlx.bench.tasks import KINDS, Task, is_right, make_tasks, wilson
+from ptp_mlx.bench.tasks import KINDS, Task, is_right, make_openers, make_tasks, wilson
 
 
 def test_the_set_is_the_same_every_time_and_covers_every_kind():
@@ -18,6 +18,14 @@ def test_the_set_is_the_same_every_time_and_covers_every_kind():
         assert t.answer and t.answer not in t.others
         if t.kind.startswith("passage-"):  # the answer and the wrong candidate are both in the passage
             assert t.answer in t.prompt and all(o in t.prompt for o in t.others)
+
+
+def test_openers_are_other_items_of_each_kind():
+    tasks = make_tasks(70, seed=0)
+    openers = make_openers(tasks, seed=0)
+    assert openers == make_openers(tasks, seed=0) and openers != make_openers(tasks, seed=1)
+    for t, o in zip(tasks, openers, strict=True):
+        assert o.kind == t.kind and o.answer != t.answer and o.prompt != t.prompt
 
 
 def test_answer_check():
@@ -54,10 +62,21 @@ def test_cli_tasks_table_json_and_plot(tiny_model_dir, adapter_dir, tmp_path, ca
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_cli_tasks_follow_ups(tiny_model_dir, adapter_dir, tmp_path, capsys):
+    """``--follow-ups``: each item is a chat's second turn; the strictest lenient setting is still exact's answers."""
+    argv = ["--model", str(tiny_model_dir), "--adapter", str(adapter_dir), "--max-tokens", "6", "--tasks", "4"]
+    argv += ["--follow-ups", "--rules", "entropy:eps=2,delta=2", "--json", str(tmp_path / "t.json")]
+    assert cli.main(argv) == 0
+    assert "--tasks 4 --follow-ups" in capsys.readouterr().out.splitlines()[0]
+    doc = json.loads((tmp_path / "t.json").read_text())["tasks"]
+    assert doc["settings"]["follow_ups"] is True and doc["rules"][1]["same_answer"] == 1.0
+
+
 @pytest.mark.parametrize(
     "extra, msg",
     [
         (["--tasks", "0"], "--tasks"),
+        (["--follow-ups"], "--follow-ups"),
         (["--tasks", "3", "--rules", "exact;lax"], "--rules"),
         (["--tasks", "3", "--rules", "threshold:tau=x"], "--rules"),
     ],

@@ -98,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         "every rule of --rules on N generated questions with checkable answers (passages, sums, units, capitals)",
     )
     p.add_argument(
+        "--follow-ups",
+        action="store_true",
+        help="with --tasks: ask each question as a chat's second turn, after another of its kind and exact "
+        "decoding's answer to it (what a lenient rule must not copy)",
+    )
+    p.add_argument(
         "--rules",
         default="exact;entropy;threshold",
         metavar="LIST",
@@ -160,6 +166,8 @@ def validate(args: argparse.Namespace):
             raise UserError("--cost-widths must lie in 1..1024")
     if args.tasks is not None and args.tasks < 1:
         raise UserError("--tasks must be at least 1")
+    if args.follow_ups and not args.tasks:
+        raise UserError("--follow-ups goes with --tasks N")
     rules = []
     for part in filter(None, (x.strip() for x in (args.rules or "").split(";"))):
         try:

@@ -132,6 +132,22 @@ def make_tasks(n: int, seed: int = 0, kinds=KINDS) -> list[Task]:
     return [MAKERS[kinds[i % len(kinds)]](r) for i in range(n)]
 
 
+def make_openers(tasks: list[Task], seed: int = 0) -> list[Task]:
+    """For ``ptp-bench --tasks N --follow-ups``: per task, another of its kind with another answer, asked first in
+    the same chat (so lookup offers the first answer after the same template header: a lenient rule must not let it
+    stand for the second)."""
+    r = random.Random(f"openers-{seed}")
+    out = []
+    for t in tasks:
+        o = MAKERS[t.kind](r)
+        for _ in range(50):
+            if o.answer != t.answer and o.prompt != t.prompt:
+                break
+            o = MAKERS[t.kind](r)
+        out.append(o)
+    return out
+
+
 def _norm(text: str) -> str:
     text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", text.lower())
     return " " + re.sub(r"[^a-z0-9]+", " ", text) + " "
@@ -185,14 +201,25 @@ class RuleRun:
         return doc
 
 
-def run_rules(eng, tasks: list[Task], rules, sampling, max_tokens: int, progress=None) -> list[RuleRun]:
+def run_rules(
+    eng, tasks: list[Task], rules, sampling, max_tokens: int, progress=None, openers: list[Task] | None = None
+) -> list[RuleRun]:
     """Every task under every rule (``AcceptRule``s, exact first), rules interleaved per item so that machine noise
-    hits them alike; each answer is one ``Engine.generate`` in PTP mode, as ``ptp-generate --accept`` decodes."""
+    hits them alike; each answer is one ``Engine.generate`` in PTP mode, as ``ptp-generate --accept`` decodes.
+    ``openers``: each task is then the second turn of a chat whose first is its opener and exact decoding's answer
+    to it (the same for every rule); an answer naming the opener's answer is wrong."""
     import time
+    from dataclasses import replace
 
     runs = [RuleRun(r.label, [], [], [], []) for r in rules]
-    for t in tasks:
+    for k, t in enumerate(tasks):
         msgs = [{"role": "user", "content": t.prompt}]
+        if openers is not None:
+            o = openers[k]
+            first = [{"role": "user", "content": o.prompt}]
+            steps = eng.generate(first, mode="ptp", sampling=sampling, max_tokens=max_tokens)
+            msgs = first + [{"role": "assistant", "content": "".join(st.text for st in steps)}] + msgs
+            t = replace(t, others=t.others + (o.answer,))
         for rule, run in zip(rules, runs, strict=True):
             t0 = time.perf_counter()
             steps = list(eng.generate(msgs, mode="ptp", sampling=sampling, max_tokens=max_tokens, accept=rule))
@@ -252,17 +279,20 @@ def tasks_command(eng, sampling, args) -> int:
     from tqdm import tqdm
 
     tasks = make_tasks(args.tasks, args.seed)
+    openers = make_openers(tasks, args.seed) if args.follow_ups else None
     with tqdm(total=len(tasks), desc="ptp-bench --tasks", unit="item", file=sys.stderr, disable=None) as bar:
-        runs = run_rules(eng, tasks, args.rules, sampling, args.max_tokens, progress=bar.update)
+        runs = run_rules(eng, tasks, args.rules, sampling, args.max_tokens, progress=bar.update, openers=openers)
     exact = runs[0]
     summaries = [exact.summary()] + [r.summary(exact) for r in runs[1:]]
     how = "greedy" if sampling.greedy else f"T {sampling.temperature:g}, top-p {sampling.top_p:g}, seed {sampling.seed}"
     header = (
-        f"ptp-bench --tasks {len(tasks)} | {how} | {args.max_tokens} new tokens | task seed {args.seed} | "
+        f"ptp-bench --tasks {len(tasks)}{' --follow-ups' if openers else ''} | {how} | {args.max_tokens} new tokens | "
+        f"task seed {args.seed} | "
         "lenient rules are not the exact sample"
     )
     print(tasks_table(summaries, header))
-    doc = {"tasks": {"settings": {"items": len(tasks), "sampling": how, "max_tokens": args.max_tokens}}}
+    settings = {"items": len(tasks), "sampling": how, "max_tokens": args.max_tokens, "follow_ups": bool(openers)}
+    doc = {"tasks": {"settings": settings}}
     doc["tasks"]["rules"] = summaries
     doc["tasks"]["items"] = [
         {"kind": t.kind, "answer": t.answer, "right": [r.right[i] for r in runs]} for i, t in enumerate(tasks)

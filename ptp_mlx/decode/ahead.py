@@ -65,10 +65,12 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     nxt = known[0].plan
     if any(x.plan.branches != nxt.branches or len(x.plan.drafts) != len(nxt.drafts) for x in known):
         return None  # one outcome's next call has another shape: no single build serves them all
+    if any(x.plan.strict != nxt.strict for x in known):
+        return None  # or another acceptance rule (``Plan.strict``)
     on_device = {x.draft_rows is not None for x in known}
     if len(on_device) > 1 or (True in on_device and call.out.aux_top is None):
         return None  # drafts from this call's rows for some outcomes, known tokens for others: not one gather
-    if sess.rule.for_source(nxt.source).guarded:
+    if sess.rule.for_source(nxt.source, strict=nxt.strict).guarded:
         return None  # a pivot rule reads the context, which this call's block may still change
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
@@ -107,6 +109,7 @@ def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: 
     ok = guess is not None and plan is not None and not plan.burst and not plan.alts
     ok = ok and plan.branches == guess.plan.branches
     ok = ok and tuple(plan.drafts) == guess.drafts(result.aux_tokens) and plan.source == guess.plan.source
+    ok = ok and plan.strict == guess.plan.strict
     if not ok:
         drop_chained(chained, cache, keep)
         return None

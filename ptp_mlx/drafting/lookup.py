@@ -21,10 +21,12 @@ NGRAMS = (4, 3, 2)
 @dataclass(frozen=True)
 class LookupOffer:
     """A lookup chain for the next call: its ``drafts``, the observed chance ``rate`` that a lookup draft stands
-    given the ones before it did, and the accepted drafts that rate makes ``expected``."""
+    given the ones before it did, and the accepted drafts that rate makes ``expected``. ``earlier``: the drafts are
+    copied from before the current turn (an earlier turn of a chat, ``DraftSession.turn_start``)."""
 
     drafts: tuple[int, ...]
     rate: float
+    earlier: bool = False
 
     @property
     def expected(self) -> float:
@@ -48,8 +50,10 @@ class LookupProposer:
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
         self.pace = Pace()  # what lookup calls delivered in this answer (discarded burst steps charged too)
+        self.turn_start = 0  # history before this position is an earlier turn (its copies are offered ``earlier``)
 
     def begin(self, session: DraftSession) -> None:
+        self.turn_start = session.turn_start
         if not self._own_history:
             self.history, self._index, self._indexed = list(session.prompt), {}, 0
 
@@ -100,17 +104,20 @@ class LookupProposer:
         at = self._match(h)
         if at is None or tuple(h[at : at + len(drafts)]) != tuple(drafts) or at + len(drafts) >= len(h):
             return None
-        nxt = self._match(h + list(drafts) + [h[at + len(drafts)]])
+        ext = h + list(drafts) + [h[at + len(drafts)]]
+        nxt = self._match(ext)
         if nxt is None:
             return None
-        ext = h + list(drafts) + [h[at + len(drafts)]]
         rate = (self.hits + len(drafts)) / (self.hits + self.misses + len(drafts))
-        return LookupOffer(tuple(ext[nxt : nxt + self.max_draft]), rate)
+        return LookupOffer(tuple(ext[nxt : nxt + self.max_draft]), rate, nxt < self.turn_start)
 
     def offer(self) -> LookupOffer | None:
         """The lookup chain in hand for the next call, or None."""
-        look = self.candidates()
-        return LookupOffer(tuple(look), self.rate) if look else None
+        self._reindex()
+        at = self._match(self.history)
+        if at is None:
+            return None
+        return LookupOffer(tuple(self.history[at : at + self.max_draft]), self.rate, at < self.turn_start)
 
     def ready(self, worth: float = 0.9) -> bool:
         """A lookup chain expected to land at least ``worth`` drafts is in hand: reason to end an autoregressive

@@ -60,7 +60,7 @@ class DraftPolicy(Drafter):
         """The budget's rows for a lookup chain (it sees the hit rate as confidences), or None without drafts."""
         conf = [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
         plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step)
-        return replace(plan, source=self.lookup.source) if plan.drafts else None
+        return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
 
     def update(self, plan: Plan, result: CallResult) -> None:
         if self.lookup is not None and plan.source == self.lookup.source:

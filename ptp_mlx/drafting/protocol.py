@@ -29,6 +29,9 @@ class Plan:
     branches: tuple[tuple[int, int], ...]
     burst: int = 0
     source: str | None = None  # who proposed the drafts: "ptp" (the adapter) or "lookup" (prompt lookup)
+    # True: the drafts are verified by the exact rule whatever the answer's rule (a lookup chain copied from an
+    # earlier turn of a chat: a lenient rule would let the previous answer stand for this one's)
+    strict: bool = False
     # Token tree: alternatives to the first draft, verified as sibling strands in the same call, each
     # ``(token, width)`` with an auxiliary branch of ``width`` rows (0: none) for the drafts after it.
     alts: tuple[tuple[int, int], ...] = ()
@@ -93,11 +96,13 @@ class Guess:
 
 @dataclass
 class DraftSession:
-    """What a drafter learns when an answer starts: the prompt, the answer's uniforms and its sampling settings."""
+    """What a drafter learns when an answer starts: the prompt, the answer's uniforms and its sampling settings.
+    ``turn_start``: where the prompt's current turn starts (a chat's last user message; 0: all of it is)."""
 
     prompt: list[int]
     uniforms: UniformStream
     settings: SamplingSettings
+    turn_start: int = 0
 
 
 class Drafter(ABC):

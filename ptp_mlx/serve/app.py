@@ -134,7 +134,10 @@ def create_app(worker: EngineWorker, model_id: str, defaults: Defaults, max_body
         return ids
 
     async def respond(request: Request, req: GenRequest):
-        job = Job(req, prompt_ids(req), asyncio.get_running_loop())
+        ids = prompt_ids(req)
+        # (a lenient rule verifies copies of an earlier turn exactly: where this request's own turn starts)
+        turn = eng.turn_start(req.messages, ids, req.tools) if req.kind == "chat" and req.accept.lenient else 0
+        job = Job(req, ids, asyncio.get_running_loop(), turn_start=turn)
         worker.submit(job)
         shaper = Shaper(req)
         if req.stream:

@@ -52,6 +52,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancel: threading.Event = field(default_factory=threading.Event)
+    turn_start: int = 0  # where the prompt's last user message starts (``Engine.turn_start``)
 
     def post(self, event: Delta | Done | Failed) -> None:
         try:
@@ -231,6 +232,7 @@ class EngineWorker(EngineOwner[Job]):
                 prompt_cache=pc,
                 logits=req.logits,
                 accept=req.accept,
+                turn_start=job.turn_start,
             )
             for st in steps:
                 stats.add(st, final=False)
