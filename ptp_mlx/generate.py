@@ -19,7 +19,7 @@ from .decode.ahead import build_chained, confirm_chained, drop_chained
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
-from .decode.session import CallRecord, ContextTokens, DecodeSession, vocab_size
+from .decode.session import CallRecord, ContextTokens, DecodeSession, number_tokens, vocab_size
 from .drafting.budget import BudgetPolicy
 from .drafting.policy import DraftingConfig, make_drafter
 from .drafting.protocol import Drafter, DraftSession
@@ -137,7 +137,11 @@ def stream_generate(
     if opts.mode == "ar":
         calls = ar_calls(pm, cache, prompt_ids[-1], u, s, max_new, hook=opts.logits, bank=bank_for(pm, opts.compiled))
     else:
-        calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, prompt_ids, eos)
+        context = None
+        if opts.accept.guarded:  # a pivot rule's lookup calls read which tokens the context holds
+            numbers = number_tokens(tokenizer) if opts.accept.pivot == 1 else ()
+            context = ContextTokens(opts.accept.pivot, vocab_size(pm), prompt_ids, numbers)
+        calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, prompt_ids, eos, context)
     generated = 0
     seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]
     t_gen = time.perf_counter()
@@ -202,7 +206,9 @@ def default_drafter(pm: PTPModel, opts: DecodeOptions) -> Drafter:
     return make_drafter(opts.drafting, pm.config.window)
 
 
-def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history, eos):
+def _ptp_calls(
+    pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOptions, max_new, ctx, history, eos, context=None
+):
     """PTP decoding: each call verifies the drafts in hand and drafts again for the likely outcomes.
 
     Rows: [last accepted token, drafts q_1..q_n | branch d auxiliaries ...]. Branch d assumes the first d
@@ -219,8 +225,7 @@ def _ptp_calls(pm: PTPModel, cache, last, u, s: SamplingSettings, opts: DecodeOp
     bank = bank_for(pm, opts.compiled) if pm.adapter is not None or opts.drafter is None else None
     hook = opts.logits
     sess = DecodeSession(pm, cache, u, s, greedy_u, hook, bank, drafter.runner_up, drafter.reads_top_prob, opts.accept)
-    if opts.accept.guarded:  # a pivot rule's lookup calls read which tokens the context holds
-        sess.context = ContextTokens(opts.accept.pivot, vocab_size(pm), history)
+    sess.context = context  # (``ContextTokens``: only under a pivot rule)
     clock = opts.clock or NO_CLOCK
     i = 0  # index of the next token to emit, in the uniform stream
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.

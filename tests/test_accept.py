@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ptp_mlx.decode.accept import EXACT, AcceptRule
+from ptp_mlx.decode.session import ContextTokens, number_tokens
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate import decoding_settings
 from ptp_mlx.generate_cli import main as generate_main
@@ -178,9 +179,7 @@ def test_bench_prices_lenient_answers_in_quality(dirs, tmp_path, capsys):
 
 def test_pivot_guard_reads_the_rows_picks_against_the_context():
     """A pivot rule's lenient acceptance stands only where the context does not offer the row's exact pick: as a
-    token (``pivot=1``) or right after the row's own token (``pivot=2``)."""
-    from ptp_mlx.decode.session import ContextTokens
-
+    token (``pivot=1``, where a number is always a pivot) or right after the row's own token (``pivot=2``)."""
     rows = mx.array([[2.0, 1.9, 0.0, 0.0], [2.0, 1.9, 0.0, 0.0]])  # the draft (1) nearly ties with the pick (0)
     drafts, picks, inputs = mx.array([1, 1]), mx.array([0, 0]), mx.array([3, 2])
     r = AcceptRule.parse("entropy:pivot=1")
@@ -194,6 +193,9 @@ def test_pivot_guard_reads_the_rows_picks_against_the_context():
     held = ContextTokens(1, 4, [0, 1])  # the context holds the pick: a pivot, left to the exact rule
     assert r.accepts(rows, drafts, 1.0, picks, held.array(), inputs).tolist() == [False, False]
     assert r.accepts(rows, drafts, 1.0, picks, ContextTokens(1, 4, [1, 2, 3]).array(), inputs).tolist() == [True, True]
+    number = ContextTokens(1, 4, [1, 2, 3], numbers=[0, 9])  # the pick is a number: a pivot though not in context
+    assert r.accepts(rows, drafts, 1.0, picks, number.array(), inputs).tolist() == [False, False]
+    assert ContextTokens(2, 4, [], numbers=[0]).seen.sum() == 0  # (numbers are ``pivot=1``'s)
     assert AcceptRule.parse("entropy").accepts(rows, drafts, 1.0).tolist() == [True, True]
     pairs = AcceptRule.parse("threshold:tau=0.1,pivot=2")
     ctx = ContextTokens(2, 4, [3, 1])
@@ -240,12 +242,13 @@ def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, c
     pm, u, cache = engine.pm, UniformStream(0), engine.pm.make_cache()
     pm.base(mx.array(ids[:-1])[None], cache=cache)
     prev, refused, lenient = ids[-1], 0, 0
+    numbers = set(number_tokens(engine.tokenizer))
     for g, tok in enumerate(got):
         logits = pm.base(mx.array([[prev]]), cache=cache)[0, -1]
         want = int(pick(mx.array(u[g]), logits, 0.0).item())
         seen = ids + got[:g]
-        if pivot == 1:
-            offered = want in seen
+        if pivot == 1:  # a token of the context, or a number (always a pivot)
+            offered = want in seen or want in numbers
         else:  # the pick right after the row's own token (``prev``) somewhere in the context
             offered = any(a == prev and b == want for a, b in zip(seen[:-1], seen[1:], strict=True))
         if tok != want:

@@ -19,8 +19,9 @@ not have continued that way is where a lenient rule changes what a passage quest
 Either rule also takes a pivot guard for lookup drafts. A row split between two continuations the text offers (the
 city a passage names for one person, or the one it names for another) is a "pivot": the choice is the answer, so it
 is left to the exact rule; a row whose exact pick the text does not offer (a rephrasing of what lookup copies)
-still takes the copy. ``pivot=1``: a lookup draft stands leniently only where the row's exact pick is not a token of
-the context (the prompt and the answer so far); ``pivot=2``: only where the context never has the row's own token
+still takes the copy. ``pivot=1``: a lookup draft stands leniently only where the row's exact pick is neither a token
+of the context (the prompt and the answer so far) nor a number (a token with a digit: a copied number in place of a
+computed one, a sum's, changes the answer); ``pivot=2``: only where the context never has the row's own token
 followed by that exact pick (the text offers the pick after the same token the draft was copied after). The
 adapter's own drafts are not guarded (their calls are built ahead, before the tokens that would update the context
 are known).

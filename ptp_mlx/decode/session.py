@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 import mlx.core as mx
@@ -19,12 +20,15 @@ if TYPE_CHECKING:
 
 class ContextTokens:
     """What the context holds (the prompt and the answer so far) for a pivot rule's lookup calls
-    (``decode/accept.py``): its token ids (``pivot=1``: a bool [vocab] table) or its adjacent token pairs (``pivot=2``:
-    a hashed bool table), one array refreshed only when something new arrives."""
+    (``decode/accept.py``): its token ids (``pivot=1``: a bool [vocab] table, where ``numbers``, the vocabulary's
+    number tokens, are always set) or its adjacent token pairs (``pivot=2``: a hashed bool table), one array
+    refreshed only when something new arrives."""
 
-    def __init__(self, pivot: float, vocab: int, tokens=()):
+    def __init__(self, pivot: float, vocab: int, tokens=(), numbers=()):
         self.pivot = pivot
         self.seen = np.zeros(vocab if pivot == 1 else PAIR_TABLE, dtype=bool)
+        if pivot == 1:  # a number is always a pivot: a copied one in place of a computed one changes the answer
+            self.seen[[t for t in numbers if 0 <= t < vocab]] = True
         self._array: mx.array | None = None
         self._last: int | None = None  # the latest token (the first of the next pair)
         self.add(tokens)
@@ -48,6 +52,14 @@ class ContextTokens:
         if self._array is None:
             self._array = mx.array(self.seen)
         return self._array
+
+
+@lru_cache(maxsize=4)
+def number_tokens(tokenizer) -> tuple[int, ...]:
+    """The ids of the tokenizer's tokens that hold an ASCII digit (``pivot=1`` treats them as pivots)."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)  # (mlx-lm's wrapper holds the Hugging Face tokenizer)
+    vocab = hf.get_vocab()
+    return tuple(sorted(i for text, i in vocab.items() if any("0" <= c <= "9" for c in text)))
 
 
 def vocab_size(pm: PTPModel) -> int:
