@@ -139,8 +139,7 @@ def stream_generate(
     else:
         context = None
         if opts.accept.guarded:  # a pivot rule's lookup calls read which tokens the context holds
-            numbers = number_tokens(tokenizer) if opts.accept.pivot == 1 else ()
-            context = ContextTokens(opts.accept.pivot, vocab_size(pm), prompt_ids, numbers)
+            context = ContextTokens(opts.accept.pivot, vocab_size(pm), prompt_ids, number_tokens(tokenizer))
         calls = _ptp_calls(pm, cache, prompt_ids[-1], u, s, opts, max_new, ctx, prompt_ids, eos, context)
     generated = 0
     seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]

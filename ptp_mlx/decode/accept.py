@@ -22,7 +22,8 @@ is left to the exact rule; a row whose exact pick the text does not offer (a rep
 still takes the copy. ``pivot=1``: a lookup draft stands leniently only where the row's exact pick is neither a token
 of the context (the prompt and the answer so far) nor a number (a token with a digit: a copied number in place of a
 computed one, a sum's, changes the answer); ``pivot=2``: only where the context never has the row's own token
-followed by that exact pick (the text offers the pick after the same token the draft was copied after). The
+followed by that exact pick (the text offers the pick after the same token the draft was copied after) and the pick
+is not a number. The
 adapter's own drafts are not guarded (their calls are built ahead, before the tokens that would update the context
 are known).
 
@@ -140,7 +141,10 @@ class AcceptRule:
         if self.guarded:
             if picks is None or offered is None or inputs is None:
                 raise ValueError("a rule with a pivot guard needs the rows' exact picks, tokens and the context")
-            ok = ok & ~mx.take(offered, context_index(self.pivot, inputs, picks))
+            hit = mx.take(offered, context_index(self.pivot, inputs, picks))
+            if self.pivot == 2:  # or the pick is a number (the [vocab] table after the pairs' slots)
+                hit = hit | mx.take(offered, picks.astype(mx.uint32) + mx.array(PAIR_TABLE, dtype=mx.uint32))
+            ok = ok & ~hit
         return ok
 
     def _likely(self, rows: mx.array, drafts: mx.array, temperature: float) -> mx.array:

@@ -20,15 +20,16 @@ if TYPE_CHECKING:
 
 class ContextTokens:
     """What the context holds (the prompt and the answer so far) for a pivot rule's lookup calls
-    (``decode/accept.py``): its token ids (``pivot=1``: a bool [vocab] table, where ``numbers``, the vocabulary's
-    number tokens, are always set) or its adjacent token pairs (``pivot=2``: a hashed bool table), one array
-    refreshed only when something new arrives."""
+    (``decode/accept.py``): its token ids (``pivot=1``: a bool [vocab] table) or its adjacent token pairs
+    (``pivot=2``: a hashed bool table of ``PAIR_TABLE`` slots, then a [vocab] one), one array refreshed only when
+    something new arrives. ``numbers`` (the vocabulary's number tokens) are always set in the [vocab] table."""
 
     def __init__(self, pivot: float, vocab: int, tokens=(), numbers=()):
         self.pivot = pivot
-        self.seen = np.zeros(vocab if pivot == 1 else PAIR_TABLE, dtype=bool)
-        if pivot == 1:  # a number is always a pivot: a copied one in place of a computed one changes the answer
-            self.seen[[t for t in numbers if 0 <= t < vocab]] = True
+        base = 0 if pivot == 1 else PAIR_TABLE  # where the [vocab] table starts
+        self.seen = np.zeros(base + vocab, dtype=bool)
+        # A number is always a pivot: a copied one in place of a computed one (a sum's) changes the answer.
+        self.seen[[base + t for t in numbers if 0 <= t < vocab]] = True
         self._array: mx.array | None = None
         self._last: int | None = None  # the latest token (the first of the next pair)
         self.add(tokens)
