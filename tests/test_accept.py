@@ -239,7 +239,6 @@ def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, c
     ar, got = answer(ids, guarded)
     _, loose = answer(ids, AcceptRule.parse("threshold:tau=0"))
     assert loose != ar and got != ar  # drafts the context does not offer still stand
-    assert got[0] == ar[0] and loose[0] != ar[0]  # under a guard the answer's first call is verified exactly
     pm, u, cache = engine.pm, UniformStream(0), engine.pm.make_cache()
     pm.base(mx.array(ids[:-1])[None], cache=cache)
     prev, refused, lenient = ids[-1], 0, 0

@@ -61,17 +61,15 @@ class AcceptRule:
     def lenient(self) -> bool:
         return self.kind != "exact"
 
-    def for_source(self, source: str | None, first: bool = False, strict: bool = False) -> AcceptRule:
+    def for_source(self, source: str | None, strict: bool = False) -> AcceptRule:
         """The rule a call whose drafts come from ``source`` ("ptp", "lookup", ...) is verified under (the pivot
-        guard is kept for lookup chains only: ``guarded``). ``first``: the answer's first call; under a guard it
-        is verified exactly (an answer's opening decides what it answers). ``strict`` (``Plan.strict``): the
-        drafts are a copy of an earlier turn of a chat, verified exactly under every rule (lookup offers the
-        previous answer after the same template header, and the model's row finds it likely once the first
-        words agree)."""
+        guard is kept for lookup chains only: ``guarded``). ``strict`` (``Plan.strict``): the drafts are a copy
+        of an earlier turn of a chat, verified exactly under every rule (lookup offers the previous answer after
+        the same template header, and the model's row finds it likely once the first words agree)."""
         if strict:
             return EXACT
         if source == "lookup":
-            return EXACT if not self.lookup or (first and self.guarded) else self
+            return EXACT if not self.lookup else self
         return replace(self, pivot=0.0) if self.pivot else self
 
     @property

@@ -124,7 +124,7 @@ def build_call(
     call's first exact token (where its uniforms start). ``chain``: every input already on the device (a chained
     call of ``decode/ahead.py``; its ``offset`` is known once the call before it is read)."""
     pm, cache, s, hook = sess.pm, sess.cache, sess.settings, sess.hook
-    rule = sess.rule.for_source(plan.source, i == 0, plan.strict)  # (``lookup=0``: lookup chains verified exactly)
+    rule = sess.rule.for_source(plan.source, plan.strict)  # (``lookup=0``: lookup chains verified exactly)
     offered = sess.context.array() if rule.guarded and sess.context is not None else None
     offset = cache.offset
     n, alts = len(plan.drafts), plan.alts
