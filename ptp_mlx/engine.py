@@ -21,7 +21,7 @@ from .decode.fixed import compiled_by_default
 from .drafting.budget import Budget
 from .drafting.cost import CostCurve, cached_cost_curve
 from .errors import UserError
-from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate
+from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate, turn_start
 from .logits import LogitsHook, LogitsSettings
 from .model.ptp import PTPModel
 from .models import check_ptp_model, load, model_fingerprint
@@ -139,23 +139,8 @@ class Engine:
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
     def turn_start(self, messages: Sequence[dict], ids: Sequence[int], tools: list[dict] | None = None) -> int:
-        """Where the current turn (the last user message and what follows) starts in ``ids``, the prompt of
-        ``messages``: how many tokens ``ids`` shares with the earlier messages rendered alone. 0 for one message or
-        a tokenizer without a chat template; the whole prompt if the template will not render the earlier messages
-        alone (no part of the prompt is then taken for this turn's)."""
-        msgs = list(messages)
-        last = max((k for k, m in enumerate(msgs) if m.get("role") == "user"), default=0)
-        if last == 0 or not getattr(self.tokenizer, "chat_template", None):
-            return 0
-        try:
-            kw = {"tools": tools} if tools else {}
-            before = self.tokenizer.apply_chat_template(msgs[:last], add_generation_prompt=False, tokenize=True, **kw)
-        except Exception:  # noqa: BLE001 - a template that needs a user message last: claim nothing for this turn
-            return len(ids)
-        before = list(before["input_ids"] if isinstance(before, dict) else before)
-        return next(
-            (k for k, (a, b) in enumerate(zip(before, ids, strict=False)) if a != b), min(len(before), len(ids))
-        )
+        """Where the last user message starts in ``ids``, the prompt of ``messages`` (``generate.turn_start``)."""
+        return turn_start(self.tokenizer, messages, ids, tools)
 
     def generate(
         self,

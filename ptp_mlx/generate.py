@@ -94,6 +94,24 @@ def encode_prompt(tokenizer, prompt: str | Sequence[dict], chat: bool = True) ->
     return list(tokenizer.encode(messages[-1]["content"] if not isinstance(prompt, str) else prompt))
 
 
+def turn_start(tokenizer, messages: Sequence[dict], ids: Sequence[int], tools: list[dict] | None = None) -> int:
+    """Where the current turn (the last user message and what follows) starts in ``ids``, the prompt of
+    ``messages``: how many tokens ``ids`` shares with the earlier messages rendered alone. 0 for one message or a
+    tokenizer without a chat template; the whole prompt if the template will not render the earlier messages alone
+    (no part of the prompt is then taken for this turn's)."""
+    msgs = list(messages)
+    last = max((k for k, m in enumerate(msgs) if m.get("role") == "user"), default=0)
+    if last == 0 or not getattr(tokenizer, "chat_template", None):
+        return 0
+    try:
+        kw = {"tools": tools} if tools else {}
+        before = tokenizer.apply_chat_template(msgs[:last], add_generation_prompt=False, tokenize=True, **kw)
+    except Exception:  # noqa: BLE001 - a template that needs a user message last: claim nothing for this turn
+        return len(ids)
+    before = list(before["input_ids"] if isinstance(before, dict) else before)
+    return next((k for k, (a, b) in enumerate(zip(before, ids, strict=False)) if a != b), min(len(before), len(ids)))
+
+
 def _peak_gb() -> float:
     return mx.get_peak_memory() / 1e9
 

@@ -209,11 +209,11 @@ def test_interrupt_keeps_what_was_measured(engine, prompt_file):
     runners = make_runners(engine, ["ar"])
     inner, calls = runners["ar"], []
 
-    def interrupting(ids, max_tokens, sampling):
+    def interrupting(ids, max_tokens, sampling, turn_start=0):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return inner(ids, max_tokens, sampling)
+        return inner(ids, max_tokens, sampling, turn_start)
 
     out = run_bench(
         load_prompts(prompt_file), {"ar": interrupting}, engine.tokenizer, 8, SamplingSettings(), warmup=False
@@ -226,11 +226,11 @@ def test_interrupt_keeps_the_turns_of_the_prompt_in_progress(engine, prompt_file
 
     inner, calls = make_runners(engine, ["ar"])["ar"], []
 
-    def interrupting(ids, max_tokens, sampling):
+    def interrupting(ids, max_tokens, sampling, turn_start=0):
         calls.append(1)
         if len(calls) == 3:  # a-1, then turn 0 of b-1, then Ctrl-C in turn 1
             raise KeyboardInterrupt
-        return inner(ids, max_tokens, sampling)
+        return inner(ids, max_tokens, sampling, turn_start)
 
     out = run_bench(
         load_prompts(prompt_file), {"ar": interrupting}, engine.tokenizer, 8, SamplingSettings(), warmup=False
@@ -240,3 +240,24 @@ def test_interrupt_keeps_the_turns_of_the_prompt_in_progress(engine, prompt_file
 
 
 # --- the command -------------------------------------------------------------------------------------------
+
+
+def test_a_later_turn_is_told_where_it_starts(engine, prompt_file):
+    """A conversation's later turn reaches the method with where its last user message starts (a lenient rule
+    then verifies copies of the method's earlier answers exactly, as in the chat); a first turn with 0."""
+    from ptp_mlx.bench.methods import make_runners
+
+    inner, seen = make_runners(engine, ["ar"])["ar"], []
+
+    def recording(ids, max_tokens, sampling, turn_start=0):
+        seen.append((list(ids), turn_start))
+        return inner(ids, max_tokens, sampling, turn_start)
+
+    prompts = load_prompts(prompt_file)
+    run_bench(prompts, {"ar": recording}, engine.tokenizer, 8, SamplingSettings(), warmup=False)
+    assert [t for _, t in seen][:2] == [0, 0] and len(seen) == sum(len(p.turns) for p in prompts)
+    later = [(ids, t) for ids, t in seen if t]
+    assert later and all(0 < t < len(ids) for ids, t in later)
+    ids, t = later[0]
+    assert engine.tokenizer.decode(ids[t:]).count(prompts[1].turns[1]) == 1  # the second user turn is after it
+    assert prompts[1].turns[0] not in engine.tokenizer.decode(ids[t:])

@@ -120,11 +120,11 @@ def test_cli_interrupt_writes_partial_results(tiny_model_dir, adapter_dir, promp
         runners = real(*a, **k)
         inner, n = runners["ar"], []
 
-        def run(ids, max_tokens, sampling):
+        def run(ids, max_tokens, sampling, turn_start=0):
             n.append(1)
             if len(n) == 3:  # warm-up, first prompt, then Ctrl-C on the second prompt
                 raise KeyboardInterrupt
-            return inner(ids, max_tokens, sampling)
+            return inner(ids, max_tokens, sampling, turn_start)
 
         runners["ar"] = run
         return runners

@@ -40,7 +40,7 @@ class Measured:
     by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts per proposer ("ptp", "alt", "lookup")
 
 
-Runner = Callable[[list[int], int, SamplingSettings], Measured]
+Runner = Callable[[list[int], int, SamplingSettings, int], Measured]  # ids, max tokens, sampling, turn start
 
 
 class EngineRunner:
@@ -63,7 +63,8 @@ class EngineRunner:
         self.accept = accept
         self.name = "ptp-lenient" if accept is not None else mode if lookup or mode != "ptp" else "ptp-chain"
 
-    def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
+    def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings, turn_start: int = 0) -> Measured:
+        """One answer to ``ids``; ``turn_start``: where its last user message starts (``Engine.generate``)."""
         mx.clear_cache()
         toks: list[int] = []
         first_tokens = 0
@@ -82,6 +83,7 @@ class EngineRunner:
             lookup=self.lookup,
             trees=self.lookup,  # ptp-chain turns both off
             accept=self.accept,
+            turn_start=turn_start,
         ):
             stats.add(st, final=False)  # (the one per-step aggregator: ptp_mlx/stats.py)
             if not toks and st.tokens:
@@ -113,7 +115,8 @@ class MlxLmRunner:
 
         return make_sampler(temp=s.temperature, top_p=s.top_p if s.top_p < 1.0 else 0.0, top_k=s.top_k)
 
-    def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings) -> Measured:
+    def __call__(self, ids: list[int], max_tokens: int, sampling: SamplingSettings, turn_start: int = 0) -> Measured:
+        """One answer to ``ids`` (``turn_start`` is our decoding's: mlx-lm's has no lenient rule to restrict)."""
         import mlx_lm
 
         kw = {"sampler": self.sampler(sampling)}

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ..generate import encode_prompt
+from ..generate import encode_prompt, turn_start
 from ..sampler import SamplingSettings
 from .methods import Measured, Runner
 from .prompts import Prompt, messages_for
@@ -84,7 +84,7 @@ def warm_up(runners: dict[str, Runner], tokenizer, prompt: Prompt, sampling: Sam
     t0 = time.perf_counter()
     ids = encode_prompt(tokenizer, messages_for(prompt, 0, []))
     for run in runners.values():
-        run(ids, WARMUP_TOKENS, sampling)
+        run(ids, WARMUP_TOKENS, sampling, 0)
     return time.perf_counter() - t0
 
 
@@ -172,7 +172,8 @@ def _conversation(
                     f"{p.question_id} turn {t}: {len(ids)} prompt tokens do not fit the context of {context}"
                 )
             limit = min(max_tokens, context - len(ids))  # every method stops at the context, as ours does
-        m = run(ids, limit, sampling)
+        # (a lenient rule verifies copies of this method's earlier answers exactly, as in the chat)
+        m = run(ids, limit, sampling, turn_start(tokenizer, messages_for(p, t, answers), ids))
         text = tokenizer.decode(m.token_ids)
         answers.append(text)
         into.append(Record(name, p.question_id, p.category, t, rep, len(ids), m, text, ids))

@@ -273,8 +273,8 @@ class FlipOne:
     def __init__(self, inner, pos=3):
         self.inner, self.pos = inner, pos
 
-    def __call__(self, ids, max_tokens, sampling):
-        m = self.inner(ids, max_tokens, sampling)
+    def __call__(self, ids, max_tokens, sampling, turn_start=0):
+        m = self.inner(ids, max_tokens, sampling, turn_start)
         if len(m.token_ids) > self.pos:
             m.token_ids[self.pos] = (m.token_ids[self.pos] + 1) % 200 + 3
         return m
