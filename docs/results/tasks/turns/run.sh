@@ -19,3 +19,4 @@ for p in 1 2; do
   [ -s "$out/held-t07-p$p.txt" ] || ptp-bench $H --temp 0.7 --top-p 0.95 --seed 0 --accept entropy:pivot=$p \
     > "$out/held-t07-p$p.txt"
 done
+[ -s "$out/held-t07-entropy.txt" ] || ptp-bench $H --temp 0.7 --top-p 0.95 --seed 0 --accept entropy > "$out/held-t07-entropy.txt"
