@@ -57,7 +57,7 @@ class ContextTokens:
 
 @lru_cache(maxsize=4)
 def number_tokens(tokenizer) -> tuple[int, ...]:
-    """The ids of the tokenizer's tokens that hold an ASCII digit (``pivot=1`` treats them as pivots)."""
+    """The ids of the tokenizer's tokens that hold an ASCII digit (either pivot guard treats them as pivots)."""
     hf = getattr(tokenizer, "_tokenizer", tokenizer)  # (mlx-lm's wrapper holds the Hugging Face tokenizer)
     vocab = hf.get_vocab()
     return tuple(sorted(i for text, i in vocab.items() if any("0" <= c <= "9" for c in text)))
