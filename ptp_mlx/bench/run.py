@@ -164,7 +164,8 @@ def _conversation(
     """
     answers: list[str] = []
     for t in range(len(p.turns)):
-        ids = encode_prompt(tokenizer, messages_for(p, t, answers))
+        msgs = messages_for(p, t, answers)
+        ids = encode_prompt(tokenizer, msgs)
         limit = max_tokens
         if context:
             if len(ids) >= context:
@@ -173,7 +174,7 @@ def _conversation(
                 )
             limit = min(max_tokens, context - len(ids))  # every method stops at the context, as ours does
         # (a lenient rule verifies copies of this method's earlier answers exactly, as in the chat)
-        m = run(ids, limit, sampling, turn_start(tokenizer, messages_for(p, t, answers), ids))
+        m = run(ids, limit, sampling, turn_start(tokenizer, msgs, ids))
         text = tokenizer.decode(m.token_ids)
         answers.append(text)
         into.append(Record(name, p.question_id, p.category, t, rep, len(ids), m, text, ids))

@@ -73,9 +73,8 @@ class LookupProposer:
 
     def candidates(self) -> list[int]:
         """The continuation of the longest recent n-gram match, or []."""
-        self._reindex()
-        at = self._match(self.history)
-        return [] if at is None else self.history[at : at + self.max_draft]
+        offer = self.offer()
+        return [] if offer is None else list(offer.drafts)
 
     def _match(self, h: list[int]) -> int | None:
         """Where the continuation of ``h``'s longest recent n-gram match starts in ``h``, or None. ``h`` is the
