@@ -154,6 +154,10 @@ class KVState(Sequence):
         for i, (ks, vs, dt) in enumerate(shapes):
             self._grow(i, need, mx.zeros(ks, dt), mx.zeros(vs, dt))
 
+    def can_trim_to(self, n: int) -> bool:
+        """Whether ``trim_to(n)`` can keep the first ``n`` rows (any count up to the offset)."""
+        return 0 <= n <= self.offset
+
     def trim_to(self, n: int) -> None:
         """Keep the first ``n`` rows (the others become stale: never read, overwritten by later passes)."""
         if not 0 <= n <= self.offset:

@@ -31,6 +31,7 @@ from .layers import (
     projections,
     token_embedding,
 )
+from .stock_cache import StockCache
 
 __all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window"]
 
@@ -226,12 +227,11 @@ class PTPModel:
 
         return FusedGate(gate, id(self), lora) if self._grouped and adapter is self.adapter else lora
 
-    def make_cache(self) -> list:
-        """Fresh per-layer caches: trimmable PTP caches, or mlx-lm's own for a model PTP does not support."""
+    def make_cache(self) -> KVState | StockCache:
+        """A fresh cache: the PTP ``KVState``, or mlx-lm's own caches (``StockCache``) for a model PTP does not
+        patch; both answer ``offset``, ``can_trim_to`` and ``trim_to``."""
         if self.ctx is None:
-            from mlx_lm.models.cache import make_prompt_cache
-
-            return make_prompt_cache(self.base)
+            return StockCache.for_model(self.base)
         return make_cache(self.base, self.ctx)
 
     def __call__(
