@@ -47,11 +47,17 @@ class Engine:
 
     @classmethod
     def load(
-        cls, model: str | None = None, adapter: str | None = None, log=_stderr, measure_cost: bool = True
+        cls,
+        model: str | None = None,
+        adapter: str | None = None,
+        log=_stderr,
+        measure_cost: bool = True,
+        recalibrate: bool = False,
     ) -> Engine:
         """Load ``model`` (default: the default model) and ``adapter``.
 
         ``adapter=None`` takes the adapter shipped for the default model (if any); ``"none"`` loads none.
+        ``recalibrate`` probes this machine's cost curve again instead of reading the cached one.
         """
         blas.warn_if_slow()
         adapter_dir: Path | None
@@ -85,10 +91,12 @@ class Engine:
             log=log,
         )
         if ad is not None:
-            eng.budget = eng.make_budget(measure_cost)
+            eng.budget = eng.make_budget(measure_cost, recalibrate)
         return eng
 
-    def make_budget(self, measure: bool = True) -> Budget:
+    def make_budget(self, measure: bool = True, recalibrate: bool = False) -> Budget:
+        """The adaptive budget over this machine's cost curve (cached under ``PTP_MLX_HOME/cost-curves/``, probed
+        once, then corrected by every call: ``drafting/learn.py``); one per decoding mode, sharing the curve."""
         c = self.pm.config
         width = c.window
         if measure:
@@ -104,7 +112,7 @@ class Engine:
                 f"ptp-call-v5-{'compiled' if compiled_by_default() else 'eager'}",
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
-            curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", log=self.log)
+            curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", self.log, recalibrate)
         else:
             curve = CostCurve()
         # Calibrated: each budget learns, over this engine's answers, how its drafts really fare.

@@ -294,6 +294,7 @@ def _ptp_calls(
                 clock.mark("queue")
             clock.tag("rows", rows)
             t = time.perf_counter() - t_start
+            drafter.timed(rows, len(block), t)  # what the call cost, as measured (the budget learns costs)
             yield block, CallRecord(t, n, c, rows, source, out.logprobs)
     finally:
         if nxt is not None:  # chained on a call that was never read: the state before it comes back
@@ -311,6 +312,8 @@ def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, cont
     for block, info in burst:
         last = block[-1]
         done += 1
+        if done > 1:  # (the first step of a burst is not pipelined behind another: not a plain step's pace)
+            drafter.timed(1, 1, info.time)
         drafter.emitted(block)
         if context is not None:
             context.add(block)

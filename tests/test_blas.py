@@ -73,9 +73,13 @@ def test_cost_curve_stops_probing_when_its_time_is_spent(tiny_model_dir):
             calls.append(a[0].shape)
             return real(*a, **kw)
 
-    curve, secs = measure_cost_curve(Counting(), repeats=1, time_budget=0.0)
+    curve, record = measure_cost_curve(Counting(), repeats=1, time_budget=0.0)
+    secs = record["seconds"]
     assert len(secs) == len(PROBE_WIDTHS) and curve.rel[0] == 1.0
-    assert len(calls) == 1 + 2 * 2  # the context prefill, then two widths timed (2 passes each); the rest inferred
+    # The context prefill, then two widths timed (2 passes each, more for a width the checks re-measured); the rest
+    # inferred.
+    assert len(calls) == 1 + 2 * 2 + 2 * len(record["remeasured"])
+    assert record["extrapolated"] == list(PROBE_WIDTHS[2:])
     assert all(b >= a for a, b in zip(secs[1:], secs[2:], strict=False))  # extrapolation never decreases cost
 
 

@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", choices=["fused", "simple"], default="fused", help="PTP step kind")
     p.add_argument("--cost-widths", default=DEFAULT_WIDTHS, help="pass widths of the cost-curve probe")
     p.add_argument("--no-cost-curve", action="store_true", help="skip the cost-curve probe")
+    p.add_argument(
+        "--recalibrate",
+        action="store_true",
+        help="probe this machine's PTP cost curve again (the cached one lives under PTP_MLX_HOME/cost-curves/)",
+    )
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up answers")
     p.add_argument(
         "--free-rows",
@@ -200,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.cost_sweep:
         return _cost_sweep(args)
-    eng = Engine.load(args.model, args.adapter)
+    eng = Engine.load(args.model, args.adapter, recalibrate=args.recalibrate)
     if args.free_rows:
         from ..drafting.cost import CostCurve
 

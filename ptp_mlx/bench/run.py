@@ -191,6 +191,7 @@ def probe_cost_curve(pm, widths: list[int], context: int, rounds: int = 3) -> di
     secs = [float("inf")] * len(widths)
     for _ in range(rounds):
         _, s = measure_cost_curve(pm, widths, context=context, repeats=2)
+        s = s["seconds"]
         secs = [min(a, b) for a, b in zip(secs, s, strict=True)]
     return {
         "widths": list(widths),

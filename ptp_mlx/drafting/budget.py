@@ -15,10 +15,12 @@ from typing import Protocol
 import numpy as np
 
 from .cost import CostCurve
+from .learn import PaceGuard
 from .protocol import Plan
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
 MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
+EXPLORE_BURST = 4  # plain steps decoded to re-measure a plain step's time when none was measured for long
 
 
 class BudgetPolicy(Protocol):
@@ -54,6 +56,10 @@ class BudgetPolicy(Protocol):
 
     def relax(self, keep: float = 0.5) -> None:
         """An autoregressive burst ran: fade the evidence."""
+        ...
+
+    def record(self, rows: int, tokens: int, seconds: float) -> None:
+        """One call's measured wall time (``rows`` 1: a plain step) and the tokens it emitted."""
         ...
 
 
@@ -139,6 +145,9 @@ class Budget:
     landed: bool = True  # some draft was accepted since the last burst
     builds_trees: bool = True  # it weighs the runner-up of the first draft as a sibling strand (``second``)
     shape_only: bool = False  # its rows follow the drafts' confidences
+    guard: PaceGuard = field(default_factory=PaceGuard)  # PTP's measured pace against plain steps'
+    behind_before: bool = False  # the last burst was the guard's, PTP measured slower than plain decoding
+    explore_due: bool = False  # after a burst: the next call the curve prices out may be measured instead
 
     @property
     def ratio(self) -> float:
@@ -156,7 +165,9 @@ class Budget:
             self.expected += float(c)
             self.hits += 1.0 if j < accepted else 0.0
         if accepted > 0:
-            self.landed, self.burst_len = True, AR_BURST
+            self.landed = True
+            if not self.behind_before:  # (drafts that land but cost more than they bring keep the back-off)
+                self.burst_len = AR_BURST
 
     @classmethod
     def from_histogram(cls, curve: CostCurve, hist: list[float] | None, max_width: int, **kw) -> Budget:
@@ -173,11 +184,37 @@ class Budget:
         Probes cost (a call that only primes drafts is dearer than a plain step), so when no draft landed since
         the last burst the next burst is twice as long (up to ``MAX_BURST``): text where drafts fail is re-probed
         rarely, and the first accepted draft resets the length."""
-        if self.calibrate and not self.landed:
+        behind = self.behind()
+        if self.calibrate and (not self.landed or (behind and self.behind_before)):
             self.burst_len = min(MAX_BURST, 2 * self.burst_len)
+        self.behind_before = behind
+        self.explore_due = not behind
+        self.guard.clear()  # drafting is tried again after the burst: explore, so a pessimistic curve corrects too
         self.landed = False
         self.hits *= keep
         self.expected *= keep
+
+    def record(self, rows: int, tokens: int, seconds: float) -> None:
+        """One call's measured time: the cost curve learns from it (when it is a ``LearnedCost``), and a PTP call's
+        tokens per second feed the pace guard."""
+        step = getattr(self.curve, "step_seconds", None)
+        expected = self.curve(rows) * step if step and rows > 1 else None
+        learn = getattr(self.curve, "observe", None)
+        if learn is not None:
+            learn(rows, seconds)
+        if rows > 1:
+            self.guard.add(tokens, seconds, expected)
+
+    def behind(self) -> bool:
+        """True when the latest PTP calls, as measured, were slower than plain steps (``PaceGuard``)."""
+        return self.calibrate and self.guard.behind(getattr(self.curve, "step_seconds", None))
+
+    def _no_drafting(self) -> int:
+        """A burst's length when this call must not draft (0: it may): PTP measured slower than plain decoding,
+        or no plain step measured for long (a short one re-measures its pace)."""
+        if self.behind():
+            return self.burst_len
+        return EXPLORE_BURST if self.calibrate and getattr(self.curve, "stale_step", False) else 0
 
     def _s(self, k: int, r: float | None = None) -> float:
         s = self.survival[k] if k < len(self.survival) else 0.0
@@ -200,17 +237,38 @@ class Budget:
         expected tokens it adds are worth its rows at this machine's cost.
         """
         room = min(room, self.max_rows)
+        burst = self._no_drafting()
+        if burst:
+            return Plan([], [], burst=min(burst, remaining))
         if step == "simple":
             n, branches = simple_rows(drafts, self.max_width, remaining, room)
         else:
             n, branches = self.choose(confidences, room)
             n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
         if n == 0 and not branches:
+            explore = self._explore(drafts, confidences, remaining, room) if step == "fused" else None
+            if explore is not None:
+                return explore
             return Plan([], [], burst=min(self.burst_len, remaining))  # (only a calibrating budget backs off)
         plan = Plan(drafts[:n], branches)
         if second is not None and n >= 1 and step == "fused" and remaining >= 2:
             plan = replace(plan, alts=self._alternative(plan, confidences, second, room))
         return plan
+
+    def _explore(self, drafts: list[int], confidences: list[float], remaining: int, room: int) -> Plan | None:
+        """Once per burst, the call the budget would make if the widths it has barely measured were cheap
+        (``LearnedCost.optimistic``), when it uses such a width: measuring it corrects a curve that is too
+        pessimistic, which would otherwise never be drafted against and never corrected."""
+        optimistic = getattr(self.curve, "optimistic", None)
+        if not (self.calibrate and self.explore_due and optimistic):
+            return None
+        self.explore_due = False
+        n, branches = self.choose(confidences, room, cost=optimistic)
+        n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
+        plan = Plan(drafts[:n], branches)
+        if (n or branches) and not self.curve.explored(plan.rows):
+            return plan
+        return None
 
     def _alternative(self, plan: Plan, confidences: list[float], second: tuple[int, float], room: int):
         """``[(token, width)]`` for the runner-up of the first draft, or ``[]`` when its rows do not pay."""
@@ -230,8 +288,10 @@ class Budget:
             width = 2
         return [(int(second[0]), width)]
 
-    def choose(self, confidences: list[float], room: int) -> tuple[int, list[tuple[int, int]]]:
-        """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total."""
+    def choose(self, confidences: list[float], room: int, cost=None) -> tuple[int, list[tuple[int, int]]]:
+        """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total, at ``cost`` (a call's
+        price by rows; default this budget's curve)."""
+        cost = cost or self.curve
         r = self.ratio
         p_reach = reach(confidences, r)
         n = int(np.sum(p_reach[1:] >= self.min_prob))
@@ -256,7 +316,7 @@ class Budget:
             if best_d < 0 or rows + best_add > min(room, self.max_rows):
                 break
             new_value = value + best * best_add
-            if new_value / self.curve(rows + best_add) < value / self.curve(rows):
+            if new_value / cost(rows + best_add) < value / cost(rows):
                 break
             widths[best_d] += best_add
             rows += best_add
@@ -304,3 +364,6 @@ class FixedBudget:
 
     def relax(self, keep: float = 0.5) -> None:
         pass
+
+    def record(self, rows: int, tokens: int, seconds: float) -> None:
+        pass  # (a fixed budget does not weigh rows)

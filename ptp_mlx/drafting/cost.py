@@ -4,6 +4,7 @@ measures it (once per machine, model and adapter shape; cached as JSON)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,11 @@ import numpy as np
 
 from .protocol import Plan
 
-PROBE_WIDTHS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+# Every width up to 16 (steps where the kernels switch show: the budget then prefers shapes just below one), sparser
+# beyond.
+PROBE_WIDTHS = (*range(1, 17), 20, 24, 32, 48, 64)
+MIN_NOISE = 0.05  # relative spread below which two timings are taken to differ
+RETRIES = 2  # re-measurements of a width whose timing breaks a check, before it is bounded instead
 
 
 @dataclass
@@ -34,12 +39,17 @@ class CostCurve:
 
 
 def measure_cost_curve(
-    pm, widths=PROBE_WIDTHS, context: int = 256, repeats: int = 3, aux: bool = False, time_budget: float = 8.0
-) -> tuple[CostCurve, list[float]]:
-    """Time passes of each width on top of a ``context``-token cache. Returns the curve and seconds.
+    pm, widths=PROBE_WIDTHS, context: int = 256, repeats: int = 3, aux: bool = False, time_budget: float = 20.0
+) -> tuple[CostCurve, dict]:
+    """Time passes of each width on top of a ``context``-token cache. Returns the curve and the probe's record.
 
-    Widths are probed narrow to wide; once ``time_budget`` seconds are spent (a slow machine or BLAS), the
-    wider ones are extrapolated linearly from the last two measured, so a first start never waits minutes.
+    Each width is timed ``repeats`` times after one untimed call (the first call of a shape compiles); its cost is
+    the fastest, its spread how far the median lies above it. The probe then checks what it saw before anything
+    trusts it (``check_probe``): a width above 1 cheaper than one row, or cheaper than a narrower width, beyond the
+    noise, is timed again (width 1 too) up to ``RETRIES`` times, then bounded. Once ``time_budget`` seconds are spent
+    (a slow machine or BLAS) the wider widths are extrapolated, never with a per-row slope below the mean slope
+    measured on this machine. The record keeps the timings, their spread, the load average and what was re-measured,
+    bounded or extrapolated.
 
     ``aux=False`` times plain token passes (the machine's forward cost). ``aux=True`` times real calls the
     way decoding makes them, so the budget pays what decoding pays: width 1 is a pipelined autoregressive
@@ -62,47 +72,129 @@ def measure_cost_curve(
     cache = pm.make_cache()
     mx.eval(pm(mx.zeros((context,), dtype=mx.int32), cache=cache))
     sess = DecodeSession(pm, cache, u, greedy, pm.config.greedy_u, bank=bank)
-    secs: list[float] = []
-    start = time.perf_counter()
-    for w in widths:
-        if len(secs) >= 2 and time.perf_counter() - start > time_budget:
-            w0, w1 = widths[len(secs) - 2], widths[len(secs) - 1]
-            slope = max(0.0, (secs[-1] - secs[-2]) / (w1 - w0))
-            secs.append(secs[-1] + slope * (w - w1))
-            continue
+
+    def timings(w: int, n: int) -> list[float]:
         if real and w == 1:
-            steps = list(ar_calls(pm, cache, 0, u, greedy, repeats + 3, bank=bank))
-            best = min(rec.time for _, rec in steps[1:-1])  # the first and last steps are not pipelined
+            steps = list(ar_calls(pm, cache, 0, u, greedy, n + 3, bank=bank))
             cache.trim_to(context)  # the steps left their tokens in the cache
-        else:
-            best = float("inf")
-            for _ in range(repeats + 1):
-                t0 = time.perf_counter()
-                if real:
-                    ptp_call(sess, 0, Plan([], [(0, w - 1)]), 0)
-                else:
-                    mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
-                best = min(best, time.perf_counter() - t0)
-                cache.trim_to(context)
-        secs.append(best)
-    rel = [s / secs[0] for s in secs]
-    return CostCurve(list(widths), rel), secs
+            return [rec.time for _, rec in steps[1:-1]]  # the first and last steps are not pipelined
+        out = []
+        for k in range(n + 1):
+            t0 = time.perf_counter()
+            if real:
+                ptp_call(sess, 0, Plan([], [(0, w - 1)]), 0)
+            else:
+                mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
+            if k:  # (the first call of a shape compiles it)
+                out.append(time.perf_counter() - t0)
+            cache.trim_to(context)
+        return out
+
+    load = _load_average()
+    start = time.perf_counter()
+    samples: dict[int, list[float]] = {}
+    for w in widths:
+        if len(samples) >= 2 and time.perf_counter() - start > time_budget:
+            break
+        samples[w] = timings(w, repeats)
+    record = check_probe(samples, lambda w: timings(w, repeats))
+    secs = extrapolate(list(widths), record)
+    record.update(
+        widths=list(widths),
+        seconds=secs,
+        repeats=repeats,
+        context=context,
+        load_before=load,
+        load_after=_load_average(),
+    )
+    return CostCurve(list(widths), [x / secs[0] for x in secs]), record
 
 
-def cached_cost_curve(pm, key: str, cache_dir: Path, log=None) -> CostCurve:
-    """The measured PTP-call curve for this machine, model and adapter shape, measured once, cached as JSON."""
+def _spread(xs: list[float]) -> float:
+    best = min(xs)
+    return float(np.median(xs)) / best - 1.0 if best > 0 else 0.0
+
+
+def check_probe(samples: dict[int, list[float]], retime) -> dict:
+    """Check a probe's timings (``{width: seconds}``, narrow to wide) and re-measure, with ``retime(w)``, what
+    breaks a check: a width above 1 cheaper than width 1 beyond the noise, or cheaper than a narrower width beyond
+    it. What still breaks one after ``RETRIES`` is bounded (priced as width 1, or as the narrower width). Returns
+    the record: best seconds per measured width, spread, noise, and the widths re-measured and bounded."""
+    remeasured: list[int] = []
+    bounded: list[int] = []
+    for _ in range(RETRIES + 1):
+        noise = max(MIN_NOISE, *(_spread(xs) for xs in samples.values()))
+        best = {w: min(xs) for w, xs in samples.items()}
+        ws = sorted(best)
+        bad = [w for w in ws[1:] if best[w] < best[ws[0]] * (1 - noise)]
+        bad += [b for a, b in zip(ws[1:], ws[2:], strict=False) if best[b] < best[a] * (1 - noise) and b not in bad]
+        if not bad:
+            break
+        if _ == RETRIES:
+            bounded = bad
+            break
+        for w in [ws[0], *bad]:  # width 1 too: a slow first step makes every other width look cheap
+            samples[w] = samples[w] + retime(w)
+            remeasured.append(w)
+    best = {w: min(xs) for w, xs in samples.items()}
+    ws = sorted(best)
+    fixed, top = {}, 0.0
+    for w in ws:  # the bound: never below one row, never below a narrower width
+        top = max(top, best[w], best[ws[0]])
+        fixed[w] = top
+    return {
+        "measured": {str(w): fixed[w] for w in ws},
+        "spread": {str(w): round(_spread(samples[w]), 4) for w in ws},
+        "noise": round(max(MIN_NOISE, *(_spread(xs) for xs in samples.values())), 4),
+        "remeasured": remeasured,
+        "bounded": bounded,
+    }
+
+
+def extrapolate(widths: list[int], record: dict) -> list[float]:
+    """Seconds at every width: the measured ones, then the rest extrapolated from the last two measured with a
+    per-row slope never below the mean slope over every measured width above 1 (the floor this machine showed)."""
+    measured = {int(w): s for w, s in record["measured"].items()}
+    ws = sorted(measured)
+    last = ws[-1]
+    first = next((w for w in ws if w > 1), ws[0])
+    first = first if first < last else ws[0]
+    floor = max(0.0, (measured[last] - measured[first]) / (last - first)) if last > first else 0.0
+    local = (measured[ws[-1]] - measured[ws[-2]]) / (ws[-1] - ws[-2]) if len(ws) >= 2 else 0.0
+    slope = max(local, floor)
+    record["extrapolated"] = [w for w in widths if w not in measured]
+    record["floor_slope"] = floor
+    return [measured[w] if w in measured else measured[last] + slope * (w - last) for w in widths]
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def cached_cost_curve(pm, key: str, cache_dir: Path, log=None, recalibrate: bool = False):
+    """This machine's PTP-call costs for this model and adapter shape (a ``LearnedCost``: corrected online by every
+    call, written back when it moves), from ``cache_dir/cost-curve-<key>.json``; probed once when the file is
+    missing, unreadable or ``recalibrate`` asks."""
+    from .learn import LearnedCost
+
     path = Path(cache_dir) / f"cost-curve-{key}.json"
-    if path.exists():
+    if path.exists() and not recalibrate:
         try:
             d = json.loads(path.read_text())
-            return CostCurve(d["widths"], d["relative"])
-        except (json.JSONDecodeError, KeyError):
+            prior = CostCurve(d["widths"], d["relative"])
+            step = (d.get("seconds") or [None])[0]
+            return LearnedCost(prior, step, path, d, d.get("source", "cached"))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             pass
     if log:
-        log("measuring this machine's PTP cost curve once (a few seconds)...")
-    curve, secs = measure_cost_curve(pm, aux=True)
+        log("measuring this machine's PTP cost curve once (about 20 seconds)...")
+    curve, record = measure_cost_curve(pm, aux=True)
+    doc = {**curve.to_dict(), "seconds": record["seconds"], "source": "probed", "probe": record}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**curve.to_dict(), "seconds": secs}))
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc))
     tmp.replace(path)
-    return curve
+    return LearnedCost(curve, record["seconds"][0], path, doc, "probed")

@@ -143,6 +143,11 @@ class Drafter(ABC):
         """Tokens the answer gained (every block, autoregressive bursts included)."""
         return None  # (optional: nothing to keep by default)
 
+    def timed(self, rows: int, tokens: int, seconds: float) -> None:
+        """A call of ``rows`` rows (1: a plain step of a burst) emitted ``tokens`` in ``seconds`` of measured wall
+        time (what a budget learns costs from)."""
+        return None  # (optional: nothing to learn by default)
+
     def ready(self) -> bool:
         """During an autoregressive burst: whether a draft worth a call is in hand (ends the burst early)."""
         return False
