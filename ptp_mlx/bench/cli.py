@@ -313,6 +313,8 @@ def run(args: argparse.Namespace) -> int:
     print(report.table(doc))
     for n, src in doc["draft_sources"].items():
         print(f"{n} accepted drafts by source: " + ", ".join(f"{k} {v}" for k, v in sorted(src.items())))
+    if eng.budget is not None:
+        print(curve_line(eng.budget.curve))  # (after the run: what every call's measured time made of the curve)
     if "ptp-lenient" in methods and bench.records:
         from .quality import quality, quality_line
 
@@ -372,12 +374,25 @@ def _profile(eng, prompt, sampling, args) -> int:
     print(f"profiling on {prompt.question_id} ({len(ids)} prompt tokens)...", file=sys.stderr)
     text, doc = run_profile(eng, ids, args.max_tokens, sampling, compiled=False if args.eager else None)
     print(text)
+    curve = eng.budget.curve if eng.budget is not None else None
+    if curve is not None:
+        doc["budget_curve"] = curve.to_dict()
+        print(curve_line(curve))
     if args.json:
         atomic_write_bytes(Path(args.json), (json.dumps({"profile": doc}, indent=1) + "\n").encode())
     if doc["diverged"]:
         print(f"error: PTP output differs from ar in {', '.join(doc['diverged'])}", file=sys.stderr)
         return 1
     return 0
+
+
+def curve_line(curve) -> str:
+    """One line on the cost curve the budget uses: where it came from, how far learning moved it, a few widths."""
+    d = curve.to_dict()
+    at = ", ".join(f"{w}: {curve(w):.2f}" for w in (2, 4, 8, 16))
+    src = d.get("source", "flat")
+    moved = f", moved {d['moved']:.2f}x by {d['calls']} measured calls" if "moved" in d else ""
+    return f"cost curve in use ({src}{moved}): {at} steps"
 
 
 def main(argv=None) -> int:
