@@ -102,7 +102,12 @@ class LearnedCost:
 
     def to_dict(self) -> dict:
         """The corrected curve, where it came from (probed, cached, corrected) and how far learning moved it."""
-        return {**self.curve().to_dict(), "source": self.source, "moved": round(self.moved(), 3), "calls": self.observed}
+        return {
+            **self.curve().to_dict(),
+            "source": self.source,
+            "moved": round(self.moved(), 3),
+            "calls": self.observed,
+        }
 
     def moved(self) -> float:
         """How far learning moved the curve from the prior: the largest factor at any width, up or down."""
