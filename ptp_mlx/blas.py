@@ -8,6 +8,15 @@ This module must therefore run before the first ``import mlx`` (``ptp_mlx/__init
 Where the library comes from, in order: ``PTP_MLX_BLAS`` (a path, or ``none``); Intel's ``mkl`` wheel, a
 Linux x86_64 dependency of ptp-mlx (self-contained: it needs nothing from the system); Debian/Ubuntu's
 single-threaded OpenBLAS (``libopenblas0-serial``), for machines the wheel does not cover (aarch64).
+
+In front of that library sits ptp-sgemm (``ptp_mlx/kernels``, built at first use with the system C compiler):
+it takes the few-row products of decoding (at most 64 rows), where a BLAS's packing makes k rows cost far more
+than one, computes them batch-invariantly, and forwards every other call to the library above (or, where none
+was found, to MLX's bundled reference BLAS). It is loaded into the global scope first, so MLX's ``cblas_sgemm``
+resolves to it while every other BLAS/LAPACK symbol still resolves to the library. ``PTP_MLX_SGEMM=0`` skips
+it; ``PTP_MLX_BLAS`` (a path, or ``none``) skips it too; ``PTP_MLX_SGEMM_THREADS=1`` keeps it to one thread
+(default: two where there are two cores). No compiler or a failed build: one notice on stderr,
+and MLX calls the library directly as before.
 """
 
 from __future__ import annotations
@@ -32,7 +41,8 @@ CANDIDATES = SYSTEM_CANDIDATES
 
 FIX_HINT = "pip install mkl (Linux x86_64) or apt-get install libopenblas0-serial"
 
-state = {"blas": "default", "warned": False, "error": ""}
+state = {"blas": "default", "warned": False, "error": "", "kernel_path": None}
+_libs: dict[str, ctypes.CDLL] = {}  # what was loaded stays loaded (and referenced) for the process's life
 
 
 def _mlx_uses_reference_blas() -> bool:
@@ -73,11 +83,67 @@ def _candidates(choice: str) -> list[tuple[str, str]]:
     return out
 
 
+def _load_kernel() -> ctypes.CDLL | None:
+    """Build (at first use) and load ptp-sgemm into the global scope; None, with one notice, if it cannot be."""
+    if os.environ.get("PTP_MLX_SGEMM", "").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    why = ""
+    try:  # a kernel that cannot be used must never stop MLX from working: any failure is the notice
+        from . import kernels
+
+        path, why = kernels.build()
+        if path is not None:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            lib.ptp_sgemm_info.restype = ctypes.c_char_p
+            lib.ptp_sgemm_taken.restype = lib.ptp_sgemm_forwarded.restype = ctypes.c_ulonglong
+            lib.ptp_sgemm_set_fallback.argtypes = [ctypes.c_void_p]
+            # A second thread sharing each product's columns, where there is a second core: every step (mlx-lm's
+            # too) measured about 25% faster here (docs/method.md, section 10). PTP_MLX_SGEMM_THREADS=1: one.
+            threads = os.environ.get("PTP_MLX_SGEMM_THREADS", "").strip()
+            n = int(threads) if threads.isdigit() else (2 if (os.cpu_count() or 1) >= 2 else 1)
+            if n >= 2:
+                lib.ptp_sgemm_set_threads(n, 0, 0)
+            state["kernel_path"] = path
+            _libs["kernel"] = lib
+            return lib
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    print(f"notice: ptp-sgemm kernel not built ({why}); MLX uses the BLAS's sgemm for every width", file=sys.stderr)
+    return None
+
+
+def _reference_sgemm() -> int | None:
+    """Address of ``cblas_sgemm`` in the reference BLAS MLX bundles: the kernel's fallback where nothing better
+    was found (the kernel still serves the decode widths, the reference BLAS the rest)."""
+    for p in sys.path:
+        for path in sorted(glob.glob(os.path.join(p or ".", "mlx_cpu.libs", "libblas*.so*"))):
+            try:
+                lib = ctypes.CDLL(path)
+                _libs["reference"] = lib
+                return ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p).value
+            except (OSError, AttributeError):
+                continue
+    return None
+
+
+def kernel():
+    """The loaded ptp-sgemm library (a ``ctypes.CDLL``: ``ptp_sgemm_enable``, ``ptp_sgemm_taken``, ...), or None."""
+    return _libs.get("kernel")
+
+
+def kernel_library() -> str | None:
+    """The path of the loaded ptp-sgemm library, or None."""
+    return state["kernel_path"]
+
+
 def setup_blas() -> str:
-    """Preload an optimised BLAS when MLX would otherwise use the reference one.
+    """Preload an optimised BLAS when MLX would otherwise use the reference one, with ptp-sgemm in front of it.
 
     Returns a short name of the BLAS in use (``"mkl:<path>"``, ``"openblas:<path>"``, ``"reference"`` or
-    ``"default"`` where MLX brings its own fast one, as on macOS).
+    ``"default"`` where MLX brings its own fast one, as on macOS), prefixed with ``"ptp-sgemm(<isa>)+"`` when
+    the kernel takes the decode widths (``"ptp-sgemm(avx512)+mkl:<path>"``). With the kernel but no optimised
+    library, ``"ptp-sgemm(<isa>)+reference"``: decoding's widths are fast, only prefill is slow, so that is not
+    ``is_slow()``.
     """
     if "mlx.core" in sys.modules or not sys.platform.startswith("linux"):
         return state["blas"]
@@ -93,6 +159,10 @@ def setup_blas() -> str:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("MKL_THREADING_LAYER", "SEQUENTIAL")
     os.environ.setdefault("MKL_INTERFACE_LAYER", "LP64")  # MLX passes 32-bit integers
+    # First into the global scope, so that MLX's cblas_sgemm binds to the kernel and nothing else does.
+    ker = None if choice else _load_kernel()
+    threads = f",{_threads} threads" if ker and (_threads := ker.ptp_sgemm_set_threads(0, 0, 0)) > 1 else ""
+    prefix = f"ptp-sgemm({ker.ptp_sgemm_info().decode()}{threads})+" if ker else ""
     for kind, path in _candidates(choice):
         if not os.path.exists(path):
             if choice:
@@ -104,9 +174,19 @@ def setup_blas() -> str:
         except (OSError, AttributeError) as e:
             state["error"] = f"could not load {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
             continue
-        state["blas"] = f"{kind}:{path}"
+        _libs["blas"] = lib
+        if ker:
+            ker.ptp_sgemm_set_fallback(ctypes.cast(lib.cblas_sgemm, ctypes.c_void_p))
+        state["blas"] = f"{prefix}{kind}:{path}"
         return state["blas"]
-    state["blas"] = "reference"
+    fallback = _reference_sgemm() if ker else None
+    if ker and fallback:
+        ker.ptp_sgemm_set_fallback(fallback)
+        state["blas"] = f"{prefix}reference"
+    elif ker:  # no reference BLAS to be found either: the kernel's own plain loops serve the other calls
+        state["blas"] = f"{prefix}builtin"
+    else:
+        state["blas"] = "reference"
     return state["blas"]
 
 

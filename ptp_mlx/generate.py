@@ -248,9 +248,11 @@ def _ptp_calls(
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
     chain = hook is None and bool(opts.ahead)
     plan, call, nxt = None, None, None  # the next call's plan / its queued build / the call chained on it
+    cold_before = -1  # the bank's cold count before the previous iteration (a call built then runs now)
     try:
         while i < max_new:
             t_start = time.perf_counter()
+            cold_start = _cold(bank)
             clock.start()
             if call is None:
                 # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
@@ -294,7 +296,9 @@ def _ptp_calls(
                 clock.mark("queue")
             clock.tag("rows", rows)
             t = time.perf_counter() - t_start
-            drafter.timed(rows, len(block), t)  # what the call cost, as measured (the budget learns costs)
+            if _cold(bank) == cold_before:  # no shape ran uncompiled in this call or the one built before it
+                drafter.timed(rows, len(block), t)  # what the call cost, as measured (the budget learns costs)
+            cold_before = cold_start
             yield block, CallRecord(t, n, c, rows, source, out.logprobs)
     finally:
         if nxt is not None:  # chained on a call that was never read: the state before it comes back
@@ -304,15 +308,23 @@ def _ptp_calls(
             cache.trim_to(call.offset)
 
 
+def _cold(bank) -> int:
+    """How many calls of ``bank`` so far ran a shape uncompiled (eagerly or tracing it); 0 without a bank."""
+    return bank.cold if bank is not None else 0
+
+
 def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, context=None):
     """Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive burst instead.
     Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``."""
     burst = ar_calls(pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank)
-    done = 0
+    done, cold = 0, [_cold(bank)] * 3
     for block, info in burst:
         last = block[-1]
         done += 1
-        if done > 1:  # (the first step of a burst is not pipelined behind another: not a plain step's pace)
+        cold = cold[1:] + [_cold(bank)]
+        # (the first step of a burst is not pipelined behind another: not a plain step's pace; nor is a step that
+        # ran, or followed, an uncompiled one)
+        if done > 1 and cold[0] == cold[-1]:
             drafter.timed(1, 1, info.time)
         drafter.emitted(block)
         if context is not None:

@@ -26,8 +26,21 @@ def test_mlx_calls_an_optimised_blas_by_default(monkeypatch):
     if name == "default":
         pytest.skip("this MLX does not use the reference BLAS")
     assert name != "reference", "no optimised BLAS was found (the mkl wheel is a Linux x86_64 dependency)"
-    # The first cblas_sgemm in the global scope is what MLX binds to: it must be the library we loaded.
+    # The first cblas_sgemm in the global scope is what MLX binds to: ptp-sgemm where it was built (it forwards
+    # the wide products to the library), else the library we loaded.
     assert provider is not None and "mlx_cpu.libs" not in provider
+    if name.startswith("ptp-sgemm("):
+        assert "/kernels/sgemm-" in provider and name.split("+", 1)[1].startswith(("mkl:", "openblas:"))
+    else:
+        assert provider.endswith(name.split(":", 1)[1].rsplit("/", 1)[-1])
+
+
+@linux_cpu_wheel
+def test_without_the_kernel_mlx_calls_the_library_itself(monkeypatch):
+    name, provider = _probe(monkeypatch, {"PTP_MLX_SGEMM": "0"})
+    if name == "default":
+        pytest.skip("this MLX does not use the reference BLAS")
+    assert not name.startswith("ptp-sgemm") and name != "reference"
     assert provider.endswith(name.split(":", 1)[1].rsplit("/", 1)[-1])
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from ptp_mlx.drafting.budget import AR_BURST, Budget
 from ptp_mlx.drafting.cost import CostCurve, cached_cost_curve, check_probe, extrapolate
-from ptp_mlx.drafting.learn import GUARD_MIN, STALE_CALLS, LearnedCost, PaceGuard
+from ptp_mlx.drafting.learn import GUARD_MIN, STALE_CALLS, LearnedCost, PaceGuard, bucket
 
 STEP = 0.08  # seconds of a plain step on the fake machine
 
@@ -217,4 +217,8 @@ def test_end_to_end_on_the_tiny_model_with_an_injected_clock(tiny_model_dir, ada
     doc = json.loads(path.read_text())
     assert doc["source"] == "corrected"
     seen = [b for b, xs in cost.samples.items() if b > 1 and len(xs) >= 3]
-    assert seen and all(cost(b) == pytest.approx(true_rel(b), rel=0.05) for b in seen)
+    # A bucket folds several widths (33..48 into 48, ...): its estimate lies among their true costs.
+    lows = {b: max(w for w in range(1, b) if bucket(w) != b) + 1 for b in seen}
+    assert seen and all(true_rel(lows[b]) * 0.95 <= cost(b) <= true_rel(b) * 1.05 for b in seen), [
+        (b, cost(b), true_rel(lows[b]), true_rel(b)) for b in seen
+    ]

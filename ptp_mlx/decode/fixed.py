@@ -179,12 +179,16 @@ class CompileBank:
         self.entries: OrderedDict[tuple, Callable] = OrderedDict()
         self.uses: dict[tuple, int] = {}  # calls of each entry not compiled yet
         self.shapes: list | None = None  # per layer one row's K/V shapes (``kv_shapes``), learned once
+        # Calls that ran eagerly or traced (a shape not compiled yet): slower than the shape's steady cost, so the
+        # budget does not learn costs from them (generate.py reads the count around each call).
+        self.cold = 0
 
     def _fn(self, key: tuple, make: Callable) -> Callable:
         fn = self.entries.get(key)
         if fn is not None:
             self.entries.move_to_end(key)
             return fn
+        self.cold += 1
         uses = self.uses.get(key, 0) + 1
         if self.compiled and uses < self.compile_after:
             self.uses[key] = uses

@@ -122,7 +122,9 @@ class LearnedCost:
         b = bucket(rows)
         if self._step_prior is None:  # no probe: the first call sets the scale at the prior's ratio
             self._step_prior = math.log(seconds / self.prior(rows))
-        self.samples.setdefault(b, deque(maxlen=WINDOW)).append(math.log(seconds))
+        # A wide bucket holds several widths: each call is scaled to the bucket's own width by the prior's shape.
+        at_b = math.log(seconds) + (math.log(self.prior(b) / self.prior(rows)) if b != rows else 0.0)
+        self.samples.setdefault(b, deque(maxlen=WINDOW)).append(at_b)
         self.since_step = 0 if b == 1 else self.since_step + 1
         self.observed += 1
         self._rebuild()

@@ -1,0 +1,541 @@
+/* ptp-sgemm: a cblas_sgemm for the few-row products of PTP decoding (project issue 41).
+ *
+ * MLX's CPU backend sends every float32 matmul to cblas_sgemm. A BLAS packs the weight panels on every call,
+ * which makes a pass of 4..16 token rows cost far more than one row, although a kernel that reads each weight
+ * once stays memory-bound up to about 8-10 rows. This library exports cblas_sgemm, computes the calls it is
+ * built for (A not transposed, alpha 1, beta 0 or 1, at most PTP_MAX_M rows) with register tiles over the
+ * operands as MLX lays them out (no packing), and forwards every other call to the real BLAS, whose sgemm
+ * Python hands over with ptp_sgemm_set_fallback (ptp_mlx/blas.py).
+ *
+ * Batch invariance is the point, not a side effect: PTP is lossless only if every row of a k-row pass equals
+ * that row computed alone. So each output element goes through one fixed sequence of float operations
+ * whatever M is, wherever its row sits in a tile and whichever tail path it takes:
+ *   C = A B^T: one vector accumulator per element, K consumed in order in chunks of the vector width (the K
+ *              tail as one masked chunk with zeros), then one fixed horizontal-sum tree (hsum_*), then + C
+ *              when beta is 1. Tile shapes only change the schedule, never an element's arithmetic.
+ *   C = A B:   one lane per element, fused multiply-adds over k in order from zero, then + C when beta is 1.
+ * The AVX-512, AVX2 and portable paths differ from each other (one process uses one), not within themselves.
+ * An optional second thread splits N, never K, so it keeps this property (ptp_sgemm_set_threads). */
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(PTP_PORTABLE_ONLY) /* -D: as on other CPUs */
+#include <immintrin.h>
+#define PTP_X86 1
+#endif
+
+#ifndef PTP_MAX_M
+#define PTP_MAX_M 64 /* every decode width; above it a BLAS's packing wins (scripts/bench_sgemm.py) */
+#endif
+
+enum { RowMajor = 101, ColMajor = 102, NoTrans = 111, Trans = 112 };
+
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
+                         float *, int);
+/* One kernel computes columns [n0, n1) of C (all M rows): the unit the optional second thread splits. */
+typedef void (*kern_fn)(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
+                        int beta1, float *C, long ldc);
+
+static sgemm_fn fallback;
+static int enabled = 1;
+static unsigned long long n_taken, n_forwarded, ns_taken, ns_forwarded;
+
+#include <time.h>
+static unsigned long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (unsigned long long)t.tv_sec * 1000000000ull + (unsigned long long)t.tv_nsec;
+}
+
+/* ---- portable C: a fixed 8-lane split of K, whatever the compiler makes of the lanes (built with
+ * -ffp-contract=off, so a*b+c stays two roundings in every specialisation). ---- */
+
+static float dot_portable(int K, const float *a, const float *b) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int k = 0;
+    for (; k + 8 <= K; k += 8)
+        for (int l = 0; l < 8; l++) s[l] += a[k + l] * b[k + l];
+    for (int l = 0; k + l < K; l++) s[l] += a[k + l] * b[k + l];
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+}
+
+static void nt_portable(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
+                        int beta1, float *C, long ldc) {
+    for (int n = n0; n < n1; n++)
+        for (int m = 0; m < M; m++) {
+            float r = dot_portable(K, A + m * lda, B + n * ldb);
+            C[m * ldc + n] = beta1 ? C[m * ldc + n] + r : r;
+        }
+}
+
+static void nn_portable(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
+                        int beta1, float *C, long ldc) {
+    for (int m = 0; m < M; m++)
+        for (int n = n0; n < n1; n++) {
+            float s = 0;
+            for (int k = 0; k < K; k++) s += A[m * lda + k] * B[k * ldb + n];
+            C[m * ldc + n] = beta1 ? C[m * ldc + n] + s : s;
+        }
+}
+
+#ifdef PTP_X86
+#define INLINE static inline __attribute__((always_inline))
+#define T512 __attribute__((target("avx512f")))
+#define T256 __attribute__((target("avx2,fma")))
+
+/* Tuned with scripts/bench_sgemm.py --lib on this project's AMD EPYC (Zen 4) core (-D to retry): tiles of MR512 token rows
+ * x NR512 weight rows (6 x 4: 24 accumulators + 4 weights + 1 row of zmm registers; 4 x 4, 5 x 4, 4 x 6 and
+ * 8 x 3 were within noise, a wider one-row tile too), and while the tiles of a block of weight rows compute,
+ * they prefetch the block PF_BLOCKS ahead, one cache line per row and chunk, the rows shared among the tiles
+ * (without prefetch, 8 rows cost 1.8x one row instead of 1.15x; prefetching 2-8 blocks ahead or into L2 was
+ * within noise; every tile prefetching every row, 16 rows cost 1.8x instead of 1.5x). */
+#ifndef PF_BLOCKS
+#define PF_BLOCKS 1
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
+#ifndef MR512
+#define MR512 6
+#endif
+#ifndef NR512
+#define NR512 4
+#endif
+/* the block to prefetch from the tiles of NR weight rows at n, if it lies inside this call's columns */
+#define PF(NR) (PF_BLOCKS && n + (PF_BLOCKS + 1) * (NR) <= n1 ? B + (n + PF_BLOCKS * (NR)) * ldb : 0)
+
+/* ---- AVX-512F ---- */
+
+/* Four 16-lane accumulators to their four sums, by one fixed tree per vector:
+ * lanes i + (i+8), then + (i+4), then + (i+2), then + (i+1). Tails pass zero vectors for the unused ones. */
+INLINE T512 __m128 hsum4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    __m512 z = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    z = _mm512_add_ps(z, _mm512_permute_ps(z, 0x4E));
+    z = _mm512_add_ps(z, _mm512_permute_ps(z, 0xB1));
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                                          0, 0, 0, 0), z));
+}
+
+/* An MR x NR tile of C = A B^T (NR a multiple of 4 or 1; MR, NR compile-time constants after inlining, so
+ * acc lives in registers). While it streams its weight rows it prefetches rows pf_first, pf_first + pf_step,
+ * ... of the block pf (the tiles of one block share that work, so memory stays busy throughout). */
+INLINE T512 void tile_nt_512(const int MR, const int NR, int K, const float *A, long lda, const float *B,
+                             long ldb, int beta1, float *C, long ldc, const float *pf, int pf_first, int pf_step) {
+    __m512 acc[8][8];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {
+        if (pf)
+            for (int j = pf_first; j < NR; j += pf_step) _mm_prefetch((const char *)(pf + j * ldb + k), PF_HINT);
+        __m512 b[8];
+        for (int j = 0; j < NR; j++) b[j] = _mm512_loadu_ps(B + j * ldb + k);
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_loadu_ps(A + i * lda + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+        }
+    }
+    if (k < K) { /* the K tail: one chunk with zeros beyond K, in both operands */
+        __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
+        __m512 b[8];
+        for (int j = 0; j < NR; j++) b[j] = _mm512_maskz_loadu_ps(mk, B + j * ldb + k);
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_maskz_loadu_ps(mk, A + i * lda + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+        }
+    }
+    __m512 z = _mm512_setzero_ps();
+    for (int i = 0; i < MR; i++) {
+        float *c = C + i * ldc;
+        for (int j = 0; j < NR; j += 4) {
+            __m128 r = hsum4_512(acc[i][j], j + 1 < NR ? acc[i][j + 1] : z, j + 2 < NR ? acc[i][j + 2] : z,
+                                 j + 3 < NR ? acc[i][j + 3] : z);
+            if (j + 4 <= NR) {
+                if (beta1) r = _mm_add_ps(_mm_loadu_ps(c + j), r);
+                _mm_storeu_ps(c + j, r);
+            } else {
+                float t[4];
+                _mm_storeu_ps(t, r);
+                for (int u = 0; j + u < NR; u++) c[j + u] = beta1 ? c[j + u] + t[u] : t[u];
+            }
+        }
+    }
+}
+
+/* All M rows of A, in tiles of MR, against one block of NR weight rows: the block comes from memory once
+ * (the first tile) and from L1 for the others, and the tiles share the prefetch of block pf. */
+INLINE T512 void rows_nt_512(const int MR, const int NR, int M, int K, const float *A, long lda,
+                             const float *B, long ldb, int beta1, float *C, long ldc, const float *pf) {
+    int tiles = (M + MR - 1) / MR, t = 0, m = 0;
+#define TILE(mr) tile_nt_512(mr, NR, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, pf, t, tiles)
+    for (; m + MR <= M; m += MR, t++) TILE(MR);
+    switch (M - m) { /* the last rows: one tile of constant height again (MR <= 8) */
+    case 7: TILE(7); break; case 6: TILE(6); break; case 5: TILE(5); break; case 4: TILE(4); break;
+    case 3: TILE(3); break; case 2: TILE(2); break; case 1: TILE(1); break; default: break;
+    }
+#undef TILE
+}
+
+static T512 void nt_512(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
+                        int beta1, float *C, long ldc) {
+    int n = n0;
+    for (; n + NR512 <= n1; n += NR512)
+        rows_nt_512(MR512, NR512, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, PF(NR512));
+    for (; n < n1; n++) rows_nt_512(MR512, 1, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, 0);
+}
+
+/* C = A B for columns [n0, n1): MR rows x NV 16-lane vectors of columns, the last vector of a row masked. */
+INLINE T512 void tile_nn_512(const int MR, const int NV, int K, const float *A, long lda, const float *B,
+                             long ldb, int beta1, float *C, long ldc, __mmask16 last) {
+    __m512 acc[4][4];
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m512 b[4];
+        for (int v = 0; v < NV; v++)
+            b[v] = _mm512_maskz_loadu_ps(v == NV - 1 ? last : (__mmask16)0xFFFF, B + k * ldb + 16 * v);
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_set1_ps(A[i * lda + k]);
+            for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV; v++) {
+            __mmask16 mk = v == NV - 1 ? last : (__mmask16)0xFFFF;
+            float *c = C + i * ldc + 16 * v;
+            __m512 r = acc[i][v];
+            if (beta1) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, c), r);
+            _mm512_mask_storeu_ps(c, mk, r);
+        }
+}
+
+INLINE T512 void rows_nn_512(const int NV, int M, int K, const float *A, long lda, const float *B, long ldb,
+                             int beta1, float *C, long ldc, __mmask16 last) {
+    int m = 0;
+    for (; m + 4 <= M; m += 4) tile_nn_512(4, NV, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, last);
+    for (; m < M; m++) tile_nn_512(1, NV, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, last);
+}
+
+static T512 void nn_512(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
+                        int beta1, float *C, long ldc) {
+    int n = n0;
+    for (; n + 64 <= n1; n += 64) rows_nn_512(4, M, K, A, lda, B + n, ldb, beta1, C + n, ldc, 0xFFFF);
+    for (; n < n1; n += 16) {
+        int w = n1 - n < 16 ? n1 - n : 16;
+        rows_nn_512(1, M, K, A, lda, B + n, ldb, beta1, C + n, ldc, (__mmask16)((1u << w) - 1));
+    }
+}
+
+/* ---- AVX2 + FMA: the same design with 8 lanes ---- */
+
+/* Four 8-lane accumulators to their sums, one fixed tree per vector: i + (i+4), then pairs, then the two. */
+INLINE T256 __m128 hsum4_256(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    __m256 cd = _mm256_add_ps(_mm256_permute2f128_ps(c, d, 0x20), _mm256_permute2f128_ps(c, d, 0x31));
+    __m256 h = _mm256_hadd_ps(ab, cd); /* a01 a23 c01 c23 | b01 b23 d01 d23 */
+    h = _mm256_hadd_ps(h, h);          /* a c a c | b d b d */
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+INLINE T256 __m256i mask_256(int n) { /* lanes below n set */
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+INLINE T256 void tile_nt_256(const int MR, const int NR, int K, const float *A, long lda, const float *B,
+                             long ldb, int beta1, float *C, long ldc, const float *pf, int pf_first, int pf_step) {
+    __m256 acc[4][4];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm256_setzero_ps();
+    int k = 0;
+    for (; k + 8 <= K; k += 8) {
+        if (pf && (k & 15) == 0) /* one cache line per row every other chunk */
+            for (int j = pf_first; j < NR; j += pf_step) _mm_prefetch((const char *)(pf + j * ldb + k), PF_HINT);
+        __m256 b[4];
+        for (int j = 0; j < NR; j++) b[j] = _mm256_loadu_ps(B + j * ldb + k);
+        for (int i = 0; i < MR; i++) {
+            __m256 a = _mm256_loadu_ps(A + i * lda + k);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
+        }
+    }
+    if (k < K) {
+        __m256i mk = mask_256(K - k);
+        __m256 b[4];
+        for (int j = 0; j < NR; j++) b[j] = _mm256_maskload_ps(B + j * ldb + k, mk);
+        for (int i = 0; i < MR; i++) {
+            __m256 a = _mm256_maskload_ps(A + i * lda + k, mk);
+            for (int j = 0; j < NR; j++) acc[i][j] = _mm256_fmadd_ps(a, b[j], acc[i][j]);
+        }
+    }
+    __m256 z = _mm256_setzero_ps();
+    for (int i = 0; i < MR; i++) {
+        float *c = C + i * ldc;
+        if (NR == 1) {
+            float r = _mm_cvtss_f32(hsum4_256(acc[i][0], z, z, z));
+            c[0] = beta1 ? c[0] + r : r;
+            continue;
+        }
+        __m128 r = hsum4_256(acc[i][0], acc[i][1], acc[i][2], acc[i][3]);
+        if (beta1) r = _mm_add_ps(_mm_loadu_ps(c), r);
+        _mm_storeu_ps(c, r);
+    }
+}
+
+INLINE T256 void rows_nt_256(const int NR, int M, int K, const float *A, long lda, const float *B, long ldb,
+                             int beta1, float *C, long ldc, const float *pf) {
+    int tiles = (M + 2) / 3, t = 0, m = 0;
+#define TILE(mr) tile_nt_256(mr, NR, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, pf, t, tiles)
+    for (; m + 3 <= M; m += 3, t++) TILE(3); /* 3 x 4: 12 accumulators + 4 weights of the 16 ymm registers */
+    if (M - m == 2) TILE(2);
+    if (M - m == 1) TILE(1);
+#undef TILE
+}
+
+static T256 void nt_256(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
+                        int beta1, float *C, long ldc) {
+    int n = n0;
+    for (; n + 4 <= n1; n += 4) rows_nt_256(4, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, PF(4));
+    for (; n < n1; n++) rows_nt_256(1, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, 0);
+}
+
+INLINE T256 void tile_nn_256(const int MR, const int NV, int K, const float *A, long lda, const float *B,
+                             long ldb, int beta1, float *C, long ldc, int last) {
+    __m256 acc[4][3];
+    __m256i mk = mask_256(last), all = _mm256_set1_epi32(-1);
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV; v++) acc[i][v] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        __m256 b[3];
+        for (int v = 0; v < NV; v++) b[v] = _mm256_maskload_ps(B + k * ldb + 8 * v, v == NV - 1 ? mk : all);
+        for (int i = 0; i < MR; i++) {
+            __m256 a = _mm256_set1_ps(A[i * lda + k]);
+            for (int v = 0; v < NV; v++) acc[i][v] = _mm256_fmadd_ps(a, b[v], acc[i][v]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < NV; v++) {
+            __m256i m = v == NV - 1 ? mk : all;
+            float *c = C + i * ldc + 8 * v;
+            __m256 r = acc[i][v];
+            if (beta1) r = _mm256_add_ps(_mm256_maskload_ps(c, m), r);
+            _mm256_maskstore_ps(c, m, r);
+        }
+}
+
+INLINE T256 void rows_nn_256(const int NV, int M, int K, const float *A, long lda, const float *B, long ldb,
+                             int beta1, float *C, long ldc, int last) {
+    int m = 0;
+    for (; m + 4 <= M; m += 4) tile_nn_256(4, NV, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, last);
+    for (; m < M; m++) tile_nn_256(1, NV, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, last);
+}
+
+static T256 void nn_256(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
+                        int beta1, float *C, long ldc) {
+    int n = n0;
+    for (; n + 24 <= n1; n += 24) rows_nn_256(3, M, K, A, lda, B + n, ldb, beta1, C + n, ldc, 8);
+    for (; n < n1; n += 8) rows_nn_256(1, M, K, A, lda, B + n, ldb, beta1, C + n, ldc, n1 - n < 8 ? n1 - n : 8);
+}
+#endif /* PTP_X86 */
+
+static kern_fn kern_nt = nt_portable, kern_nn = nn_portable;
+static const char *path_name = "portable";
+
+/* Select a path by name ("avx512", "avx2", "portable"; NULL = the best this CPU runs). Returns 1 if it is now
+ * in use. (Static: an exported name called from inside would bind to another copy of the library loaded in
+ * the same process.) */
+static int use_path(const char *name) {
+    int best = name == 0;
+#ifdef PTP_X86
+    __builtin_cpu_init();
+    if ((best || !strcmp(name, "avx512")) && __builtin_cpu_supports("avx512f")) {
+        kern_nt = nt_512, kern_nn = nn_512, path_name = "avx512";
+        return 1;
+    }
+    if ((best || !strcmp(name, "avx2")) && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        kern_nt = nt_256, kern_nn = nn_256, path_name = "avx2";
+        return 1;
+    }
+#endif
+    if (best || !strcmp(name, "portable")) {
+        kern_nt = nt_portable, kern_nn = nn_portable, path_name = "portable";
+        return 1;
+    }
+    return 0;
+}
+
+__attribute__((constructor)) static void choose_path(void) { use_path(0); }
+
+/* ---- an optional second thread ----
+ * The caller and the worker claim chunks of N from one counter, so a worker the OS has not scheduled yet (two
+ * cores, MLX's own thread, a busy machine) costs nothing: the caller then takes every chunk itself, and waits
+ * only for a chunk the worker has started. A chunk is all M rows of some columns, so no element's arithmetic
+ * depends on who computes it. The claim word is (job << 32 | next chunk): a worker late for a job cannot claim
+ * in the next one. */
+
+static struct {
+    pthread_t tid;
+    int started, wanted, min_work, spin, busy, sleeping;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    /* the job: written by the caller before it publishes `claim`, read after a successful claim */
+    kern_fn fn;
+    int M, N, K, beta1, chunk, chunks;
+    const float *A, *B;
+    float *C;
+    long lda, ldb, ldc;
+    uint64_t claim;
+    unsigned job;
+    int finished;
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .min_work = 1 << 18, .spin = 1 << 16};
+
+/* Claim and compute chunks of job `job` until none is left. */
+static void work(unsigned job) {
+    uint64_t c = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
+    for (;;) {
+        if ((unsigned)(c >> 32) != job || (int)(uint32_t)c >= pool.chunks) return;
+        if (!__atomic_compare_exchange_n(&pool.claim, &c, c + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+        int n0 = (int)(uint32_t)c * pool.chunk, n1 = n0 + pool.chunk < pool.N ? n0 + pool.chunk : pool.N;
+        pool.fn(pool.M, n0, n1, pool.K, pool.A, pool.lda, pool.B, pool.ldb, pool.beta1, pool.C, pool.ldc);
+        __atomic_fetch_add(&pool.finished, 1, __ATOMIC_RELEASE);
+        c = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
+    }
+}
+
+static void *worker(void *arg) {
+    (void)arg;
+    unsigned seen = 0;
+    for (;;) {
+        /* spin a while (a pass's calls come tens of microseconds apart), then sleep until the next job. No
+         * pause instruction: under a hypervisor, pause loops get the virtual CPU descheduled. */
+        for (int i = 0; i < pool.spin && __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen; i++)
+            __asm__ __volatile__("" ::: "memory");
+        if (__atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen) {
+            pthread_mutex_lock(&pool.mu);
+            __atomic_store_n(&pool.sleeping, 1, __ATOMIC_SEQ_CST);
+            while (__atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen) pthread_cond_wait(&pool.cv, &pool.mu);
+            __atomic_store_n(&pool.sleeping, 0, __ATOMIC_SEQ_CST);
+            pthread_mutex_unlock(&pool.mu);
+        }
+        seen = __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST);
+        work(seen);
+    }
+    return 0;
+}
+
+static void run(kern_fn fn, int M, int N, int K, const float *A, long lda, const float *B, long ldb, int beta1,
+                float *C, long ldc) {
+    if (!pool.started || !pool.wanted || (long)N * K < pool.min_work || N < 64 ||
+        __atomic_exchange_n(&pool.busy, 1, __ATOMIC_ACQUIRE)) { /* busy: another caller thread has it */
+        fn(M, 0, N, K, A, lda, B, ldb, beta1, C, ldc);
+        return;
+    }
+    /* about 16 chunks of whole tiles: few enough that each keeps its prefetch stream, enough to balance */
+    int chunk = ((N + 15) / 16 + 15) & ~15;
+    pool.fn = fn, pool.M = M, pool.N = N, pool.K = K, pool.beta1 = beta1, pool.chunk = chunk;
+    pool.chunks = (N + chunk - 1) / chunk;
+    pool.A = A, pool.lda = lda, pool.B = B, pool.ldb = ldb, pool.C = C, pool.ldc = ldc;
+    pool.finished = 0;
+    unsigned job = pool.job + 1;
+    __atomic_store_n(&pool.claim, (uint64_t)job << 32, __ATOMIC_RELEASE);
+    __atomic_store_n(&pool.job, job, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&pool.sleeping, __ATOMIC_SEQ_CST)) {
+        pthread_mutex_lock(&pool.mu);
+        pthread_cond_signal(&pool.cv);
+        pthread_mutex_unlock(&pool.mu);
+    }
+    work(job);
+    for (int i = 0; __atomic_load_n(&pool.finished, __ATOMIC_ACQUIRE) != pool.chunks; i++)
+        if (i > 1 << 14) sched_yield(); /* the worker was descheduled inside its chunk */
+    __atomic_store_n(&pool.busy, 0, __ATOMIC_RELEASE);
+}
+
+/* ---- the exported entry points ---- */
+
+/* Plain C, for a process with no fallback at all: every case the interface allows, row-major. */
+static void sgemm_naive(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                        int ldb, float beta, float *C, int ldc) {
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float s = 0;
+            for (int k = 0; k < K; k++)
+                s += (ta == Trans ? A[(long)k * lda + m] : A[(long)m * lda + k]) *
+                     (tb == Trans ? B[(long)n * ldb + k] : B[(long)k * ldb + n]);
+            float *c = C + (long)m * ldc + n;
+            *c = beta == 0.0f ? alpha * s : alpha * s + beta * *c;
+        }
+}
+
+/* A's rows copied to 64-byte aligned rows, when they are not: MLX's allocator puts arrays 8 bytes past a
+ * 16-byte boundary, and a 64-byte load that straddles two cache lines costs two. M x K floats per call, next to
+ * the M x N x K multiply-adds, and the values are the same, so the arithmetic is too. */
+static const float *aligned_rows(int M, int K, const float *A, long *lda) {
+    static __thread float *buf;
+    static __thread size_t cap;
+    long ld = (K + 15) & ~15L;
+    if (((uintptr_t)A & 63) == 0 && (*lda & 15) == 0) return A;
+    size_t need = (size_t)M * ld;
+    if (need > cap) {
+        void *p = 0;
+        if (posix_memalign(&p, 64, need * sizeof(float))) return A;
+        free(buf);
+        buf = p, cap = need;
+    }
+    for (int m = 0; m < M; m++) memcpy(buf + m * ld, A + m * *lda, K * sizeof(float));
+    *lda = ld;
+    return buf;
+}
+
+void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc) {
+    /* Column-major C = op(A) op(B) is row-major C^T = op(B)^T op(A)^T: the same call with the operands swapped. */
+    int o = order, rta = ta, rtb = tb, rM = M, rN = N, rlda = lda, rldb = ldb;
+    const float *rA = A, *rB = B;
+    if (order == ColMajor) o = RowMajor, rta = tb, rtb = ta, rM = N, rN = M, rA = B, rB = A, rlda = ldb, rldb = lda;
+    int ok = enabled && o == RowMajor && rta == NoTrans && (rtb == NoTrans || rtb == Trans) && alpha == 1.0f &&
+             (beta == 0.0f || beta == 1.0f) && rM >= 1 && rM <= PTP_MAX_M && rN >= 1 && K >= 1 && rlda >= K &&
+             rldb >= (rtb == Trans ? K : rN) && ldc >= rN;
+    if (ok) {
+        unsigned long long t0 = now_ns();
+        __atomic_fetch_add(&n_taken, 1, __ATOMIC_RELAXED);
+        long la = rlda;
+        if (rtb == Trans) rA = aligned_rows(rM, K, rA, &la);
+        run(rtb == Trans ? kern_nt : kern_nn, rM, rN, K, rA, la, rB, rldb, beta == 1.0f, C, ldc);
+        __atomic_fetch_add(&ns_taken, now_ns() - t0, __ATOMIC_RELAXED);
+        return;
+    }
+    unsigned long long t0 = now_ns();
+    __atomic_fetch_add(&n_forwarded, 1, __ATOMIC_RELAXED);
+    if (fallback)
+        fallback(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    else if ((o == RowMajor) && (rta == NoTrans || rta == Trans) && (rtb == NoTrans || rtb == Trans))
+        sgemm_naive(rta, rtb, rM, rN, K, alpha, rA, rlda, rB, rldb, beta, C, ldc);
+    __atomic_fetch_add(&ns_forwarded, now_ns() - t0, __ATOMIC_RELAXED);
+}
+
+/* Tests use it to cover every path this machine can run; a process should not switch mid-way. */
+int ptp_sgemm_use(const char *name) { return use_path(name); }
+void ptp_sgemm_set_fallback(void *fn) { memcpy(&fallback, &fn, sizeof fallback); } /* ISO C: no cast */
+void ptp_sgemm_enable(int on) { enabled = on != 0; }
+const char *ptp_sgemm_info(void) { return path_name; }
+int ptp_sgemm_max_m(void) { return PTP_MAX_M; }
+unsigned long long ptp_sgemm_taken(void) { return __atomic_load_n(&n_taken, __ATOMIC_RELAXED); }
+unsigned long long ptp_sgemm_forwarded(void) { return __atomic_load_n(&n_forwarded, __ATOMIC_RELAXED); }
+/* Nanoseconds spent in the calls taken and forwarded, for profiles (ptp-bench --profile). */
+unsigned long long ptp_sgemm_taken_ns(void) { return __atomic_load_n(&ns_taken, __ATOMIC_RELAXED); }
+unsigned long long ptp_sgemm_forwarded_ns(void) { return __atomic_load_n(&ns_forwarded, __ATOMIC_RELAXED); }
+
+/* n = 2: a second thread shares the products of at least min_work weights (N x K; 0 keeps the default), and
+ * spins `spin` rounds (0: the default) before it sleeps; n = 1: none; n = 0 changes nothing. Returns the number now in use. ptp_mlx/blas.py asks
+ * for it where there are two cores (PTP_MLX_SGEMM_THREADS=1: not): each step measured about 25% faster there. */
+int ptp_sgemm_set_threads(int n, int min_work, int spin) {
+    if (min_work > 0) pool.min_work = min_work;
+    if (spin > 0) pool.spin = spin;
+    if (n >= 2 && !pool.started) pool.started = pthread_create(&pool.tid, 0, worker, 0) == 0;
+    if (n > 0) pool.wanted = n >= 2; /* n = 0: only ask */
+    return pool.started && pool.wanted ? 2 : 1;
+}

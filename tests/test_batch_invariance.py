@@ -1,0 +1,69 @@
+"""Batch invariance on the real default model (issue 41, docs/method.md section 10): the logits of k token rows
+computed in one fixed-shape pass equal, bit for bit, the same rows computed by k one-row passes, for every k the
+decoders use (2..24). It holds because every op of the pass computes a row the same way whatever the other rows
+are: the matmuls (ptp-sgemm, or MKL where the kernel is not built), attention over the constant-shape bucket of
+keys with an additive mask (the same reduction length for one row and for k), and per-row norms and softmaxes."""
+
+import mlx.core as mx
+import mlx_lm
+import numpy as np
+import pytest
+
+from ptp_mlx import blas
+from ptp_mlx.decode.fixed import FixedPlan, _mask_fn, bank_for
+from ptp_mlx.decode.shape import CallShape
+from ptp_mlx.model.kv import FixedPass, KVState
+from ptp_mlx.model.ptp import PTPModel
+
+pytestmark = pytest.mark.slow
+
+PREFIX = "The quick brown fox jumps over the lazy dog. Then it ran to the river, where"
+
+
+def chain_logits(pm, bank, state: KVState, tokens: list[int]) -> np.ndarray:
+    """One fixed pass of ``tokens`` as a chain (row j follows row j-1) after ``state``: their logits [k, vocab]."""
+    k = len(tokens)
+    bucket, offset, end = bank._prepare(state, k)
+    shape = CallShape(tuple(range(-1, k - 1)))
+    p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
+    keys, values = state.take_buffers()
+    st = KVState.traced(keys, values, p)
+    pm.ctx.begin(FixedPlan(offset + mx.arange(k, dtype=mx.int32)), None, None)
+    try:
+        logits = pm.base(mx.array(tokens)[None], cache=st)[0]
+    finally:
+        pm.ctx.end()
+    mx.eval(logits, *st.keys, *st.values)  # sync: the host reads the logits and trims the state
+    state.put_buffers(st.keys, st.values, end)
+    return np.array(logits)
+
+
+@pytest.fixture(scope="module")
+def setup(default_model_dir):
+    base, tok = mlx_lm.load(str(default_model_dir))
+    pm = PTPModel(base, None, None)
+    assert pm.ctx is not None, "the default model must be one PTP patches"
+    ids = list(tok.encode(PREFIX))
+    state = pm.make_cache()
+    base(mx.array(ids)[None], cache=state)
+    mx.eval(state.arrays())
+    return pm, bank_for(pm, False), state, ids
+
+
+def test_k_rows_equal_k_one_row_passes_bit_for_bit(setup):
+    pm, bank, state, ids = setup
+    start = state.offset
+    rng = np.random.default_rng(0)
+    tokens = [int(t) for t in rng.integers(100, 20000, size=24)]
+    alone = []
+    for t in tokens:  # the reference: one row at a time
+        alone.append(chain_logits(pm, bank, state, [t])[0])
+    state.trim_to(start)
+    alone = np.stack(alone)
+    for k in range(2, 25):
+        wide = chain_logits(pm, bank, state, tokens[:k])
+        state.trim_to(start)
+        same = [np.array_equal(wide[j].view(np.uint32), alone[j].view(np.uint32)) for j in range(k)]
+        gap = float(np.abs(wide - alone[:k]).max())
+        bad = [j for j, s in enumerate(same) if not s]
+        assert not bad, f"k={k}: rows {bad} differ (max gap {gap:.2e}; BLAS {blas.state['blas']})"

@@ -1,0 +1,267 @@
+"""ptp-sgemm (ptp_mlx/kernels): right against numpy, bit-for-bit batch invariant, forwards what it does not take,
+is what MLX calls, and its absence (no compiler) costs one notice, never an error."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ptp_mlx import blas, kernels
+
+ROW, COL, NO, TR = 101, 102, 111, 112
+PATHS = ("avx512", "avx2", "portable")
+linux_cpu_wheel = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MLX's Linux CPU wheel only")
+
+SGEMM = ctypes.CFUNCTYPE(
+    None, *[ctypes.c_int] * 6, ctypes.c_float, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+    ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    """A private copy of the library (its own switches and counters, not those of the one MLX uses here)."""
+    path = blas.kernel_library()
+    if path is None:
+        if kernels.find_compiler() is None:
+            pytest.skip("no C compiler found (cc, gcc or clang): the kernel cannot be built here")
+        path, why = kernels.build()
+        assert path, why
+    copy = tmp_path_factory.mktemp("kernel") / "sgemm-test.so"
+    shutil.copy(path, copy)
+    lib = ctypes.CDLL(str(copy))
+    lib.cblas_sgemm.argtypes = SGEMM._argtypes_
+    lib.ptp_sgemm_info.restype = ctypes.c_char_p
+    lib.ptp_sgemm_use.argtypes = [ctypes.c_char_p]
+    lib.ptp_sgemm_taken.restype = lib.ptp_sgemm_forwarded.restype = ctypes.c_ulonglong
+    lib.ptp_sgemm_set_fallback.argtypes = [ctypes.c_void_p]
+    best = lib.ptp_sgemm_info()
+    yield lib
+    lib.ptp_sgemm_use(best)
+    lib.ptp_sgemm_set_fallback(None)
+    lib.ptp_sgemm_enable(1)
+
+
+@pytest.fixture(params=PATHS)
+def path(request, lib):
+    """Each kernel path this CPU can run, in turn."""
+    best = lib.ptp_sgemm_info()
+    if not lib.ptp_sgemm_use(request.param.encode()):
+        pytest.skip(f"this CPU cannot run the {request.param} path")
+    yield request.param
+    lib.ptp_sgemm_use(best)
+
+
+def buf(rng, rows: int, cols: int, ld: int, offset: int = 2) -> np.ndarray:
+    """A rows x cols view with row stride ld, starting ``offset`` floats into its buffer (not 64-byte aligned)."""
+    base = rng.standard_normal(offset + rows * ld + 16).astype(np.float32)
+    return np.lib.stride_tricks.as_strided(base[offset:], (rows, cols), (4 * ld, 4))
+
+
+def gemm(lib, a, b, c, tb: int, beta: float = 0.0, alpha: float = 1.0, order: int = ROW) -> None:
+    """C = alpha a op(b) + beta C through cblas_sgemm, in row-major or (as the transposed problem) col-major."""
+    m, k = a.shape
+    n = b.shape[0] if tb == TR else b.shape[1]
+    lda, ldb, ldc = (x.strides[0] // 4 for x in (a, b, c))
+    if order == ROW:
+        args = (ROW, NO, tb, m, n, k, alpha, a.ctypes.data, lda, b.ctypes.data, ldb, beta, c.ctypes.data, ldc)
+    else:  # col-major C^T (n x m) = op(b)^T a^T: the same memory
+        args = (COL, tb, NO, n, m, k, alpha, b.ctypes.data, ldb, a.ctypes.data, lda, beta, c.ctypes.data, ldc)
+    lib.cblas_sgemm(*args)
+
+
+def check(lib, rng, m, n, k, tb, beta, order=ROW, pad=3):
+    a = buf(rng, m, k, k + pad)
+    b = buf(rng, n, k, k + pad) if tb == TR else buf(rng, k, n, n + pad)
+    c = buf(rng, m, n, n + pad)
+    c0 = np.array(c, dtype=np.float64)
+    want = np.asarray(a, np.float64) @ (np.asarray(b, np.float64).T if tb == TR else np.asarray(b, np.float64))
+    want += beta * c0
+    bound = np.abs(np.asarray(a, np.float64)) @ np.abs(np.asarray(b, np.float64).T if tb == TR else np.asarray(b))
+    gemm(lib, a, b, c, tb, beta, order=order)
+    err = np.abs(np.asarray(c, np.float64) - want)
+    assert (err <= 4e-7 * (k + 2) * (bound + np.abs(c0)) + 1e-30).all(), (m, n, k, tb, beta, err.max())
+
+
+TAILS = (1, 3, 15, 17, 63, 65, 577)
+
+
+@pytest.mark.parametrize("tb", [TR, NO])
+def test_against_numpy_on_tails(lib, path, tb):
+    rng = np.random.default_rng(1)
+    for m in (1, 2, 5, 7, 13):
+        for n in TAILS:
+            for k in TAILS:
+                check(lib, rng, m, n, k, tb, beta=float((m + n + k) % 2))
+
+
+@pytest.mark.parametrize("tb", [TR, NO])
+def test_against_numpy_every_width(lib, path, tb):
+    rng = np.random.default_rng(2)
+    before = lib.ptp_sgemm_taken()
+    for m in range(1, 71):
+        check(lib, rng, m, 65, 577 if tb == TR else 65, tb, beta=float(m % 2))
+    assert lib.ptp_sgemm_taken() - before == lib.ptp_sgemm_max_m() == 64  # 65..70 went to the (built-in) fallback
+
+
+def test_column_major(lib, path):
+    """Col-major C = A op(B) is the row-major problem with the operands swapped: taken when that one fits."""
+    rng = np.random.default_rng(3)
+    for tb in (TR, NO):
+        for m, n, k in ((3, 17, 65), (64, 5, 577), (1, 1, 1)):
+            check(lib, rng, m, n, k, tb, beta=1.0, order=COL)
+
+
+@pytest.mark.parametrize("tb", [TR, NO])
+@pytest.mark.parametrize("n,k", [(577, 577), (63, 64), (7, 1536)])
+def test_batch_invariance(lib, path, tb, n, k):
+    """Row i of an M-row product equals that row alone, bit for bit, for every M up to the threshold and row
+    position (and with beta 1, the addmm MLX sends)."""
+    rng = np.random.default_rng(4)
+    rows = lib.ptp_sgemm_max_m() + 5
+    a = buf(rng, rows, k, k + 1)
+    b = buf(rng, n, k, k) if tb == TR else buf(rng, k, n, n)
+    c0 = rng.standard_normal((rows, n)).astype(np.float32)
+    for beta in (0.0, 1.0):
+        alone = c0.copy()
+        for i in range(rows):
+            gemm(lib, a[i : i + 1], b, alone[i : i + 1], tb, beta)
+        for m in range(1, lib.ptp_sgemm_max_m() + 1):
+            for s in {0, 1, rows - m} if m < 16 else {0, rows - m}:
+                c = c0.copy()
+                gemm(lib, a[s : s + m], b, c[s : s + m], tb, beta)
+                assert np.array_equal(c[s : s + m].view(np.uint32), alone[s : s + m].view(np.uint32)), (m, s, beta)
+
+
+@pytest.mark.parametrize("tb", [TR, NO])
+def test_a_second_thread_changes_no_bit(lib, path, tb):
+    """With the optional worker sharing N (every call it can take: min_work 1), each product is bit for bit the
+    one-thread product, and the rows of an M-row product are still those rows alone."""
+    lib.ptp_sgemm_set_threads.restype = ctypes.c_int
+    rng = np.random.default_rng(6)
+    n, k = 1000, 300
+    a, b = buf(rng, 24, k, k + 1), buf(rng, n, k, k) if tb == TR else buf(rng, k, n, n)
+    one = np.zeros((24, n), np.float32)
+    for i in range(24):
+        gemm(lib, a[i : i + 1], b, one[i : i + 1], tb)
+    assert lib.ptp_sgemm_set_threads(2, 1, 0) == 2
+    try:
+        for m in (1, 2, 5, 8, 16, 24):
+            for _ in range(3):  # the worker may or may not take chunks on a given call: the same bits either way
+                c = np.zeros((m, n), np.float32)
+                gemm(lib, a[:m], b, c, tb)
+                assert np.array_equal(c.view(np.uint32), one[:m].view(np.uint32)), m
+    finally:
+        lib.ptp_sgemm_set_threads(1, 0, 0)
+
+
+def test_forwards_what_it_does_not_take(lib):
+    rng = np.random.default_rng(5)
+    seen = []
+
+    @SGEMM
+    def fallback(*args):
+        seen.append(args[:7] + args[11:12])
+
+    lib.ptp_sgemm_set_fallback(ctypes.cast(fallback, ctypes.c_void_p))
+    try:
+        a, b, c = buf(rng, 65, 8, 8), buf(rng, 4, 8, 8), buf(rng, 65, 4, 4)
+        lib.ptp_sgemm_enable(1)
+        fwd = lib.ptp_sgemm_forwarded()
+        gemm(lib, a[:2], b, c, TR, alpha=2.0)  # alpha != 1
+        gemm(lib, a[:2], b, c, TR, beta=0.5)  # beta not 0 or 1
+        gemm(lib, a, b, c, TR)  # M over the threshold
+        lib.cblas_sgemm(ROW, TR, TR, 2, 4, 8, 1.0, a.ctypes.data, 65, b.ctypes.data, 8, 0.0, c.ctypes.data, 4)
+        assert [s[3] for s in seen] == [2, 2, 65, 2] and seen[0][6] == 2.0 and seen[1][7] == 0.5
+        assert seen[3][1:3] == (TR, TR)
+        gemm(lib, a[:2], b, c, TR)  # taken: the fallback is not called
+        assert len(seen) == 4 and lib.ptp_sgemm_forwarded() - fwd == 4
+        lib.ptp_sgemm_enable(0)  # off: everything goes to the fallback
+        gemm(lib, a[:2], b, c, TR)
+        assert len(seen) == 5 and seen[4][3] == 2
+    finally:
+        lib.ptp_sgemm_enable(1)
+        lib.ptp_sgemm_set_fallback(None)
+
+
+MLX_PROBE = """
+import ptp_mlx, mlx.core as mx, numpy as np
+from ptp_mlx import blas
+k = blas.kernel()
+print(blas.state["blas"]); print(blas.provider_of_sgemm() == blas.kernel_library())
+w, x = mx.random.normal((1000, 576)), mx.random.normal((16, 576))
+q, kv = mx.random.normal((1, 9, 16, 64)), mx.random.normal((1, 3, 200, 64))
+mx.eval(w, x, q, kv)
+t0 = k.ptp_sgemm_taken()
+wide = np.array(x @ w.T)
+att = np.array(mx.fast.scaled_dot_product_attention(q, kv, kv, scale=0.125))
+ok = all(np.array_equal(np.array(x[i : i + 1] @ w.T)[0], wide[i]) for i in range(16))
+ok_att = all(
+    np.array_equal(np.array(mx.fast.scaled_dot_product_attention(q[:, :, i : i + 1], kv, kv, scale=0.125))[:, :, 0],
+                   att[:, :, i]) for i in range(16))
+print(ok, ok_att, k.ptp_sgemm_taken() - t0)
+"""
+
+
+@linux_cpu_wheel
+def test_mlx_calls_the_kernel_and_k_rows_equal_k_single_rows():
+    env = {k: v for k, v in os.environ.items() if k not in ("PTP_MLX_BLAS", "PTP_MLX_SGEMM")}
+    out = subprocess.run([sys.executable, "-c", MLX_PROBE], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    name, provider, result = out.stdout.strip().splitlines()
+    if name in ("default", "reference") or not name.startswith("ptp-sgemm("):
+        pytest.skip(f"the kernel is not in use here ({name}; {out.stderr.strip()})")
+    assert provider == "True"  # MLX's cblas_sgemm resolves to the kernel ...
+    ok, ok_att, taken = result.split()
+    assert ok == "True" and ok_att == "True"
+    assert int(taken) >= 17 + 2 * 9 * 17  # ... and it took the products: 1 + 16 rows, and attention's per head
+
+
+@linux_cpu_wheel
+def test_no_compiler_means_the_blas_alone_and_one_notice(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PTP_MLX_BLAS", "PTP_MLX_SGEMM", "CC")}
+    env.update(PATH=str(empty), PTP_MLX_HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    code = (
+        "import ptp_mlx, mlx.core as mx; from ptp_mlx import blas; a = mx.ones((8, 64)); "
+        "mx.eval(a @ a.T); blas.warn_if_slow(); print(blas.state['blas']); print(blas.kernel())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    name, handle = out.stdout.strip().splitlines()
+    if name == "default":
+        pytest.skip("this MLX does not use the reference BLAS")
+    assert handle == "None" and not name.startswith("ptp-sgemm")
+    if blas.mkl_library():
+        assert name.startswith("mkl:")
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "notice: ptp-sgemm" in lines[0] and "no C compiler" in lines[0], out.stderr
+
+
+@linux_cpu_wheel
+def test_sgemm_0_skips_the_kernel():
+    env = {k: v for k, v in os.environ.items() if k != "PTP_MLX_BLAS"}
+    env["PTP_MLX_SGEMM"] = "0"
+    code = "import ptp_mlx; from ptp_mlx import blas; print(blas.state['blas'], blas.kernel())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0 and "ptp-sgemm" not in out.stdout and out.stdout.strip().endswith("None")
+    assert out.stderr.strip() == ""
+
+
+def test_build_is_content_addressed_and_leaves_no_temporaries(tmp_path, monkeypatch):
+    if kernels.find_compiler() is None:
+        pytest.skip("no C compiler found (cc, gcc or clang)")
+    monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))  # no shared copy: really build
+    path, why = kernels.build()
+    assert path and not why
+    folder = tmp_path / "home" / "kernels"
+    assert [p.name for p in folder.iterdir()] == [kernels.library_name()]
+    assert kernels.build() == (path, "")  # found, not rebuilt
