@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ptp_mlx.drafting.budget import AR_BURST, Budget
-from ptp_mlx.drafting.cost import CostCurve, cached_cost_curve, check_probe, extrapolate
-from ptp_mlx.drafting.learn import GUARD_MIN, STALE_CALLS, LearnedCost, PaceGuard, bucket
+from ptp_mlx.drafting.cost import CostCurve, check_probe, extrapolate
+from ptp_mlx.drafting.learn import GUARD_MIN, STALE_CALLS, LearnedCost, PaceGuard, bucket, cached_cost_curve
 
 STEP = 0.08  # seconds of a plain step on the fake machine
 

@@ -3,11 +3,9 @@ measures it (once per machine, model and adapter shape; cached as JSON)."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -172,29 +170,3 @@ def _load_average() -> list[float] | None:
         return [round(x, 2) for x in os.getloadavg()]
     except (AttributeError, OSError):
         return None
-
-
-def cached_cost_curve(pm, key: str, cache_dir: Path, log=None, recalibrate: bool = False):
-    """This machine's PTP-call costs for this model and adapter shape (a ``LearnedCost``: corrected online by every
-    call, written back when it moves), from ``cache_dir/cost-curve-<key>.json``; probed once when the file is
-    missing, unreadable or ``recalibrate`` asks."""
-    from .learn import LearnedCost
-
-    path = Path(cache_dir) / f"cost-curve-{key}.json"
-    if path.exists() and not recalibrate:
-        try:
-            d = json.loads(path.read_text())
-            prior = CostCurve(d["widths"], d["relative"])
-            step = (d.get("seconds") or [None])[0]
-            return LearnedCost(prior, step, path, d, d.get("source", "cached"))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            pass
-    if log:
-        log("measuring this machine's PTP cost curve once (about 20 seconds)...")
-    curve, record = measure_cost_curve(pm, aux=True)
-    doc = {**curve.to_dict(), "seconds": record["seconds"], "source": "probed", "probe": record}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(path)
-    return LearnedCost(curve, record["seconds"][0], path, doc, "probed")
