@@ -208,10 +208,32 @@ def run_rules(
     hits them alike; each answer is one ``Engine.generate`` in PTP mode, as ``ptp-generate --accept`` decodes.
     ``openers``: each task is then the second turn of a chat whose first is its opener and exact decoding's answer
     to it (the same for every rule); an answer naming the opener's answer is wrong."""
+    runs = [RuleRun(r.label, [], [], [], []) for r in rules]
+    budgets = [_frozen_budgets(eng) for _ in rules]  # one private set per rule, all at the same prices
+    saved = (eng.budget, eng.mode_budgets)
+    try:
+        _run_items(eng, tasks, rules, sampling, max_tokens, runs, budgets, progress, openers)
+    finally:
+        eng.budget, eng.mode_budgets = saved
+    return runs
+
+
+def _frozen_budgets(eng):
+    """A copy of the engine's budgets priced by the curve as learnt so far, frozen: every rule drafts at the same
+    prices and calibrates on its own answers only, so tokens per call compare the rules, not the machine's load
+    while they ran (a budget without a learning curve has no measured pace guard either)."""
+    import copy
+
+    curve = eng.budget.curve if eng.budget is not None else None
+    frozen = curve.curve() if hasattr(curve, "curve") else curve  # (``LearnedCost.curve``: a plain ``CostCurve``)
+    memo = {id(curve): frozen} if curve is not None else None
+    return copy.deepcopy(eng.budget, memo and dict(memo)), copy.deepcopy(eng.mode_budgets, memo and dict(memo))
+
+
+def _run_items(eng, tasks, rules, sampling, max_tokens, runs, budgets, progress, openers) -> None:
     import time
     from dataclasses import replace
 
-    runs = [RuleRun(r.label, [], [], [], []) for r in rules]
     for k, t in enumerate(tasks):
         msgs = [{"role": "user", "content": t.prompt}]
         if openers is not None:
@@ -220,7 +242,8 @@ def run_rules(
             steps = eng.generate(first, mode="ptp", sampling=sampling, max_tokens=max_tokens)
             msgs = first + [{"role": "assistant", "content": "".join(st.text for st in steps)}] + msgs
             t = replace(t, others=t.others + (o.answer,))
-        for rule, run in zip(rules, runs, strict=True):
+        for rule, run, own in zip(rules, runs, budgets, strict=True):
+            eng.budget, eng.mode_budgets = own
             t0 = time.perf_counter()
             steps = list(eng.generate(msgs, mode="ptp", sampling=sampling, max_tokens=max_tokens, accept=rule))
             run.seconds.append(time.perf_counter() - t0)
@@ -229,7 +252,6 @@ def run_rules(
             run.right.append(is_right(t, "".join(st.text for st in steps)))
         if progress is not None:
             progress()
-    return runs
 
 
 def tasks_table(summaries: list[dict], header: str) -> str:

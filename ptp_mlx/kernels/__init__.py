@@ -12,7 +12,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -135,9 +134,3 @@ def build(force: bool = False) -> tuple[str | None, str]:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-if __name__ == "__main__":  # python -m ptp_mlx.kernels: build (again, with --force) and print the path
-    path, why = build(force="--force" in sys.argv)
-    print(path or why)
-    sys.exit(0 if path else 1)
