@@ -296,8 +296,9 @@ def _ptp_calls(
                 clock.mark("queue")
             clock.tag("rows", rows)
             t = time.perf_counter() - t_start
-            if _cold(bank) == cold_before:  # no shape ran uncompiled in this call or the one built before it
-                drafter.timed(rows, len(block), t)  # what the call cost, as measured (the budget learns costs)
+            # What the call cost, as measured (the budget learns costs, and its pace guard watches): cold when a
+            # shape ran uncompiled in this call or the one built before it.
+            drafter.timed(rows, len(block), t, cold=_cold(bank) != cold_before)
             cold_before = cold_start
             yield block, CallRecord(t, n, c, rows, source, out.logprobs)
     finally:

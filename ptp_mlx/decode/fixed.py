@@ -21,6 +21,7 @@ from functools import partial
 import mlx.core as mx
 import numpy as np
 
+from ..model import cpu_math
 from ..model.kv import FixedPass, KVState, kv_shapes, round_up
 from ..sampler import SamplingSettings, pick
 from .accept import EXACT, AcceptRule
@@ -93,7 +94,8 @@ def outputs_head(
         aux = logits[n_tok:].astype(mx.float32)
         top = mx.argmax(aux, axis=-1)
         best = mx.max(aux, axis=-1)
-        lse = mx.logsumexp(aux, axis=-1)
+        # (the drafts' confidences only price rows: the CPU's exp is dear, the fused one is close enough)
+        lse = cpu_math.logsumexp(aux, axis=-1) if cpu_math.enabled() else mx.logsumexp(aux, axis=-1)
         out.aux_top, out.aux_conf = top, mx.exp(best - lse)
         if shape.reads_top_prob:  # the adapter's top probability at the sampler's temperature
             t = s.temperature

@@ -17,6 +17,7 @@ import numpy as np
 from .cost import CostCurve
 from .learn import PaceGuard
 from .protocol import Plan
+from .shapes import ShapeMemory
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
 MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
@@ -58,8 +59,9 @@ class BudgetPolicy(Protocol):
         """An autoregressive burst ran: fade the evidence."""
         ...
 
-    def record(self, rows: int, tokens: int, seconds: float) -> None:
-        """One call's measured wall time (``rows`` 1: a plain step) and the tokens it emitted."""
+    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
+        """One call's measured wall time (``rows`` 1: a plain step) and the tokens it emitted (``cold``: it
+        compiled a shape)."""
         ...
 
 
@@ -148,6 +150,7 @@ class Budget:
     guard: PaceGuard = field(default_factory=PaceGuard)  # PTP's measured pace against plain steps'
     behind_before: bool = False  # the last burst was the guard's, PTP measured slower than plain decoding
     explore_due: bool = False  # after a burst: the next call the curve prices out may be measured instead
+    shapes: ShapeMemory = field(default_factory=ShapeMemory)  # the call shapes used so far (each one compiled)
 
     @property
     def ratio(self) -> float:
@@ -194,13 +197,15 @@ class Budget:
         self.hits *= keep
         self.expected *= keep
 
-    def record(self, rows: int, tokens: int, seconds: float) -> None:
-        """One call's measured time: the cost curve learns from it (when it is a ``LearnedCost``), and a PTP call's
-        tokens per second feed the pace guard."""
+    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
+        """One call's measured time: the cost curve learns from it (when it is a ``LearnedCost``; not from a
+        ``cold`` call, whose time holds the tracing of its shape), and a PTP call's tokens per second feed the pace
+        guard, cold or not: a shape compiled for one call is a cost the answer paid, and a budget that keeps
+        meeting new shapes must see it (a warm call slowed by a stray spike is capped)."""
         step = getattr(self.curve, "step_seconds", None)
-        expected = self.curve(rows) * step if step and rows > 1 else None
+        expected = self.curve(rows) * step if step and rows > 1 and not cold else None
         learn = getattr(self.curve, "observe", None)
-        if learn is not None:
+        if learn is not None and not cold:
             learn(rows, seconds)
         if rows > 1:
             self.guard.add(tokens, seconds, expected)
@@ -245,15 +250,26 @@ class Budget:
         else:
             n, branches = self.choose(confidences, room)
             n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
+            if n or branches:  # a shape used before, unless the new one is worth its tracing (``shapes.py``)
+                n, branches = self._known(n, branches, len(drafts), confidences, remaining, room)
         if n == 0 and not branches:
             explore = self._explore(drafts, confidences, remaining, room) if step == "fused" else None
             if explore is not None:
                 return explore
             return Plan([], [], burst=min(self.burst_len, remaining))  # (only a calibrating budget backs off)
         plan = Plan(drafts[:n], branches)
+        if step == "fused":
+            self.shapes.note(n, branches)
         if second is not None and n >= 1 and step == "fused" and remaining >= 2:
             plan = replace(plan, alts=self._alternative(plan, confidences, second, room))
         return plan
+
+    def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int):
+        def fits(k: int, br) -> bool:
+            return k <= in_hand and _fit(k, list(br), remaining, room, 2) == (k, list(br))
+
+        k, br = self.shapes.prefer(n, branches, reach(confidences, self.ratio), self._s, self.curve, fits)
+        return k, list(br)
 
     def _explore(self, drafts: list[int], confidences: list[float], remaining: int, room: int) -> Plan | None:
         """Once per burst, the call the budget would make if the widths it has barely measured were cheap
@@ -365,5 +381,5 @@ class FixedBudget:
     def relax(self, keep: float = 0.5) -> None:
         pass
 
-    def record(self, rows: int, tokens: int, seconds: float) -> None:
+    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
         pass  # (a fixed budget does not weigh rows)

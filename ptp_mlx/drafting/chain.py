@@ -80,8 +80,8 @@ class ChainDrafter(Drafter):
             nxt = replace(nxt, source="ptp")
         return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))])
 
-    def timed(self, rows: int, tokens: int, seconds: float) -> None:
-        self.budget.record(rows, tokens, seconds)
+    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
+        self.budget.record(rows, tokens, seconds, cold)
 
     def update(self, plan: Plan, result: CallResult) -> None:
         own = plan.source in (None, "ptp")  # the adapter's calls; another drafter's chain (lookup) is not evidence

@@ -67,8 +67,8 @@ class DraftPolicy(Drafter):
             self.lookup.observe(len(plan.drafts), result.accepted, self.budget.curve(plan.rows))
         self.chain.update(plan, result)
 
-    def timed(self, rows: int, tokens: int, seconds: float) -> None:
-        self.budget.record(rows, tokens, seconds)  # (the budget the chain drafter shares: told once)
+    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
+        self.budget.record(rows, tokens, seconds, cold)  # (the budget the chain drafter shares: told once)
 
     def emitted(self, tokens: list[int]) -> None:
         if self.lookup is not None:

@@ -143,9 +143,10 @@ class Drafter(ABC):
         """Tokens the answer gained (every block, autoregressive bursts included)."""
         return None  # (optional: nothing to keep by default)
 
-    def timed(self, rows: int, tokens: int, seconds: float) -> None:
+    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
         """A call of ``rows`` rows (1: a plain step of a burst) emitted ``tokens`` in ``seconds`` of measured wall
-        time (what a budget learns costs from)."""
+        time (what a budget learns costs from). ``cold``: it ran (or followed) a shape not compiled yet, so its
+        time holds tracing: no price of its width, but a cost the answer paid."""
         return None  # (optional: nothing to learn by default)
 
     def ready(self) -> bool:

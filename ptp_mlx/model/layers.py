@@ -29,6 +29,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from ..decode.shape import tree_path
 from ..errors import UserError
+from . import cpu_math
 from .fused import FusedGate
 from .kv import KVState
 from .rope import table_rope, uses_table
@@ -333,6 +334,7 @@ def install(model: nn.Module) -> PTPContext:
             for name, mod in list(parent.children().items()):
                 if isinstance(mod, (nn.Linear, nn.QuantizedLinear)):
                     setattr(parent, name, GatedLoRALinear(mod, ctx, (i, name)))
+    cpu_math.install(model)  # attention and SwiGLU over our K/V state with a fast exp on the CPU
     object.__setattr__(model, "_ptp_ctx", ctx)  # a plain attribute, not a module parameter
     return ctx
 

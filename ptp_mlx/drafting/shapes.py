@@ -1,0 +1,64 @@
+"""Shapes the budget has used before, preferred over new ones (docs/method.md, section 5, "Shapes").
+
+Each shape of call (drafts verified, branches drafted) is one compiled graph per attention bucket, and the first
+calls of a new one run eagerly and then trace it: about three plain steps' worth of time once, on this CPU. The
+budget's greedy allocation, left alone, meets a new shape on most calls of an answer (the confidences differ a
+little each time), so an answer paid for tracing on most of its calls. ``ShapeMemory`` keeps the shapes used so
+far; the budget then takes the best of them unless the new one is worth more than its tracing
+(``NOVELTY`` plain steps added to its price), so the shapes in use settle on a few.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+NOVELTY = 0.5  # plain steps added to the price of a shape never used (a share of its eager call and tracing)
+MAX_SHAPES = 48  # past this many, only known shapes (the compile bank keeps 256 entries across buckets)
+
+Shape = tuple[int, tuple[tuple[int, int], ...]]  # (drafts verified, ((depth, width), ...))
+
+
+def shape_value(n: int, branches, p_reach: np.ndarray, survival: Callable[[int], float]) -> float:
+    """Expected tokens of a call verifying ``n`` drafts (``p_reach[m]``: P(at least m stand)) with ``branches``
+    ``[(d, w)]``: the tokens it emits, plus each branch's drafts for the next call weighed by the chance the path
+    ends at ``d`` and that they stand (``survival(k)``: P(k drafts of a fresh branch stand)); as ``Budget.choose``
+    counts it, row by row."""
+    value = 1.0 + float(p_reach[1 : n + 1].sum())
+    for d, w in branches:
+        p_end = p_reach[d] - (p_reach[d + 1] if d < n else 0.0)
+        value += p_end * sum(survival(k) for k in range(1, w))
+    return value
+
+
+class ShapeMemory:
+    """The (drafts, branches) shapes a budget has chosen, with how often."""
+
+    def __init__(self) -> None:
+        self.used: dict[Shape, int] = {}
+
+    def note(self, n: int, branches) -> None:
+        key = (n, tuple(tuple(b) for b in branches))
+        self.used[key] = self.used.get(key, 0) + 1
+
+    def prefer(self, n: int, branches, p_reach, survival, cost: Callable[[int], float], fits) -> Shape:
+        """``(n, branches)`` if it is known or worth its novelty; otherwise the known shape with the best expected
+        tokens per cost among those ``fits`` accepts (drafts in hand, rows left)."""
+        branches = tuple(tuple(b) for b in branches)
+        if (n, branches) in self.used or not self.used:
+            return n, branches
+
+        def score(shape: Shape, extra: float = 0.0) -> float:
+            k, br = shape
+            return shape_value(k, br, p_reach, survival) / (cost(1 + k + sum(w for _, w in br)) + extra)
+
+        best, best_score = (n, branches), score((n, branches), NOVELTY)
+        if len(self.used) >= MAX_SHAPES:
+            best, best_score = None, -1.0
+        for shape in self.used:
+            if fits(*shape):
+                s = score(shape)
+                if s > best_score:
+                    best, best_score = shape, s
+        return best if best is not None else (n, branches)

@@ -1,0 +1,166 @@
+"""Attention and SwiGLU for MLX's CPU backend whose exponentials cost what a multiply-add does.
+
+Why: on x86 MLX's CPU backend evaluates ``exp`` one element at a time (its SIMD width there is 1, and each of the
+polynomial's six fused multiply-adds is a call into libm): about 18 ns an element, against 0.3 ns for a multiply.
+A PTP row pays for it three times: attention's softmax over every key of the bucket (9 heads x 512 keys x 30
+layers for the default model: 3.4 ms a row), SwiGLU's sigmoid (1536 x 30: 1.1 ms a row) and, for an auxiliary
+row, the log-sum-exp over the vocabulary (0.9 ms). Those, not the matmuls, made a 16-row call cost 3x a step.
+
+``exp`` here is the same algorithm MLX's CPU backend uses (``2^round(x log2 e)`` through the exponent bits, the
+fraction by a degree-6 polynomial), written as elementwise graph ops: ``mx.compile`` fuses them into one loop the
+compiler vectorises. Without a fused multiply-add its last bit can differ from ``mx.exp`` (within 2 ulp), so
+our attention is not bit for bit MLX's: every decoding path of ours (plain steps, PTP calls, prefill) uses it,
+so PTP still equals our plain decoding bit for bit, and a difference from stock mlx-lm is a float near-tie.
+
+Scope: only on the CPU device, only for passes over our own K/V state (``LayerKV``: mlx-lm's own caches, and so
+the bench's ``mlx-lm`` method, keep the stock kernels), and not when ``PTP_MLX_CPU_MATH=0``. ``install`` swaps
+the two names the supported families' modules call (``scaled_dot_product_attention``, ``swiglu``) for
+dispatchers; SwiGLU takes no cache, so it follows the attention call of its own layer (``_local.ours``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import mlx.core as mx
+
+# MLX's CPU exp polynomial for 2^f, f in [-0.5, 0.5] (Cephes' coefficients), highest degree first.
+_POLY = (
+    1.535336188319500e-4,
+    1.339887440266574e-3,
+    9.618437357674640e-3,
+    5.550332471162809e-2,
+    2.402264791363012e-1,
+    6.931472028550421e-1,
+    1.0,
+)
+_local = threading.local()  # .ours: the latest attention call of this thread ran on our K/V state
+
+
+def enabled() -> bool:
+    """Whether passes over our K/V state use these kernels: on the CPU device unless ``PTP_MLX_CPU_MATH=0``."""
+    if os.environ.get("PTP_MLX_CPU_MATH", "1").lower() in ("0", "false", "no"):
+        return False
+    return mx.default_device() == mx.cpu
+
+
+_ROUND = 12582912.0  # 1.5 * 2^23: t + _ROUND rounds t to an integer in float32 (no call to floor)
+
+
+def exp(x: mx.array) -> mx.array:
+    """``e^x`` in float32 by MLX's CPU algorithm, as fusable elementwise ops, for ``x <= 88`` (0 below -88)."""
+    t = mx.clip(x.astype(mx.float32) * 1.442695, -127.0, 127.0)
+    shifted = t + _ROUND  # its low mantissa bits hold round(t) + 2^22
+    frac = t - (shifted - _ROUND)
+    p = _POLY[0] * frac + _POLY[1]
+    for c in _POLY[2:]:
+        p = p * frac + c
+    bits = (mx.view(shifted, mx.int32) - (0x4B400000 - 127)) << 23  # 2^round(t) through the exponent bits
+    y = mx.view(bits, mx.float32) * p
+    return mx.where(t < -126.9, mx.array(0.0, mx.float32), y)  # (-inf, a masked score, is exactly 0)
+
+
+def softmax(x: mx.array, axis: int = -1) -> mx.array:
+    """Softmax over ``axis`` in float32 (then ``x``'s dtype), with ``exp`` above."""
+    xf = x.astype(mx.float32)
+    e = exp(xf - mx.max(xf, axis=axis, keepdims=True))
+    return (e / mx.sum(e, axis=axis, keepdims=True)).astype(x.dtype)
+
+
+def logsumexp(x: mx.array, axis: int = -1) -> mx.array:
+    """``log(sum(exp(x)))`` over ``axis`` in float32, with ``exp`` above (finite rows)."""
+    xf = x.astype(mx.float32)
+    m = mx.max(xf, axis=axis, keepdims=True)
+    return mx.squeeze(m, axis) + mx.log(mx.sum(exp(xf - m), axis=axis))
+
+
+def silu(x: mx.array) -> mx.array:
+    """``x * sigmoid(x)`` with ``exp`` above."""
+    xf = x.astype(mx.float32)
+    return (xf / (1.0 + exp(-xf))).astype(x.dtype)
+
+
+def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    return silu(gate) * x
+
+
+def _causal(L: int, S: int, window: int | None = None) -> mx.array:
+    """bool [L, S]: query row i (at key position S - L + i) sees the keys at or before it (within ``window``)."""
+    rows = mx.arange(S - L, S)[:, None]
+    cols = mx.arange(S)[None]
+    m = cols <= rows
+    return m & (cols > rows - window) if window is not None else m
+
+
+def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
+    """Scaled dot-product attention as MLX's CPU fallback computes it (grouped heads share their K/V, the
+    scores' softmax over the keys), with ``softmax`` above. None where a mask's form is not handled here."""
+    B, Hq, L, D = queries.shape
+    Hkv, S = keys.shape[1], keys.shape[2]
+    if isinstance(mask, str):
+        if mask != "causal":
+            return None
+        mask = _causal(L, S)
+    if mask is not None and mask.ndim == 4 and mask.shape[1] not in (1, Hq):
+        return None
+    q = queries * mx.array(scale, queries.dtype)
+    rep = Hq // Hkv
+    if rep > 1:  # [B, Hkv, rep, L, D] against [B, Hkv, 1, S, D]
+        q = q.reshape(B, Hkv, rep, L, D)
+        keys, values = mx.expand_dims(keys, 2), mx.expand_dims(values, 2)
+        if mask is not None and mask.ndim == 4:
+            mask = mask.reshape(mask.shape[0], -1, rep if mask.shape[1] == Hq else 1, L, S)
+    scores = q @ mx.swapaxes(keys, -1, -2)
+    if mask is not None:
+        if mask.dtype == mx.bool_:
+            scores = mx.where(mask, scores, mx.array(-float("inf"), scores.dtype))
+        else:
+            scores = scores + mask.astype(scores.dtype)
+    out = softmax(scores) @ values
+    return out.reshape(B, Hq, L, D)
+
+
+def _is_ours(cache) -> bool:
+    from .kv import LayerKV
+
+    return isinstance(cache, LayerKV)
+
+
+def _attention_dispatcher(stock):
+    def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
+        ours = sinks is None and _is_ours(cache) and enabled()
+        _local.ours = ours  # (this layer's SwiGLU, called next, follows)
+        out = attention(queries, keys, values, scale, mask) if ours else None
+        if out is None:
+            return stock(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+        return out
+
+    scaled_dot_product_attention.ptp_stock = stock
+    return scaled_dot_product_attention
+
+
+def _swiglu_dispatcher(stock):
+    def dispatch(gate, x):
+        return swiglu(gate, x) if getattr(_local, "ours", False) else stock(gate, x)
+
+    dispatch.ptp_stock = stock
+    return dispatch
+
+
+def install(model) -> None:
+    """Route the attention and SwiGLU of ``model``'s layers through the dispatchers (once per family module)."""
+    from .layers import language_model
+
+    layers = getattr(language_model(model), "layers", None) or []
+    for name in {type(getattr(layer, "self_attn", layer)).__module__ for layer in layers}:
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        fn = getattr(mod, "scaled_dot_product_attention", None)
+        if fn is not None and not hasattr(fn, "ptp_stock"):
+            mod.scaled_dot_product_attention = _attention_dispatcher(fn)
+        fn = getattr(mod, "swiglu", None)
+        if fn is not None and not hasattr(fn, "ptp_stock"):
+            mod.swiglu = _swiglu_dispatcher(fn)

@@ -1,0 +1,77 @@
+"""The budget's shape memory (``ptp_mlx/drafting/shapes.py``): the value it weighs a shape by is the one the greedy
+allocation builds, known shapes are preferred unless a new one is worth its tracing, and over many calls with
+confidences that wander the shapes in use stay few; the pace guard sees cold calls at their real time."""
+
+import numpy as np
+
+from ptp_mlx.drafting.budget import Budget, reach
+from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.shapes import NOVELTY, ShapeMemory, shape_value
+
+
+def test_shape_value_is_what_choose_counts():
+    b = Budget.from_histogram(CostCurve([1, 64], [1.0, 1.0]), [1, 2, 3, 4, 5], max_width=6)
+    for conf in ([0.9, 0.8, 0.5], [0.3], [], [0.99] * 5):
+        n, branches = b.choose(conf, 64)
+        p = reach(conf, b.ratio)
+        v = shape_value(n, branches, p, b._s)
+        # choose's own running value: 1 + reach of the verified drafts + each branch's added rows' gains
+        want = 1.0 + float(p[1 : n + 1].sum())
+        for d, w in branches:
+            p_end = p[d] - (p[d + 1] if d < n else 0.0)
+            want += p_end * sum(b._s(k) for k in range(1, w))
+        assert np.isclose(v, want)
+
+
+def test_a_known_shape_wins_unless_the_new_one_is_worth_its_novelty():
+    mem = ShapeMemory()
+    cost = CostCurve([1, 64], [1.0, 1.0 + 0.05 * 63])
+    p = reach([0.8, 0.6, 0.4])
+    s = lambda k: 0.5**k  # noqa: E731
+    always = lambda k, br: True  # noqa: E731
+    assert mem.prefer(2, [(2, 3)], p, s, cost, always) == (2, ((2, 3),))  # nothing known: take it
+    mem.note(2, [(2, 3)])
+    assert mem.prefer(2, [(2, 4)], p, s, cost, always) == (2, ((2, 3),))  # a small gain is not worth tracing
+    assert mem.prefer(2, [(2, 3)], p, s, cost, always) == (2, ((2, 3),))
+    # A much better shape (3 sure drafts instead of a weak branch) is taken even though it is new.
+    sure = reach([0.99, 0.99, 0.99])
+    got = mem.prefer(3, [(3, 3)], sure, s, CostCurve([1, 64], [1.0, 1.0]), always)
+    assert got == (3, ((3, 3),))
+    # A known shape that does not fit (more drafts than in hand) is never offered.
+    assert mem.prefer(1, [(1, 2)], p, s, cost, lambda k, br: k <= 1) == (1, ((1, 2),))
+    assert NOVELTY > 0
+
+
+def test_shapes_settle_on_a_few_over_many_calls():
+    rng = np.random.default_rng(0)
+    curve = CostCurve([1, 2, 4, 8, 16, 64], [1.0, 1.05, 1.15, 1.4, 2.0, 6.0])
+    free = Budget.from_histogram(curve, [1, 2, 3, 3, 3, 2, 1], max_width=8)
+    free.shapes.prefer = lambda n, br, *a: (n, tuple(map(tuple, br)))  # the greedy choice alone, for comparison
+    kept = Budget.from_histogram(curve, [1, 2, 3, 3, 3, 2, 1], max_width=8)
+    raw, settled = set(), set()
+    for _ in range(300):
+        k = int(rng.integers(0, 8))
+        conf = list(rng.uniform(0.2, 0.95, size=k))
+        a = free.rows_for([7] * k, conf, 200, 64)
+        b = kept.rows_for([7] * k, conf, 200, 64)
+        raw.add((len(a.drafts), a.branches))
+        settled.add((len(b.drafts), b.branches))
+    assert len(settled) <= len(raw) // 2, (len(settled), len(raw))
+
+
+def test_the_pace_guard_counts_cold_calls_and_the_curve_does_not_learn_from_them():
+    class Learning(CostCurve):
+        step_seconds = 0.05
+        seen: list = []
+
+        def observe(self, rows, seconds):
+            self.seen.append(rows)
+
+    b = Budget(Learning([1, 64], [1.0, 3.0]), calibrate=True)
+    for _ in range(3):
+        b.record(4, 2, 0.5, cold=True)  # tracing: ten steps' time for two tokens
+    assert Learning.seen == [] and b.behind()  # not a price of 4 rows, but the answer paid it
+    b.guard.clear()
+    for _ in range(3):
+        b.record(4, 4, 0.5)  # a warm call this slow is a spike: capped at 3x its expected time
+    assert Learning.seen == [4, 4, 4] and not b.behind()
