@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 
 from .decode.accept import EXACT, AcceptRule
-from .decode.ahead import build_chained, confirm_chained, drop_chained
+from .decode.ahead import build_chained, chained_plan, confirm_chained, drop_chained
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
@@ -285,7 +285,9 @@ def _ptp_calls(
             i += len(block)
             plan = None
             if i < max_new and not eos.intersection(block):
-                # The next call is planned now; chained on this one, it is queued before the yield.
+                # The next call is planned now (preferring the one already built, when there is one); chained on
+                # this one, it is queued before the yield.
+                drafter.chained(chained_plan(nxt, out))
                 plan = drafter.plan(i, max_new - i, ctx - cache.offset + (0 if nxt is None else nxt.rows))
             if nxt is not None:
                 call = confirm_chained(nxt, out, plan, i, cache)

@@ -110,6 +110,6 @@ def test_install_wraps_each_family_module_once(tiny):
     mod = sys.modules[type(model.layers[0].self_attn).__module__]
     fn = mod.scaled_dot_product_attention
     assert hasattr(fn, "ptp_stock") and not hasattr(fn.ptp_stock, "ptp_stock")
-    cpu_math.install(model)
+    cpu_math.install(model.layers)
     assert mod.scaled_dot_product_attention is fn  # idempotent
     assert hasattr(mod.swiglu, "ptp_stock")

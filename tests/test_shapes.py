@@ -33,10 +33,10 @@ def test_a_known_shape_wins_unless_the_new_one_is_worth_its_novelty():
     mem.note(2, [(2, 3)])
     assert mem.prefer(2, [(2, 4)], p, s, cost, always) == (2, ((2, 3),))  # a small gain is not worth tracing
     assert mem.prefer(2, [(2, 3)], p, s, cost, always) == (2, ((2, 3),))
-    # A much better shape (3 sure drafts instead of a weak branch) is taken even though it is new.
-    sure = reach([0.99, 0.99, 0.99])
-    got = mem.prefer(3, [(3, 3)], sure, s, CostCurve([1, 64], [1.0, 1.0]), always)
-    assert got == (3, ((3, 3),))
+    # A much better shape (six sure drafts instead of two) is taken even though it is new.
+    sure = reach([0.99] * 6)
+    got = mem.prefer(6, [(6, 3)], sure, s, CostCurve([1, 64], [1.0, 1.0]), always)
+    assert got == (6, ((6, 3),))
     # A known shape that does not fit (more drafts than in hand) is never offered.
     assert mem.prefer(1, [(1, 2)], p, s, cost, lambda k, br: k <= 1) == (1, ((1, 2),))
     assert NOVELTY > 0

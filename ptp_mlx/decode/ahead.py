@@ -62,13 +62,14 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     known = [x for x in guesses if x is not None]
     if not known:
         return None
+
     nxt = known[0].plan
     if any(x.plan.branches != nxt.branches or len(x.plan.drafts) != len(nxt.drafts) for x in known):
         return None  # one outcome's next call has another shape: no single build serves them all
     if any(x.plan.strict != nxt.strict for x in known):
         return None  # or another acceptance rule (``Plan.strict``)
     on_device = {x.draft_rows is not None for x in known}
-    if len(on_device) > 1 or (True in on_device and call.out.aux_top is None):
+    if len(on_device) > 1 or (True in on_device and nxt.drafts and call.out.aux_top is None):
         return None  # drafts from this call's rows for some outcomes, known tokens for others: not one gather
     if sess.rule.for_source(nxt.source, strict=nxt.strict).guarded:
         return None  # a pivot rule reads the context, which this call's block may still change
@@ -117,6 +118,14 @@ def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: 
     call = chained.call
     call.plan, call.offset, call.i = plan, keep, i  # the same rows; the host now knows the drafts it verifies
     return call
+
+
+def chained_plan(chained: Chained | None, result: CallResult) -> Plan | None:
+    """The plan built ahead for the outcome ``result`` reports, or None (nothing built for it)."""
+    if chained is None or result.alt is not None:
+        return None
+    guess = chained.guesses[result.accepted]
+    return None if guess is None else guess.plan
 
 
 def drop_chained(chained: Chained, cache, keep: int) -> None:

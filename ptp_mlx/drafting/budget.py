@@ -47,8 +47,11 @@ class BudgetPolicy(Protocol):
         room: int,
         step: str = "fused",
         second: tuple[int, float] | None = None,
+        pending: Plan | None = None,
+        preview: bool = False,
     ) -> Plan:
-        """The rows of the next call for ``drafts`` in hand with ``confidences``."""
+        """The rows of the next call for ``drafts`` in hand with ``confidences`` (``pending``: the shape built ahead
+        for it; ``preview``: the choice without side effects)."""
         ...
 
     def observe(self, confidences: list[float], accepted: int) -> None:
@@ -234,12 +237,16 @@ class Budget:
         room: int,
         step: str = "fused",
         second: tuple[int, float] | None = None,
+        pending: Plan | None = None,
+        preview: bool = False,
     ) -> Plan:
         """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
 
         ``step="simple"`` alternates a drafting call (one branch) and a verifying call (no branch). ``second``:
         the adapter's runner-up for the first draft and its confidence; verified as a sibling strand when the
-        expected tokens it adds are worth its rows at this machine's cost.
+        expected tokens it adds are worth its rows at this machine's cost. ``pending``: the shape already built
+        for this call (a chained call, ``decode/ahead.py``), preferred as a known shape that costs no host time.
+        ``preview``: the choice only (no exploring call, nothing noted): what ``ChainDrafter.guess`` asks.
         """
         room = min(room, self.max_rows)
         burst = self._no_drafting()
@@ -250,26 +257,38 @@ class Budget:
         else:
             n, branches = self.choose(confidences, room)
             n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
-            if n or branches:  # a shape used before, unless the new one is worth its tracing (``shapes.py``)
-                n, branches = self._known(n, branches, len(drafts), confidences, remaining, room)
+            if n or branches or pending is not None:  # a shape used before, unless a new one is worth its tracing
+                n, branches = self._known(n, branches, len(drafts), confidences, remaining, room, pending)
         if n == 0 and not branches:
+            if preview:
+                return Plan([], [], burst=min(self.burst_len, remaining))
             explore = self._explore(drafts, confidences, remaining, room) if step == "fused" else None
             if explore is not None:
                 return explore
             return Plan([], [], burst=min(self.burst_len, remaining))  # (only a calibrating budget backs off)
         plan = Plan(drafts[:n], branches)
+        if preview:
+            return plan
         if step == "fused":
             self.shapes.note(n, branches)
-        if second is not None and n >= 1 and step == "fused" and remaining >= 2:
+        chained = pending is not None and (n, tuple(branches)) == (len(pending.drafts), pending.branches)
+        if second is not None and n >= 1 and step == "fused" and remaining >= 2 and not chained:
             plan = replace(plan, alts=self._alternative(plan, confidences, second, room))
         return plan
 
-    def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int):
+    def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):
         def fits(k: int, br) -> bool:
             return k <= in_hand and _fit(k, list(br), remaining, room, 2) == (k, list(br))
 
-        k, br = self.shapes.prefer(n, branches, reach(confidences, self.ratio), self._s, self.curve, fits)
+        built = (len(pending.drafts), tuple(pending.branches)) if pending is not None else None
+        p = reach(confidences, self.ratio)
+        k, br = self.shapes.prefer(n, branches, p, self._s, self.curve, fits, built)
         return k, list(br)
+
+    def prior_confidences(self, n: int) -> list[float]:
+        """Per-draft confidences the prior expects of a fresh branch's first ``n`` drafts (``survival``): what a
+        guess ahead of the read prices drafts it has not seen by."""
+        return [min(0.99, self._s(k + 1, 1.0) / max(self._s(k, 1.0), 1e-9)) for k in range(n)]
 
     def _explore(self, drafts: list[int], confidences: list[float], remaining: int, room: int) -> Plan | None:
         """Once per burst, the call the budget would make if the widths it has barely measured were cheap
@@ -366,8 +385,10 @@ class FixedBudget:
         room: int,
         step: str = "fused",
         second: tuple[int, float] | None = None,
+        pending: Plan | None = None,
+        preview: bool = False,
     ) -> Plan:
-        k = self.num_draft
+        k = self.num_draft  # (the same rows every call: ``pending`` is always its shape, ``preview`` changes nothing)
         if step == "simple":
             n, branches = simple_rows(drafts, k + 1, remaining, room)
         else:

@@ -25,6 +25,7 @@ class ChainDrafter(Drafter):
         self.uniforms = None
         self.top_prob: list[float] = []  # each draft's top probability at the decoding temperature
         self.planned: list[float] = []  # the confidences the last plan used (what the budget calibrates on)
+        self.pending: Plan | None = None  # the next call's plan as already built ahead (``chained``)
 
     def begin(self, session: DraftSession) -> None:
         s = session.settings
@@ -57,7 +58,10 @@ class ChainDrafter(Drafter):
             # plainly for a while, whatever the predictions say.
             plan = Plan([], [], burst=min(self.budget.burst_len, remaining))
         else:
-            plan = self.budget.rows_for(self.drafts, conf, remaining, room, self.step, second=self._second())
+            plan = self.budget.rows_for(
+                self.drafts, conf, remaining, room, self.step, second=self._second(), pending=self.pending
+            )
+        self.pending = None
         if plan.burst:
             self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
             self.pace = Pace()
@@ -66,19 +70,30 @@ class ChainDrafter(Drafter):
         return plan
 
     def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
-        """Known ahead when the budget's rows depend only on the number of drafts (``FixedBudget``): the next
-        drafts are the branch of ``accepted``, slots 1.. (as ``update`` takes them)."""
-        if not self.budget.shape_only or self.budget.calibrate:
+        """The next call if ``accepted`` drafts stand, before the read: its drafts are the branch of ``accepted``,
+        slots 1.. (as ``update`` takes them). A budget whose rows depend only on the number of drafts
+        (``FixedBudget``) knows it; the adaptive one guesses it from its prior confidences (``preview``), and
+        after the read prefers the shape so built unless another is worth its host time (``chained``)."""
+        if self.step != "fused" and not self.budget.shape_only:
             return None
         rows = plan.branch_rows(accepted)
         r, w = rows if rows is not None else (0, 1)
         n = w - 1
-        nxt = self.budget.rows_for([0] * n, [1.0] * n, remaining, room, self.step)
+        if self.budget.shape_only and not self.budget.calibrate:
+            nxt = self.budget.rows_for([0] * n, [1.0] * n, remaining, room, self.step)
+        elif self.budget.calibrate and not self.pace.behind() and hasattr(self.budget, "prior_confidences"):
+            conf = self.budget.prior_confidences(n)
+            nxt = self.budget.rows_for([0] * n, conf, remaining, room, self.step, preview=True)
+        else:
+            return None
         if nxt.burst or nxt.alts:
             return None
         if nxt.drafts:
             nxt = replace(nxt, source="ptp")
         return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))])
+
+    def chained(self, plan: Plan | None) -> None:
+        self.pending = plan
 
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
         self.budget.record(rows, tokens, seconds, cold)

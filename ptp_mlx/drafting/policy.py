@@ -41,6 +41,7 @@ class DraftPolicy(Drafter):
         if offer is not None and offer.expected > self.chain.expected(i):
             plan = self._fit_lookup(offer, remaining, room)  # fitted to this machine's cost
             if plan is not None:
+                self.chain.chained(None)  # (what was built ahead for the adapter's call is dropped)
                 return plan
         return self.chain.plan(i, remaining, room)
 
@@ -66,6 +67,13 @@ class DraftPolicy(Drafter):
         if self.lookup is not None and plan.source == self.lookup.source:
             self.lookup.observe(len(plan.drafts), result.accepted, self.budget.curve(plan.rows))
         self.chain.update(plan, result)
+
+    def chained(self, plan: Plan | None) -> None:
+        self.chain.chained(plan if plan is not None and plan.source != self.lookup_source else None)
+
+    @property
+    def lookup_source(self) -> str | None:
+        return self.lookup.source if self.lookup is not None else None
 
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
         self.budget.record(rows, tokens, seconds, cold)  # (the budget the chain drafter shares: told once)

@@ -143,6 +143,11 @@ class Drafter(ABC):
         """Tokens the answer gained (every block, autoregressive bursts included)."""
         return None  # (optional: nothing to keep by default)
 
+    def chained(self, plan: Plan | None) -> None:
+        """The plan of the call already built for the outcome that happened (``decode/ahead.py``; None: none):
+        the next ``plan`` may prefer it, as it costs no host time on the path."""
+        return None  # (optional: a drafter that cannot use it plans as ever)
+
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
         """A call of ``rows`` rows (1: a plain step of a burst) emitted ``tokens`` in ``seconds`` of measured wall
         time (what a budget learns costs from). ``cold``: it ran (or followed) a shape not compiled yet, so its

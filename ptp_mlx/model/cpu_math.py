@@ -26,6 +26,8 @@ import threading
 
 import mlx.core as mx
 
+from .kv import LayerKV
+
 # MLX's CPU exp polynomial for 2^f, f in [-0.5, 0.5] (Cephes' coefficients), highest degree first.
 _POLY = (
     1.535336188319500e-4,
@@ -122,15 +124,9 @@ def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
     return out.reshape(B, Hq, L, D)
 
 
-def _is_ours(cache) -> bool:
-    from .kv import LayerKV
-
-    return isinstance(cache, LayerKV)
-
-
 def _attention_dispatcher(stock):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
-        ours = sinks is None and _is_ours(cache) and enabled()
+        ours = sinks is None and isinstance(cache, LayerKV) and enabled()
         _local.ours = ours  # (this layer's SwiGLU, called next, follows)
         out = attention(queries, keys, values, scale, mask) if ours else None
         if out is None:
@@ -149,11 +145,9 @@ def _swiglu_dispatcher(stock):
     return dispatch
 
 
-def install(model) -> None:
-    """Route the attention and SwiGLU of ``model``'s layers through the dispatchers (once per family module)."""
-    from .layers import language_model
-
-    layers = getattr(language_model(model), "layers", None) or []
+def install(layers) -> None:
+    """Route the attention and SwiGLU of these transformer layers through the dispatchers (once per family
+    module)."""
     for name in {type(getattr(layer, "self_attn", layer)).__module__ for layer in layers}:
         mod = sys.modules.get(name)
         if mod is None:

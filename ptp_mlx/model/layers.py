@@ -334,7 +334,7 @@ def install(model: nn.Module) -> PTPContext:
             for name, mod in list(parent.children().items()):
                 if isinstance(mod, (nn.Linear, nn.QuantizedLinear)):
                     setattr(parent, name, GatedLoRALinear(mod, ctx, (i, name)))
-    cpu_math.install(model)  # attention and SwiGLU over our K/V state with a fast exp on the CPU
+    cpu_math.install(model.layers)  # attention and SwiGLU over our K/V state with a fast exp on the CPU
     object.__setattr__(model, "_ptp_ctx", ctx)  # a plain attribute, not a module parameter
     return ctx
 
