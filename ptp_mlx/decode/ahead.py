@@ -62,7 +62,6 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     known = [x for x in guesses if x is not None]
     if not known:
         return None
-
     nxt = known[0].plan
     if any(x.plan.branches != nxt.branches or len(x.plan.drafts) != len(nxt.drafts) for x in known):
         return None  # one outcome's next call has another shape: no single build serves them all
