@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from ptp_mlx.drafting.budget import AR_BURST, Budget
+from ptp_mlx.drafting.budget import AR_BURST, TRIAL_CALLS, Budget
 from ptp_mlx.drafting.cost import CostCurve, check_probe, extrapolate
 from ptp_mlx.drafting.learn import GUARD_MIN, STALE_CALLS, LearnedCost, PaceGuard, bucket, cached_cost_curve
 
@@ -161,13 +161,18 @@ def test_a_budget_measured_slower_than_plain_decoding_bursts_and_backs_off():
         b.record(8, 2, 4 * STEP)  # each call brought 2 tokens in 4 steps' time
     assert b.rows_for([5] * 4, conf, 100, 500).burst == AR_BURST
     b.relax()
-    assert b.guard.window.maxlen and not b.guard.window  # drafting is tried again after the burst
-    for _ in range(GUARD_MIN):
+    assert len(b.guard.window) == GUARD_MIN  # the window is kept: a few trial calls, judged with it
+    for _ in range(TRIAL_CALLS):
+        assert b.rows_for([5] * 4, conf, 100, 500).drafts  # drafting is tried again after the burst
         b.record(8, 2, 4 * STEP)
         b.observe(conf, 1)  # drafts land, yet the calls lose: the back-off holds
     assert b.rows_for([5] * 4, conf, 100, 500).burst
     b.relax()
     assert b.burst_len == 2 * AR_BURST
+    for _ in range(TRIAL_CALLS):  # trials that win lift the window's pace: drafting goes on
+        assert b.rows_for([5] * 4, conf, 100, 500).drafts
+        b.record(8, 8, 1.2 * STEP)
+    assert not b.behind() and b.rows_for([5] * 4, conf, 100, 500).drafts
 
 
 def test_a_step_not_measured_for_long_is_measured_again():
