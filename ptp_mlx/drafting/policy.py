@@ -84,7 +84,17 @@ class DraftPolicy(Drafter):
         self.chain.emitted(tokens)
 
     def ready(self) -> bool:
-        return self.lookup is not None and self.lookup.ready()
+        # Only when the budget would verify the chain now: a burst ended for a chain the budget then refuses
+        # (measured slower than plain decoding, or its rows not worth it) restarts at once, and each such restart
+        # wasted the queued step and the pipelining (bursts at half the plain pace on a chat's second turn).
+        if self.lookup is None:
+            return False
+        offer = self.lookup.offer()
+        if offer is None:
+            return False
+        conf = [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
+        fit = self.budget.rows_for(list(offer.drafts), conf, len(offer.drafts) + 1, 64, self.chain.step, preview=True)
+        return bool(fit.drafts) and self.lookup.ready()
 
 
 @dataclass(frozen=True)
