@@ -15,7 +15,14 @@ from dataclasses import dataclass, field, replace
 import mlx.core as mx
 
 from .decode.accept import EXACT, AcceptRule
-from .decode.ahead import build_chained, chained_plan, confirm_chained, drop_chained
+from .decode.ahead import (
+    build_after_burst,
+    build_chained,
+    chained_plan,
+    confirm_after_burst,
+    confirm_chained,
+    drop_chained,
+)
 from .decode.ar import Shifted, ar_calls, prefill
 from .decode.call import NO_CLOCK, build_call, finish_call
 from .decode.fixed import bank_for
@@ -248,18 +255,46 @@ def _ptp_calls(
     # With a logits hook a call's rows depend on the tokens committed before it: no call is built ahead.
     chain = hook is None and bool(opts.ahead)
     plan, call, nxt = None, None, None  # the next call's plan / its queued build / the call chained on it
+    started: list = []  # the call built on a burst's last step (``decode/ahead.py: build_after_burst``)
     cold_before = -1  # the bank's cold count before the previous iteration (a call built then runs now)
     try:
         while i < max_new:
             t_start = time.perf_counter()
             cold_start = _cold(bank)
             clock.start()
+            if call is None and started:
+                # The call built while the burst's last step computed, queued if the drafter's plan is its plan.
+                drafter.chained(started[0].guesses[0].plan)
+                plan = drafter.plan(i, max_new - i, ctx - started[0].call.offset)
+                call = confirm_after_burst(started.pop(), plan, cache)
+                if call is not None:
+                    clock.mark("update")
+                    mx.async_eval(*call.arrays)
+                    clock.mark("queue")
             if call is None:
                 # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
                 plan = plan or drafter.plan(i, max_new - i, ctx - cache.offset)
                 if plan.burst:
+                    end = i + plan.burst
+
+                    def start(token, end=end):
+                        built = build_after_burst(sess, drafter, token, end, max_new, ctx)
+                        started.extend([built] if built is not None else [])
+                        return built is not None
+
                     last, done = yield from _burst(
-                        pm, cache, last, u, i, s, plan.burst, drafter, hook, bank, sess.context
+                        pm,
+                        cache,
+                        last,
+                        u,
+                        i,
+                        s,
+                        plan.burst,
+                        drafter,
+                        hook,
+                        bank,
+                        sess.context,
+                        start if chain else None,
                     )
                     i, plan = i + done, None
                     continue
@@ -304,6 +339,8 @@ def _ptp_calls(
             cold_before = cold_start
             yield block, CallRecord(t, n, c, rows, source, out.logprobs)
     finally:
+        if started:  # built on a burst that was never finished: the state before it comes back
+            drop_chained(started[0], cache, started[0].call.offset)
         if nxt is not None:  # chained on a call that was never read: the state before it comes back
             drop_chained(nxt, cache, call.offset if call is not None else cache.offset - nxt.rows)
             call = None
@@ -316,10 +353,17 @@ def _cold(bank) -> int:
     return bank.cold if bank is not None else 0
 
 
-def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, context=None):
+def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, context=None, start=None):
     """Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive burst instead.
-    Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``."""
-    burst = ar_calls(pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank)
+    Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``.
+    ``start(token)``: builds the next PTP call on the last step's token while it computes (True if it did: the
+    burst then runs to its end)."""
+    built = []
+
+    def then(token):
+        built.append(start(token))
+
+    burst = ar_calls(pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank, then=then if start else None)
     done, cold = 0, [_cold(bank)] * 3
     for block, info in burst:
         last = block[-1]
@@ -333,7 +377,7 @@ def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, cont
         if context is not None:
             context.add(block)
         yield block, info
-        if done < length and drafter.ready():
+        if done < length and not any(built) and drafter.ready():
             # The next step is already queued and has fed ``last`` into the cache: trim it so the
             # cache again ends just before ``last`` (the lookup call feeds it at the same position).
             burst.close()

@@ -33,6 +33,9 @@ def spy(monkeypatch):
     def counted(chained, result, plan, i, cache):
         call = confirm(chained, result, plan, i, cache)
         seen["hit" if call is not None else "miss"] += 1
+        if call is None and plan is not None:
+            seen["last miss at"] = max(seen["last miss at"], i)
+            seen["first miss at"] = min(seen.get("first miss at", i), i)
         if call is not None:  # one build serves every outcome: count the outcomes it served
             seen[f"hit after {result.accepted}"] += 1
         return call
@@ -52,9 +55,11 @@ def test_pipelined_fixed_budget_calls_are_exact(pm_sticky, pm_random, varied, sp
                 s = with_seed(SETTINGS[name], 30 + k)
                 steps = assert_same(pm, tok, encode_prompt(tok, p), s, 20, {"num_draft_tokens": n_draft})
                 accepted.update(st.accepted for st in steps)
-    # Every chained build is decided once; a fixed budget's guess is its real plan, so only an answer's end drops one.
+    # Every chained build is decided once; a fixed budget's guess is its real plan, so only an answer's end drops
+    # one: there the outcomes' next calls are clipped to the tokens left, differ in shape, and one build serves
+    # the likeliest of them.
     assert spy["hit"] > 0 and spy["built"] == spy["hit"] + spy["miss"], spy
-    assert spy["miss"] <= 2 * 3 * 3, spy  # at most one per answer (its last call's outcome ends it)
+    assert spy["miss"] == 0 or spy["first miss at"] >= 20 - 3 * 3 - 1, spy  # (outcomes past the last 2k tokens)
     assert spy["hit after 0"] > 0 and sum(v for k, v in spy.items() if k.startswith("hit after ") and k[-1] != "0") > 0
     assert accepted[0] > 0 and sum(v for a, v in accepted.items() if a > 0) > 0, accepted  # both kinds of outcome
 
@@ -156,5 +161,7 @@ def test_calls_with_drafts_the_host_knows_are_chained_and_exact(pm_sticky, varie
     opts = DecodeOptions(mode="ptp", max_tokens=40, sampling=s, drafter=KnownDraftsOracle(drafts, 4))
     steps = list(stream_generate(pm_sticky, tok, ids, opts))
     assert [t for st in steps for t in st.tokens] == want
-    assert spy["hit"] > 3 and spy["miss"] <= 1, spy  # (the answer's last call may find no next one)
+    # (near the answer's end the oracle's drafts run out, its outcomes' next calls differ in shape, and the one
+    # build serves the likeliest: the last calls may drop theirs)
+    assert spy["hit"] > 3 and spy["miss"] <= 2 and spy["first miss at"] >= len(want) - 2 * 4, spy
     assert len({k for k in spy if k.startswith("hit after ")}) > 1  # several outcomes served by host tokens

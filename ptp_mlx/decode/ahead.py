@@ -7,8 +7,8 @@ shape whatever is accepted; prompt lookup, whose chain continues the copied text
 next call is one fixed-shape call whose inputs are gathered on the device from this call's outputs by its
 accepted count ``c``: its token rows (the exact token at ``c``, then the drafts of branch ``c``, or the host's
 guessed drafts for outcome ``c``), its uniforms (a table with one row per outcome) and its cache offset (this
-call's plus ``1 + c``). Outcomes the drafter cannot tell get no row of their own: if one happens the call is
-dropped. Its graph is built while this call computes; after the read it is queued at once
+call's plus ``1 + c``). Outcomes the drafter cannot tell, or whose next call has another shape than the likeliest
+outcomes' (``Drafter.likely``), get no row of their own: if one happens the call is dropped. Its graph is built while this call computes; after the read it is queued at once
 if the drafter's real plan is the guessed one for the outcome that happened, and dropped otherwise (the call is
 then built as ever). Either way the same call runs on the same rows, so the output is unchanged.
 
@@ -43,7 +43,8 @@ class Chained:
 def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int) -> Chained | None:
     """Build the call after ``call`` (built, not read) for all its outcomes at once, or None where that does not
     apply: the eager legacy pass, a logits hook, a token tree (a landed alternative moves K/V rows on the host),
-    a drafter that cannot tell, or outcomes whose next calls differ in shape."""
+    or a drafter that cannot tell any outcome's next call. Where outcomes' next calls differ in shape, the build
+    serves the likeliest ones (``Drafter.likely``)."""
     plan, cache = call.plan, sess.cache
     if sess.bank is None or sess.hook is not None or plan.alts:
         return None
@@ -59,17 +60,13 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
             guess = None
         # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
         guesses.append(guess)
+    guesses = _likeliest_kind(guesses, drafter.likely(plan))
     known = [x for x in guesses if x is not None]
     if not known:
         return None
     nxt = known[0].plan
-    if any(x.plan.branches != nxt.branches or len(x.plan.drafts) != len(nxt.drafts) for x in known):
-        return None  # one outcome's next call has another shape: no single build serves them all
-    if any(x.plan.strict != nxt.strict for x in known):
-        return None  # or another acceptance rule (``Plan.strict``)
-    on_device = {x.draft_rows is not None for x in known}
-    if len(on_device) > 1 or (True in on_device and nxt.drafts and call.out.aux_top is None):
-        return None  # drafts from this call's rows for some outcomes, known tokens for others: not one gather
+    if known[0].draft_rows is not None and nxt.drafts and call.out.aux_top is None:
+        return None  # drafts from this call's rows, which it does not output
     if sess.rule.for_source(nxt.source, strict=nxt.strict).guarded:
         return None  # a pivot rule reads the context, which this call's block may still change
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
@@ -97,6 +94,57 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     before = cache.snapshot()
     built = build_call(sess, 0, nxt, -1, chain=inputs)
     return Chained(built, guesses, before, call_shape(nxt).rows)
+
+
+def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i: int, max_new: int, ctx: int):
+    """The PTP call after an autoregressive burst, built while the burst's last step computes (``token``: that
+    step's output, lazy), or None where the drafter cannot tell it (``Drafter.guess_start``). Its rows are
+    ``[token]`` and the branches: nothing the host has not read but the token itself, so its offset is known."""
+    cache = sess.cache
+    if sess.bank is None or sess.hook is not None or i >= max_new:
+        return None
+    plan = drafter.guess_start(i, max_new - i, ctx - cache.offset)
+    if plan is None or plan.drafts or plan.alts or plan.burst:
+        return None
+    before = cache.snapshot()
+    built = build_call(sess, 0, plan, i, tokens=token.reshape(1).astype(mx.int32))
+    return Chained(built, [Guess(plan, None)], before, call_shape(plan).rows)
+
+
+def confirm_after_burst(chained: Chained, plan: Plan | None, cache) -> PendingCall | None:
+    """The call built after a burst, if ``plan`` (the drafter's real plan, the burst's tokens read) is the one it
+    was built for; otherwise None, the call dropped and the cache back at the burst's end."""
+    guess = chained.guesses[0].plan
+    ok = plan is not None and not plan.burst and not plan.alts and not plan.drafts
+    ok = ok and plan.branches == guess.branches and plan.source == guess.source and plan.strict == guess.strict
+    if not ok:
+        drop_chained(chained, cache, chained.call.offset)
+        return None
+    chained.before = None
+    chained.call.plan = plan
+    return chained.call
+
+
+def _kind(guess: Guess) -> tuple:
+    """What one build must share across outcomes: the shape, the acceptance rule (``Plan.strict``) and where the
+    drafts come from (this call's rows, or tokens the host knows: not one gather)."""
+    p = guess.plan
+    return len(p.drafts), p.branches, p.strict, guess.draft_rows is None
+
+
+def _likeliest_kind(guesses: list[Guess | None], likely: list[float] | None) -> list[Guess | None]:
+    """``guesses`` with only those of one kind kept (``_kind``): the kind the outcomes most likely to happen
+    (``likely[g]``: P(g drafts stand); None: all alike) ask for; the others get no build, and a read that
+    reports one of them drops it."""
+    weight: dict[tuple, float] = {}
+    for g, x in enumerate(guesses):
+        if x is not None:
+            p = likely[g] if likely is not None and g < len(likely) else 1.0
+            weight[_kind(x)] = weight.get(_kind(x), 0.0) + p + 1e-9
+    if len(weight) <= 1:
+        return guesses
+    best = max(weight, key=weight.get)
+    return [x if x is not None and _kind(x) == best else None for x in guesses]
 
 
 def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: int, cache) -> PendingCall | None:

@@ -32,13 +32,15 @@ def prefill(model, tokens: list[int], cache) -> None:
 
 
 def ar_calls(
-    pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None, bank=None
+    pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None, bank=None, then=None
 ) -> Iterator[tuple[list[int], CallRecord]]:
     """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token.
 
     Yields ``([token], CallRecord)`` per step (with the token's logprobs when ``hook`` asks for them); the cache
     gains each fed token (``last`` first). ``hook``: the answer's penalties, logit_bias and logprobs. ``bank``:
-    steps are the fixed-shape ones of ``decode/fixed.py`` (run eagerly under a hook)."""
+    steps are the fixed-shape ones of ``decode/fixed.py`` (run eagerly under a hook). ``then``: called once with
+    the last step's token (lazy int32 [1]) as soon as that step is queued, before any of it is read (a PTP call
+    after a burst is built on it meanwhile: ``decode/ahead.py``)."""
     base = pm.base
 
     def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
@@ -57,12 +59,16 @@ def ar_calls(
 
     tok, scored = step(mx.array([last]), 0)
     mx.async_eval(tok, *(scored or []))
+    if then is not None and max_new == 1:
+        then(tok)
     for i in range(max_new):
         t_start = time.perf_counter()
         nxt = nxt_scored = None
         if i + 1 < max_new:
             nxt, nxt_scored = step(tok, i + 1)
             mx.async_eval(nxt, *(nxt_scored or []))
+            if then is not None and i + 2 == max_new:
+                then(nxt)
         t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
         if t < 0:
             raise ValueError("cannot sample: the model produced non-finite logits")

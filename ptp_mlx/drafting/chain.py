@@ -8,6 +8,12 @@ from .budget import BudgetPolicy, Pace, reach, u_factor
 from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
 
 
+def outcome_probs(confidences: list[float], ratio: float) -> list[float]:
+    """``P(c == g)``, g = 0..n: exactly ``g`` leading drafts of ``confidences`` (scaled by ``ratio``) stand."""
+    p = reach(confidences, ratio)
+    return [float(p[g] - (p[g + 1] if g + 1 < len(p) else 0.0)) for g in range(len(p))]
+
+
 class ChainDrafter(Drafter):
     """A chain of the adapter's drafts per call, its rows chosen by a budget.
 
@@ -26,6 +32,7 @@ class ChainDrafter(Drafter):
         self.top_prob: list[float] = []  # each draft's top probability at the decoding temperature
         self.planned: list[float] = []  # the confidences the last plan used (what the budget calibrates on)
         self.pending: Plan | None = None  # the next call's plan as already built ahead (``chained``)
+        self.fresh = False  # the drafts in hand follow the last block emitted (the call's own, not a burst's)
 
     def begin(self, session: DraftSession) -> None:
         s = session.settings
@@ -95,6 +102,16 @@ class ChainDrafter(Drafter):
     def chained(self, plan: Plan | None) -> None:
         self.pending = plan
 
+    def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
+        """After a burst no drafts are in hand (``emitted`` dropped them): the budget's priming call, as previewed."""
+        if self.step != "fused" or (self.budget.calibrate and self.pace.behind()):
+            return None
+        nxt = self.budget.rows_for([], [], remaining, room, self.step, preview=True)
+        return None if nxt.burst or nxt.drafts or nxt.alts or not nxt.branches else nxt
+
+    def likely(self, plan: Plan) -> list[float] | None:
+        return outcome_probs(self.planned[: len(plan.drafts)], self.budget.ratio)
+
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
         self.budget.record(rows, tokens, seconds, cold)
 
@@ -110,7 +127,18 @@ class ChainDrafter(Drafter):
             r, w = rows
             self.drafts, self.conf = result.aux_tokens[r + 1 : r + w], result.aux_conf[r + 1 : r + w]
             self.top_prob = result.aux_top_prob[r + 1 : r + w] if result.aux_top_prob else []
+        self.fresh = True
         self._took(result, rows)
+
+    def emitted(self, tokens: list[int]) -> None:
+        # A call's own block comes right after ``update``; any other (a burst's tokens) moves the answer past the
+        # positions the drafts in hand predict: they are dropped, not verified (they would fail, and the budget
+        # would calibrate on them).
+        if self.fresh:
+            self.fresh = False
+            return
+        self.drafts, self.conf, self.top_prob = [], [], []
+        self._took(CallResult([], 0), None)
 
     def _took(self, result: CallResult, rows: tuple[int, int] | None) -> None:
         """Hook for what else a drafter keeps from the branch it took (``TreeDrafter``: the runner-up)."""

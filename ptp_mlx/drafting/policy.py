@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .budget import BudgetPolicy
-from .chain import ChainDrafter
+from .chain import ChainDrafter, outcome_probs
 from .lookup import LookupOffer, LookupProposer
 from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
 
@@ -22,6 +22,7 @@ class DraftPolicy(Drafter):
 
     def __init__(self, budget: BudgetPolicy, chain: ChainDrafter, lookup: LookupProposer | None = None):
         self.budget, self.chain, self.lookup = budget, chain, lookup
+        self.lookup_conf: list[float] = []  # the confidences the last lookup plan was priced by
 
     @property
     def runner_up(self) -> bool:
@@ -42,25 +43,36 @@ class DraftPolicy(Drafter):
             plan = self._fit_lookup(offer, remaining, room)  # fitted to this machine's cost
             if plan is not None:
                 self.chain.chained(None)  # (what was built ahead for the adapter's call is dropped)
+                self.lookup_conf = self._lookup_conf(offer)
                 return plan
         return self.chain.plan(i, remaining, room)
 
     def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         # After a lookup chain, when all of it stands: the chain that continues the copied text (the policy's
         # choice between the peers needs the adapter's drafts, read only after the call: a guess the read may
-        # not confirm). Otherwise the adapter's next call, guessed ahead where its budget can tell it.
-        if self.lookup is not None and plan.source == self.lookup.source:
-            offer = self.lookup.guess_after(plan.drafts) if accepted == len(plan.drafts) else None
-            if offer is None:
-                return None
-            nxt = self._fit_lookup(offer, remaining, room)
+        # not confirm). Otherwise (a lookup chain cut short, or the adapter's call) the adapter's next call from
+        # the branch the call drafted there, guessed ahead where its budget can tell it.
+        if self.lookup is not None and plan.source == self.lookup.source and accepted == len(plan.drafts):
+            offer = self.lookup.guess_after(plan.drafts)
+            nxt = self._fit_lookup(offer, remaining, room) if offer is not None else None
             return Guess(nxt, None) if nxt is not None else None
         return self.chain.guess(plan, accepted, i, remaining, room)
 
+    def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
+        # (a lookup chain needs the burst's last token: if lookup wins after the read, the build is dropped)
+        return self.chain.guess_start(i, remaining, room)
+
+    def likely(self, plan: Plan) -> list[float] | None:
+        if self.lookup is not None and plan.source == self.lookup.source:
+            return outcome_probs(self.lookup_conf[: len(plan.drafts)], self.budget.ratio)
+        return self.chain.likely(plan)
+
+    def _lookup_conf(self, offer: LookupOffer) -> list[float]:
+        return [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
+
     def _fit_lookup(self, offer: LookupOffer, remaining: int, room: int) -> Plan | None:
         """The budget's rows for a lookup chain (it sees the hit rate as confidences), or None without drafts."""
-        conf = [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
-        plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step)
+        plan = self.budget.rows_for(list(offer.drafts), self._lookup_conf(offer), remaining, room, self.chain.step)
         return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
 
     def update(self, plan: Plan, result: CallResult) -> None:
@@ -92,7 +104,7 @@ class DraftPolicy(Drafter):
         offer = self.lookup.offer()
         if offer is None:
             return False
-        conf = [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
+        conf = self._lookup_conf(offer)
         fit = self.budget.rows_for(list(offer.drafts), conf, len(offer.drafts) + 1, 64, self.chain.step, preview=True)
         return bool(fit.drafts) and self.lookup.ready()
 

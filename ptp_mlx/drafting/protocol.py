@@ -139,6 +139,19 @@ class Drafter(ABC):
         one computes and queues it the moment the read confirms it (``ptp_mlx/decode/ahead.py``)."""
         return None
 
+    def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
+        """The plan of the call that follows an autoregressive burst (at generated position ``i``), told before
+        the burst's last token is read, if this drafter can; None otherwise. It must need no token the host has
+        not read (no drafts in hand: the burst moved past them). The call is built while that step computes and
+        queued if ``plan`` then returns the same."""
+        return None
+
+    def likely(self, plan: Plan) -> list[float] | None:
+        """``P(c == g)`` for g = 0..len(plan.drafts): how likely the call running ``plan`` (the latest planned)
+        accepts ``g`` drafts, as this drafter priced them; None: no idea. When the guessed next calls differ in
+        shape by outcome, the one build ahead serves the likeliest shape."""
+        return None
+
     def emitted(self, tokens: list[int]) -> None:
         """Tokens the answer gained (every block, autoregressive bursts included)."""
         return None  # (optional: nothing to keep by default)
