@@ -358,29 +358,30 @@ def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, cont
     Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``.
     ``start(token)``: builds the next PTP call on the last step's token while it computes (True if it did: the
     burst then runs to its end)."""
-    built = []
+    built, stop = [], []
 
     def then(token):
         built.append(start(token))
 
-    burst = ar_calls(pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank, then=then if start else None)
+    then = then if start else None
+    burst = ar_calls(
+        pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank, then=then, stop=lambda: bool(stop)
+    )
     done, cold = 0, [_cold(bank)] * 3
     for block, info in burst:
         last = block[-1]
         done += 1
         cold = cold[1:] + [_cold(bank)]
         # (the first step of a burst is not pipelined behind another: not a plain step's pace; nor is a step that
-        # ran, or followed, an uncompiled one)
-        if done > 1 and cold[0] == cold[-1]:
+        # ran, or followed, an uncompiled one, nor the step read after the burst was told to stop)
+        if done > 1 and cold[0] == cold[-1] and not stop:
             drafter.timed(1, 1, info.time)
         drafter.emitted(block)
         if context is not None:
             context.add(block)
         yield block, info
-        if done < length and not any(built) and drafter.ready():
-            # The next step is already queued and has fed ``last`` into the cache: trim it so the
-            # cache again ends just before ``last`` (the lookup call feeds it at the same position).
-            burst.close()
-            cache.trim(1)
-            break
+        if done < length and not stop and not any(built) and drafter.ready():
+            # A draft worth a call is in hand: the burst ends after the step already queued, whose token is read
+            # and kept (not dropped: it was computed anyway), and the drafter plans with it.
+            stop.append(True)
     return last, done

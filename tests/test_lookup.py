@@ -156,3 +156,33 @@ def test_the_default_drafter_is_composed_from_one_config():
     assert policy.budget is policy.chain.budget  # one budget, given to both when they were made
     fixed = make_drafter(DraftingConfig(num_draft_tokens=2, lookup=False), 4)
     assert fixed.budget.num_draft == 2 and fixed.budget.shape_only
+
+
+def test_a_burst_ended_early_keeps_the_step_it_had_queued(varied, pm_sticky, monkeypatch):
+    """Ending a burst for a lookup chain reads the step already queued and keeps its token: every plain step
+    computed is a token of the answer (none is computed and then thrown away)."""
+    from ptp_mlx.decode.fixed import CompileBank
+
+    _, tok = varied
+    steps_run = []
+    ar_step = CompileBank.ar_step
+
+    def counted(self, *a, **k):
+        steps_run.append(1)
+        return ar_step(self, *a, **k)
+
+    monkeypatch.setattr(CompileBank, "ar_step", counted)
+    s = with_seed(SETTINGS["greedy"], 4)
+    interrupted = 0
+    for prompt in PROMPTS:
+        ids = encode_prompt(tok, prompt * 6)
+        want = ar(pm_sticky, tok, ids, s, 48)
+        steps_run.clear()
+        inner = _AlwaysBurst(WINDOW)
+        drafter = DraftPolicy(inner.budget, inner, LookupProposer(ids, max_draft=WINDOW - 1, prior=(9.0, 1.0)))
+        steps = assert_same(pm_sticky, tok, ids, s, 48, {"drafter": drafter}, want=want)
+        ends = sum(st.source == "lookup" for st in steps)  # bursts ended early (lookup calls follow only those)
+        interrupted = max(interrupted, ends)
+        # (one step past the answer's end may have been queued, as in any pipelined decoding)
+        assert len(steps_run) <= sum(1 for st in steps if st.rows == 1) + 1, (len(steps_run), ends)
+    assert interrupted > 0  # bursts were ended early

@@ -32,7 +32,7 @@ def prefill(model, tokens: list[int], cache) -> None:
 
 
 def ar_calls(
-    pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None, bank=None, then=None
+    pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None, bank=None, then=None, stop=None
 ) -> Iterator[tuple[list[int], CallRecord]]:
     """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token.
 
@@ -40,7 +40,8 @@ def ar_calls(
     gains each fed token (``last`` first). ``hook``: the answer's penalties, logit_bias and logprobs. ``bank``:
     steps are the fixed-shape ones of ``decode/fixed.py`` (run eagerly under a hook). ``then``: called once with
     the last step's token (lazy int32 [1]) as soon as that step is queued, before any of it is read (a PTP call
-    after a burst is built on it meanwhile: ``decode/ahead.py``)."""
+    after a burst is built on it meanwhile: ``decode/ahead.py``). ``stop()``: asked before each next step is
+    queued; once True, the step already queued is read and the loop ends (a burst ended early keeps that token)."""
     base = pm.base
 
     def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
@@ -64,7 +65,7 @@ def ar_calls(
     for i in range(max_new):
         t_start = time.perf_counter()
         nxt = nxt_scored = None
-        if i + 1 < max_new:
+        if i + 1 < max_new and not (stop is not None and stop()):
             nxt, nxt_scored = step(tok, i + 1)
             mx.async_eval(nxt, *(nxt_scored or []))
             if then is not None and i + 2 == max_new:
@@ -74,4 +75,6 @@ def ar_calls(
             raise ValueError("cannot sample: the model produced non-finite logits")
         lps = hook.read(scored, [0], [t]) if scored is not None else None
         yield [t], CallRecord(time.perf_counter() - t_start, logprobs=lps)
+        if nxt is None:
+            return
         tok, scored = nxt, nxt_scored
