@@ -228,3 +228,21 @@ def test_end_to_end_on_the_tiny_model_with_an_injected_clock(tiny_model_dir, ada
     assert seen and all(true_rel(lows[b]) * 0.95 <= cost(b) <= true_rel(b) * 1.05 for b in seen), [
         (b, cost(b), true_rel(lows[b]), true_rel(b)) for b in seen
     ]
+
+
+def test_an_uncompiled_call_caps_a_pessimistic_width_at_once():
+    """A call that ran its shape eagerly is no price, but the compiled call is no slower: the first one to explore
+    a width priced at 10 steps a row brings it down to what it took (never up, never below later measurements)."""
+    cost = LearnedCost(CostCurve.linear(10.0), STEP)
+    assert cost(4) == pytest.approx(31.0)
+    cost.observe(4, 3 * STEP * true_rel(4), cold=True)  # eager: three times the compiled cost
+    assert cost(4) == pytest.approx(3 * true_rel(4), rel=1e-6)
+    assert cost(6) < 10.0  # its neighbours follow the correction
+    cost.observe(4, 100 * STEP, cold=True)  # a tracing call, slower than the bound: it changes nothing
+    assert cost(4) == pytest.approx(3 * true_rel(4), rel=1e-6)
+    for _ in range(3):  # compiled calls of its own: the bound steps aside for them
+        cost.observe(4, STEP * true_rel(4))
+    assert cost(4) == pytest.approx(true_rel(4), rel=1e-6)
+    low = LearnedCost(CostCurve.linear(0.12), STEP)
+    low.observe(4, 3 * STEP * true_rel(4), cold=True)  # a bound above the estimate does not raise it
+    assert low(4) == pytest.approx(true_rel(4), rel=1e-6)

@@ -206,15 +206,15 @@ class Budget:
         self.expected *= keep
 
     def record(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
-        """One call's measured time: the cost curve learns from it (when it is a ``LearnedCost``; not from a
-        ``cold`` call, whose time holds the tracing of its shape), and a PTP call's tokens per second feed the pace
+        """One call's measured time: the cost curve learns from it (when it is a ``LearnedCost``; a ``cold`` call,
+        whose time holds running its shape uncompiled, only as an upper bound), and a PTP call's tokens per second feed the pace
         guard, cold or not: a shape compiled for one call is a cost the answer paid, and a budget that keeps
         meeting new shapes must see it (a warm call slowed by a stray spike is capped)."""
         step = getattr(self.curve, "step_seconds", None)
         expected = self.curve(rows) * step if step and rows > 1 and not cold else None
         learn = getattr(self.curve, "observe", None)
-        if learn is not None and not cold:
-            learn(rows, seconds)
+        if learn is not None:
+            learn(rows, seconds, cold=cold)
         if rows > 1:
             self.guard.add(tokens, seconds, expected)
             self.trials = max(0, self.trials - 1)

@@ -62,6 +62,7 @@ class LearnedCost:
         self.prior, self.path, self.record, self.source = prior, path, dict(record or {}), source
         self._step_prior = math.log(step_seconds) if step_seconds else None
         self.samples: dict[int, deque] = {}  # bucket -> recent log-seconds (bucket 1: plain steps)
+        self.ceiling: dict[int, float] = {}  # bucket -> the fastest uncompiled call's log-seconds (an upper bound)
         self.since_step = 0  # PTP calls since the last plain step was measured
         self.observed = 0
         self._prior_table = np.array([prior(w) for w in range(MAX_ROWS + 1)])
@@ -116,15 +117,25 @@ class LearnedCost:
         return float(np.exp(np.abs(np.log(ratio)).max()))
 
     # -- what decoding tells it ------------------------------------------------------------------------------------
-    def observe(self, rows: int, seconds: float) -> None:
-        """One call of ``rows`` rows (1: a plain step) took ``seconds``."""
+    def observe(self, rows: int, seconds: float, cold: bool = False) -> None:
+        """One call of ``rows`` rows (1: a plain step) took ``seconds``. ``cold``: it ran its shape uncompiled
+        (eagerly, or tracing it), so its time is no price, but a bound: the compiled call is no slower. It caps the
+        width's estimate until the width has calls of its own (a curve far too pessimistic is corrected by the
+        first call that explores it, not the third)."""
         if not seconds > 0:
             return
         b = bucket(rows)
         if self._step_prior is None:  # no probe: the first call sets the scale at the prior's ratio
+            if cold:
+                return
             self._step_prior = math.log(seconds / self.prior(rows))
         # A wide bucket holds several widths: each call is scaled to the bucket's own width by the prior's shape.
         at_b = math.log(seconds) + (math.log(self.prior(b) / self.prior(rows)) if b != rows else 0.0)
+        if cold:
+            if b > 1:
+                self.ceiling[b] = min(self.ceiling.get(b, at_b), at_b)
+                self._rebuild()
+            return
         self.samples.setdefault(b, deque(maxlen=WINDOW)).append(at_b)
         self.since_step = 0 if b == 1 else self.since_step + 1
         self.observed += 1
@@ -140,17 +151,21 @@ class LearnedCost:
         if self._step_prior is None:
             return None
         xs = list(self.samples.get(b, ()))
+        cap = self.ceiling.get(b) if len(xs) < PRIOR_UNTIL else None
         if not xs:
-            return None if b != 1 else self._step_prior
+            if b == 1:
+                return self._step_prior
+            return None if cap is None else min(cap, self._prior_log(b))
         if len(xs) < PRIOR_UNTIL:
-            xs.append(self._prior_log(b))
-        return float(np.median(xs))
+            xs.append(self._prior_log(b) if cap is None else min(cap, self._prior_log(b)))
+        est = float(np.median(xs))
+        return est if cap is None else min(est, cap)
 
     def _rebuild(self) -> None:
         """The relative table from the estimates: measured widths as measured, the others the prior's shape times
         the interpolated correction of the measured ones; never below one step, never falling with width."""
         step = self._estimate(1)
-        seen = sorted(b for b in self.samples if b > 1)
+        seen = sorted(b for b in set(self.samples) | set(self.ceiling) if b > 1)
         table = self._prior_table.copy()
         if step is not None and seen:
             corr = [self._estimate(b) - self._prior_log(b) for b in seen]  # log(measured / prior), same scale
