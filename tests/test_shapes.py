@@ -59,18 +59,20 @@ def test_shapes_settle_on_a_few_over_many_calls():
     assert len(settled) <= len(raw) // 2, (len(settled), len(raw))
 
 
-def test_the_pace_guard_counts_cold_calls_and_the_curve_does_not_learn_from_them():
+def test_the_pace_guard_counts_cold_calls_and_the_curve_takes_them_as_bounds_only():
     class Learning(CostCurve):
         step_seconds = 0.05
         seen: list = []
+        bounds: list = []
 
-        def observe(self, rows, seconds):
-            self.seen.append(rows)
+        def observe(self, rows, seconds, cold=False):
+            (self.bounds if cold else self.seen).append(rows)
 
     b = Budget(Learning([1, 64], [1.0, 3.0]), calibrate=True)
     for _ in range(3):
         b.record(4, 2, 0.5, cold=True)  # tracing: ten steps' time for two tokens
-    assert Learning.seen == [] and b.behind()  # not a price of 4 rows, but the answer paid it
+    # not a price of 4 rows (an upper bound at most: ``LearnedCost``), but the answer paid it
+    assert Learning.seen == [] and Learning.bounds == [4, 4, 4] and b.behind()
     b.guard.clear()
     for _ in range(3):
         b.record(4, 4, 0.5)  # a warm call this slow is a spike: capped at 3x its expected time
