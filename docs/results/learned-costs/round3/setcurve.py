@@ -1,5 +1,10 @@
 """Plant a wrong cost curve: low (every width above 1 at 0.8 of a row) or high (each extra row 10 steps)."""
-import glob, json, os, sys
+
+import glob
+import json
+import os
+import sys
+
 mode = sys.argv[1]
 for f in glob.glob(os.path.expanduser("~/.cache/ptp-mlx/cost-curves/cost-curve-*.json")):
     d = json.load(open(f))
