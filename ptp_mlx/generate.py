@@ -280,22 +280,9 @@ def _ptp_calls(
                     def start(token, end=end):
                         built = build_after_burst(sess, drafter, token, end, max_new, ctx)
                         started.extend([built] if built is not None else [])
-                        return built is not None
 
-                    last, done = yield from _burst(
-                        pm,
-                        cache,
-                        last,
-                        u,
-                        i,
-                        s,
-                        plan.burst,
-                        drafter,
-                        hook,
-                        bank,
-                        sess.context,
-                        start if chain else None,
-                    )
+                    args = (pm, cache, last, u, i, s, plan.burst, drafter, hook, bank, sess.context)
+                    last, done = yield from _burst(*args, start=start if chain else None)
                     i, plan = i + done, None
                     continue
                 clock.mark("plan")
@@ -356,16 +343,10 @@ def _cold(bank) -> int:
 def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, context=None, start=None):
     """Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive burst instead.
     Same uniforms, same tokens; the cache again ends just before the last token. Returns ``(last, done)``.
-    ``start(token)``: builds the next PTP call on the last step's token while it computes (True if it did: the
-    burst then runs to its end)."""
-    built, stop = [], []
-
-    def then(token):
-        built.append(start(token))
-
-    then = then if start else None
+    ``start(token)``: builds the next PTP call on the last step's token while it computes."""
+    stop = []
     burst = ar_calls(
-        pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank, then=then, stop=lambda: bool(stop)
+        pm, cache, last, Shifted(u, i), s, length, hook=hook, bank=bank, then=start, stop=lambda: bool(stop)
     )
     done, cold = 0, [_cold(bank)] * 3
     for block, info in burst:
@@ -380,8 +361,9 @@ def _burst(pm, cache, last, u, i, s, length, drafter, hook=None, bank=None, cont
         if context is not None:
             context.add(block)
         yield block, info
-        if done < length and not stop and not any(built) and drafter.ready():
+        if done < length - 1 and not stop and drafter.ready():
             # A draft worth a call is in hand: the burst ends after the step already queued, whose token is read
-            # and kept (not dropped: it was computed anyway), and the drafter plans with it.
+            # and kept (not dropped: it was computed anyway), and the drafter plans with it. (Past ``length - 1``
+            # the step queued is the burst's last anyway, and the next call may already be built on it.)
             stop.append(True)
     return last, done
