@@ -266,7 +266,7 @@ def _ptp_calls(
                 # The call built while the burst's last step computed, queued if the drafter's plan is its plan.
                 drafter.chained(started[0].guesses[0].plan)
                 plan = drafter.plan(i, max_new - i, ctx - started[0].call.offset)
-                call = confirm_after_burst(started.pop(), plan, cache)
+                call = confirm_after_burst(started.pop(), plan, cache, last)
                 if call is not None:
                     clock.mark("update")
                     mx.async_eval(*call.arrays)

@@ -42,7 +42,7 @@ from ..decode.call import PhaseClock
 from ..decode.fixed import bank_for, compiled_by_default
 from ..drafting.protocol import CallResult, Drafter, Guess, Plan
 from ..generate import DecodeOptions, decoding_settings, stream_generate
-from ..sampler import SamplingSettings, UniformStream, pick
+from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick, resolve
 from .graph import call_primitives
 
 PHASES = ("plan", "build", "queue", "ahead", "compute", "read+trim", "update")
@@ -201,11 +201,15 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings, compil
     tok, ph = mx.array([ids[-1]], dtype=mx.int32), {k: [] for k in ("build", "compute", "read+trim")}
     for i in range(max_tokens):
         t0 = time.perf_counter()
-        nxt = ours(tok, i, cache)
+        if bank is not None:
+            nxt, logits = bank.ar_step(cache, s, tok, mx.array([u[i]], dtype=mx.float32), with_logits=True)
+        else:
+            nxt, logits = ours(tok, i, cache), None
         t1 = time.perf_counter()
         mx.eval(nxt)  # sync: unpipelined, to see the parts
         t2 = time.perf_counter()
-        tok = mx.array([int(nxt.item())], dtype=mx.int32)
+        t = int(nxt.item())
+        tok = mx.array([resolve(u[i], logits.reshape(-1), s) if t == UNRESOLVED else t], dtype=mx.int32)
         t3 = time.perf_counter()
         for k, a, b in (("build", t0, t1), ("compute", t1, t2), ("read+trim", t2, t3)):
             ph[k].append(b - a)

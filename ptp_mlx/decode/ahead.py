@@ -38,6 +38,7 @@ class Chained:
     guesses: list[Guess | None]
     before: tuple | None
     rows: int
+    token: mx.array | None = None  # the lazy token a call after a burst was built on
 
 
 def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int) -> Chained | None:
@@ -80,7 +81,8 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
             per_outcome[g] = x.plan.drafts if x.draft_rows is None else x.draft_rows
             row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
     c = call.out.accepted  # int32 []: the outcome, known on the device only
-    rows = [mx.take(call.out.targets, c.reshape(1)).astype(mx.int32)]
+    # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
+    rows = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
     if m:
         picked = mx.take(mx.array(per_outcome), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
         rows.append(picked if known[0].draft_rows is None else mx.take(call.out.aux_top, picked).astype(mx.int32))
@@ -107,15 +109,17 @@ def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i:
     if plan is None or plan.drafts or plan.alts or plan.burst:
         return None
     before = cache.snapshot()
-    built = build_call(sess, 0, plan, i, tokens=token.reshape(1).astype(mx.int32))
-    return Chained(built, [Guess(plan, None)], before, call_shape(plan).rows)
+    built = build_call(sess, 0, plan, i, tokens=mx.maximum(token.reshape(1), 0).astype(mx.int32))
+    return Chained(built, [Guess(plan, None)], before, call_shape(plan).rows, token)
 
 
-def confirm_after_burst(chained: Chained, plan: Plan | None, cache) -> PendingCall | None:
+def confirm_after_burst(chained: Chained, plan: Plan | None, cache, last: int) -> PendingCall | None:
     """The call built after a burst, if ``plan`` (the drafter's real plan, the burst's tokens read) is the one it
-    was built for; otherwise None, the call dropped and the cache back at the burst's end."""
+    was built for and ``last`` (the burst's last token, as read) the token it was built on (not a token the host
+    resolved: sampler.py, ``UNRESOLVED``); otherwise None, the call dropped and the cache back at the burst's end."""
     guess = chained.guesses[0].plan
     ok = plan is not None and not plan.burst and not plan.alts and not plan.drafts
+    ok = ok and int(chained.token.item()) == last  # (computed: the burst's last step was read)
     ok = ok and plan.branches == guess.branches and plan.source == guess.source and plan.strict == guess.strict
     if not ok:
         drop_chained(chained, cache, chained.call.offset)
@@ -154,7 +158,7 @@ def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: 
     accepted path, and ``plan`` is built as usual."""
     guess = chained.guesses[result.accepted] if result.alt is None else None
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the chained call's rows
-    ok = guess is not None and plan is not None and not plan.burst and not plan.alts
+    ok = guess is not None and plan is not None and not plan.burst and not plan.alts and not result.resolved
     ok = ok and plan.branches == guess.plan.branches
     ok = ok and tuple(plan.drafts) == guess.drafts(result.aux_tokens) and plan.source == guess.plan.source
     ok = ok and plan.strict == guess.plan.strict

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from ..sampler import SamplingSettings, UniformStream, pick
+from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick, resolve
 from .session import CallRecord
 
 PREFILL_CHUNK = 512
@@ -41,24 +41,30 @@ def ar_calls(
     steps are the fixed-shape ones of ``decode/fixed.py`` (run eagerly under a hook). ``then``: called once with
     the last step's token (lazy int32 [1]) as soon as that step is queued, before any of it is read (a PTP call
     after a burst is built on it meanwhile: ``decode/ahead.py``). ``stop()``: asked before each next step is
-    queued; once True, the step already queued is read and the loop ends (a burst ended early keeps that token)."""
+    queued; once True, the step already queued is read and the loop ends (a burst ended early keeps that token).
+
+    A step's token may read ``UNRESOLVED`` (sampler.py: its ``u`` lies beyond the likeliest tokens the step sorts);
+    the host then settles it from the step's logits, and the step queued on it runs again on the exact token."""
     base = pm.base
 
-    def step(tok: mx.array, i: int) -> tuple[mx.array, list | None]:
+    def step(tok: mx.array, i: int) -> tuple[mx.array, list | None, mx.array | None]:
+        """Queue step ``i`` on ``tok``: its token (lazy), a hook's scores, the logits ``resolve`` would read."""
         if bank is not None and hook is None:
-            return bank.ar_step(cache, s, tok.reshape(1).astype(mx.int32), mx.array([u[i]], dtype=mx.float32)), None
+            uu = mx.array([u[i]], dtype=mx.float32)
+            t, logits = bank.ar_step(cache, s, tok.reshape(1).astype(mx.int32), uu, with_logits=True)
+            return t, None, logits
         if bank is not None:  # the same fixed-shape pass, eagerly: the hook processes its logits
             logits = bank.ar_logits(cache, tok.reshape(1).astype(mx.int32))[-1]
         else:
             logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
-        if hook is None:
-            return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), None
+        if hook is None:  # (the full sort: a model's own cache may hold state that cannot be trimmed back)
+            return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), None, None
         # The token fed at i > 0 is not committed yet (read back after this pass is queued): ``pending``.
         logits = hook.rows(logits[None], pending=tok if i > 0 else None)
         t = pick(mx.array([u[i]]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
-        return t[0], hook.score(logits, t)
+        return t[0], hook.score(logits, t), None
 
-    tok, scored = step(mx.array([last]), 0)
+    tok, scored, logits = step(mx.array([last]), 0)
     mx.async_eval(tok, *(scored or []))
     if then is not None and max_new == 1:
         then(tok)
@@ -66,15 +72,22 @@ def ar_calls(
         t_start = time.perf_counter()
         nxt = nxt_scored = None
         if i + 1 < max_new and not (stop is not None and stop()):
-            nxt, nxt_scored = step(tok, i + 1)
+            before = cache.offset
+            nxt, nxt_scored, nxt_logits = step(tok, i + 1)
             mx.async_eval(nxt, *(nxt_scored or []))
-            if then is not None and i + 2 == max_new:
-                then(nxt)
         t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
+        if t == UNRESOLVED:
+            t = resolve(u[i], logits.reshape(-1), s)
+            if nxt is not None:  # queued on the unresolved token: again, on the exact one
+                cache.trim_to(before)
+                nxt, nxt_scored, nxt_logits = step(mx.array([t], dtype=mx.int32), i + 1)
+                mx.async_eval(nxt, *(nxt_scored or []))
         if t < 0:
             raise ValueError("cannot sample: the model produced non-finite logits")
+        if then is not None and nxt is not None and i + 2 == max_new:
+            then(nxt)  # (built on a token the host has settled; ``nxt`` itself is checked when the call is)
         lps = hook.read(scored, [0], [t]) if scored is not None else None
         yield [t], CallRecord(time.perf_counter() - t_start, logprobs=lps)
         if nxt is None:
             return
-        tok, scored = nxt, nxt_scored
+        tok, scored, logits = nxt, nxt_scored, nxt_logits

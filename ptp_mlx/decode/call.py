@@ -18,6 +18,7 @@ import numpy as np
 from ..drafting.protocol import CallResult, Plan
 from ..model.kv import KVState
 from ..model.ptp import Window
+from ..sampler import UNRESOLVED, SamplingSettings, resolve
 from .fixed import outputs_head
 from .session import DecodeSession
 from .shape import CallOutputs, CallShape, WindowShape
@@ -68,6 +69,8 @@ class PendingCall:
     shape: CallShape
     out: CallOutputs
     hook: object | None = None  # the answer's ``LogitsHook`` (penalties, logit_bias, logprobs), if any
+    row_u: mx.array | None = None  # float32 [n_tok]: the token rows' uniforms (to resolve a target on the host)
+    settings: SamplingSettings | None = None
 
     @property
     def arrays(self) -> list[mx.array]:
@@ -133,7 +136,7 @@ def build_call(
         out = sess.bank.call(
             cache, shape, s, chain.tokens, chain.row_u, chain.aux_u, rule=rule, at=(chain.offset, chain.bound)
         )
-        return PendingCall(plan, -1, i, shape, out)
+        return PendingCall(plan, -1, i, shape, out, row_u=chain.row_u, settings=s)
     if tokens is None:
         tokens = mx.array([last, *plan.drafts, *(a for a, _ in alts)], dtype=mx.int32)
     n_aux = shape.n_aux
@@ -141,12 +144,12 @@ def build_call(
     prefixes = [list(plan.drafts[:j]) for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
     if sess.bank is not None:
         out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, rule, offered=offered)
-        return PendingCall(plan, offset, i, shape, out, hook)
+        return PendingCall(plan, offset, i, shape, out, hook, row_u, s)
     # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
     windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
     logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
     out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule, offered)
-    return PendingCall(plan, offset, i, shape, out, hook)
+    return PendingCall(plan, offset, i, shape, out, hook, row_u, s)
 
 
 def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0) -> CallResult:
@@ -160,16 +163,26 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     mx.eval(*call.arrays)  # sync: one host read per call for targets and next drafts (and logprobs)
     clock.mark("compute")
     targets_l = o.targets.tolist()
-    if min(targets_l) < 0:
+    if -1 in targets_l:
         raise ValueError("cannot sample: the model produced non-finite logits")
+    settled = []
+
+    def exact(r: int) -> int:
+        # A target the call's fast pick left UNRESOLVED (its u beyond the likeliest tokens): the full sort, from
+        # the same logits. Only the emitted rows are settled; a chained call built on it is dropped.
+        if targets_l[r] == UNRESOLVED:
+            targets_l[r] = resolve(float(call.row_u[r].item()), o.target_logits[r], call.settings)
+            settled.append(r)
+        return targets_l[r]
+
     # 2. Accept the leading drafts that equal the exact tokens; if the first draft fell, an alternative may stand.
     c = int(o.accepted.item())
-    keep, block, alt = offset + 1 + c, list(plan.drafts[:c]) + targets_l[c : c + 1], None
+    keep, block, alt = offset + 1 + c, list(plan.drafts[:c]) + [exact(c)], None
     if c == 0 and alts:
         hit = [k for k, (a, _) in enumerate(alts) if a == targets_l[0]]
         if hit:
             alt = hit[0]
-            block, keep = [targets_l[0], targets_l[n + 1 + alt]], offset + 2
+            block, keep = [targets_l[0], exact(n + 1 + alt)], offset + 2
             # Compact: the alternative's K/V row moves next to ``last``; the other strands are trimmed below.
             cache.copy_row(offset + n + 1 + alt, offset + 1)
     # 3. Trim the cache back to the accepted path: [last, q_1..q_c] (or [last, alternative]) stay.
@@ -184,7 +197,8 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     lps = None
     if o.scored is not None:
         lps = call.hook.read(o.scored, list(range(c + 1)) if alt is None else [0, n + 1 + alt], block)
-    return CallResult(block, c if alt is None else 1, read(o.aux_top), read(o.aux_conf), second, alt, top_l, lps)
+    accepted = c if alt is None else 1
+    return CallResult(block, accepted, read(o.aux_top), read(o.aux_conf), second, alt, top_l, lps, bool(settled))
 
 
 def ptp_call(sess: DecodeSession, last: int, plan: Plan, i: int, clock=NO_CLOCK) -> CallResult:

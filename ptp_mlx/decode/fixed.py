@@ -23,7 +23,7 @@ import numpy as np
 
 from ..model import cpu_math
 from ..model.kv import FixedPass, KVState, kv_shapes, round_up
-from ..sampler import SamplingSettings, pick
+from ..sampler import SamplingSettings, may_leave_unresolved, pick
 from .accept import EXACT, AcceptRule
 from .shape import CallOutputs, CallShape
 
@@ -80,7 +80,10 @@ def outputs_head(
     rows = logits[:n_tok]
     if hook is not None:  # penalties and logit_bias: a row counts the drafts before it (ptp_mlx/logits.py)
         rows = hook.rows(rows, prefixes)
-    targets = pick(row_u, rows, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+    # (fast: a row the likeliest tokens cannot settle reads UNRESOLVED, and ``finish_call`` resolves the one it
+    # emits from ``target_logits``; under a hook the rows' scores need the exact token in the graph)
+    fast = hook is None
+    targets = pick(row_u, rows, s.temperature, s.top_k, s.top_p, check=False, order=s.order, fast=fast)
     # Accepted: the leading drafts equal to the exact token at their position (docs/method.md, section 4).
     # Under a lenient ``rule`` a draft also stands when its verifying row finds it likely enough (decode/accept.py).
     ok = tokens[1 : n + 1] == targets[:n] if n else None
@@ -88,6 +91,8 @@ def outputs_head(
         ok = ok | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature, targets[:n], offered, tokens[:n])
     accepted = mx.sum(mx.cumprod(ok.astype(mx.int32))) if n else mx.array(0)
     out = CallOutputs(targets, accepted.astype(mx.int32))
+    if fast and may_leave_unresolved(s, rows.shape[-1]):
+        out.target_logits = rows
     if hook is not None:
         out.scored = hook.score(rows, targets)
     if shape.windows:
@@ -131,7 +136,7 @@ def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, pre
     return outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule, offered), st
 
 
-_OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "top_prob")
+_OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "top_prob", "target_logits")
 
 
 def _pack(out: CallOutputs) -> list[mx.array]:
@@ -143,15 +148,19 @@ def _unpack(shape: CallShape, arrays) -> CallOutputs:
     if shape.windows:
         names += ["aux_top", "aux_conf"] + (["top_prob"] if shape.reads_top_prob else [])
         names += ["second", "second_conf"] if shape.runner_up else []
-    names = [f for f in _OUT_FIELDS if f in names]
+    names = [f for f in _OUT_FIELDS if f in names] + (["target_logits"] if len(arrays) > len(names) else [])
     return CallOutputs(**dict(zip(names, arrays, strict=True)))
 
 
 def ar_graph(pm, bucket: int, s: SamplingSettings, token, u, offset, *kv):
     """One autoregressive step as a pure function: ``token`` int32 [1], ``u`` float32 [1], ``offset`` int32 [] and
-    the K/V buffers -> the next token (int32 [1]) and the written buffers."""
-    logits, st = _ar_logits(pm, bucket, token, offset, kv)
-    return (pick(u, logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), *st.keys, *st.values)
+    the K/V buffers -> the next token (int32 [1]; ``UNRESOLVED`` where the fast pick cannot settle it), its
+    logits [1, vocab] when the settings may leave it unresolved (``resolve`` reads them), and the written
+    buffers."""
+    logits, st = _ar_logits(pm, bucket, mx.maximum(token, 0), offset, kv)  # (a token fed unresolved: dropped)
+    t = pick(u, logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order, fast=True)
+    extra = [logits] if may_leave_unresolved(s, logits.shape[-1]) else []
+    return (t, *extra, *st.keys, *st.values)
 
 
 def _ar_logits(pm, bucket: int, token, offset, kv) -> tuple[mx.array, KVState]:
@@ -252,8 +261,10 @@ class CompileBank:
         state.put_buffers(res[-2 * L : -L], res[-L:], end)
         return _unpack(shape, res[: -2 * L])
 
-    def ar_step(self, state: KVState, s: SamplingSettings, token: mx.array, u: mx.array) -> mx.array:
-        """Queue one autoregressive step (the state gains ``token``'s row); returns the next token, lazy."""
+    def ar_step(self, state: KVState, s: SamplingSettings, token: mx.array, u: mx.array, with_logits: bool = False):
+        """Queue one autoregressive step (the state gains ``token``'s row); returns the next token, lazy (it may
+        read ``UNRESOLVED``: sampler.py, ``pick(fast=True)``), and with ``with_logits`` also the logits
+        [1, vocab] that ``resolve`` settles it from (None where the settings never leave a token unresolved)."""
         bucket, offset, _ = self._prepare(state, 1)
         fn = self._fn(("ar", bucket, s), lambda: partial(ar_graph, self.pm, bucket, s))
         keys, values = state.take_buffers()
@@ -261,7 +272,9 @@ class CompileBank:
         del keys, values
         L = len(state)
         state.put_buffers(res[-2 * L : -L], res[-L:], state.offset + 1)
-        return res[0]
+        if not with_logits:
+            return res[0]
+        return res[0], (res[1] if len(res) > 2 * L + 1 else None)
 
     def ar_logits(self, state: KVState, token: mx.array) -> mx.array:
         """The same step's logits [1, vocab], eagerly (a logits hook processes them on the host's terms)."""

@@ -128,7 +128,9 @@ class CallOutputs:
     second_conf: mx.array | None = None  # float32 [n_aux]: its probability
     top_prob: mx.array | None = None  # float32 [n_aux]: top probability at the sampling temperature
     scored: list[mx.array] | None = None  # what a logits hook reads back for logprobs (eager calls only)
+    # float32 [n_tok, vocab]: the token rows' logits, where a target may read UNRESOLVED (sampler.py, ``resolve``)
+    target_logits: mx.array | None = None
 
     def arrays(self) -> list[mx.array]:
         fields = (self.targets, self.accepted, self.aux_top, self.aux_conf, self.second, self.second_conf)
-        return [a for a in (*fields, self.top_prob) if a is not None] + list(self.scored or [])
+        return [a for a in (*fields, self.top_prob, self.target_logits) if a is not None] + list(self.scored or [])

@@ -75,6 +75,7 @@ class CallResult:
     alt: int | None = None
     aux_top_prob: list[float] | None = None  # each row's top probability at the decoding temperature
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
+    resolved: bool = False  # the emitted token was settled on the host (sampler.py ``resolve``), not in the call
 
 
 @dataclass
