@@ -303,42 +303,67 @@ static T256 void nt_256(int M, int n0, int n1, int K, const float *A, long lda, 
     for (; n < n1; n++) rows_nt_256(1, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, 0);
 }
 
-INLINE T256 void tile_nn_256(const int MR, const int NV, int K, const float *A, long lda, const float *B,
-                             long ldb, int beta1, float *C, long ldc, int last) {
-    __m256 acc[4][3];
-    __m256i mk = mask_256(last), all = _mm256_set1_epi32(-1);
+/* An MR x NV tile of C = A B (NV vectors of 8 columns; the last one `last` columns wide, masked when `last` < 8;
+ * MR, NV and whether `last` is 8 are compile-time constants after inlining, so acc lives in registers). Every
+ * element is one FMA chain over k in order from zero: the tile shape only decides how many chains run side by
+ * side (enough to cover the FMA latency: a lone row takes 8 vectors of columns at once). */
+INLINE T256 void tile_nn_256(const int MR, const int NV, const int FULL, int K, const float *A, long lda,
+                             const float *B, long ldb, int beta1, float *C, long ldc, int last) {
+    __m256 acc[3][8];
+    __m256i mk = mask_256(last);
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV; v++) acc[i][v] = _mm256_setzero_ps();
     for (int k = 0; k < K; k++) {
-        __m256 b[3];
-        for (int v = 0; v < NV; v++) b[v] = _mm256_maskload_ps(B + k * ldb + 8 * v, v == NV - 1 ? mk : all);
+        __m256 b[8];
+        const float *bk = B + k * ldb;
+        for (int v = 0; v < NV; v++)
+            b[v] = FULL || v < NV - 1 ? _mm256_loadu_ps(bk + 8 * v) : _mm256_maskload_ps(bk + 8 * v, mk);
         for (int i = 0; i < MR; i++) {
-            __m256 a = _mm256_set1_ps(A[i * lda + k]);
+            __m256 a = _mm256_broadcast_ss(A + i * lda + k);
             for (int v = 0; v < NV; v++) acc[i][v] = _mm256_fmadd_ps(a, b[v], acc[i][v]);
         }
     }
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV; v++) {
-            __m256i m = v == NV - 1 ? mk : all;
             float *c = C + i * ldc + 8 * v;
             __m256 r = acc[i][v];
-            if (beta1) r = _mm256_add_ps(_mm256_maskload_ps(c, m), r);
-            _mm256_maskstore_ps(c, m, r);
+            if (FULL || v < NV - 1) {
+                if (beta1) r = _mm256_add_ps(_mm256_loadu_ps(c), r);
+                _mm256_storeu_ps(c, r);
+            } else {
+                if (beta1) r = _mm256_add_ps(_mm256_maskload_ps(c, mk), r);
+                _mm256_maskstore_ps(c, mk, r);
+            }
         }
 }
 
-INLINE T256 void rows_nn_256(const int NV, int M, int K, const float *A, long lda, const float *B, long ldb,
-                             int beta1, float *C, long ldc, int last) {
-    int m = 0;
-    for (; m + 4 <= M; m += 4) tile_nn_256(4, NV, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, last);
-    for (; m < M; m++) tile_nn_256(1, NV, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, last);
+/* Columns [n0, n1) of MR rows: tiles of NV vectors, then the rest (a partial last vector masked). */
+INLINE T256 void cols_nn_256(const int MR, const int NV, int n0, int n1, int K, const float *A, long lda,
+                             const float *B, long ldb, int beta1, float *C, long ldc) {
+    int n = n0;
+    for (; n + 8 * NV <= n1; n += 8 * NV) tile_nn_256(MR, NV, 1, K, A, lda, B + n, ldb, beta1, C + n, ldc, 8);
+    int rest = n1 - n, nv = (rest + 7) / 8, last = rest - 8 * (nv - 1);
+#define REST(k)                                                                                                    \
+    case k:                                                                                                        \
+        if (last == 8)                                                                                             \
+            tile_nn_256(MR, k < NV ? k : NV, 1, K, A, lda, B + n, ldb, beta1, C + n, ldc, 8);                      \
+        else                                                                                                       \
+            tile_nn_256(MR, k < NV ? k : NV, 0, K, A, lda, B + n, ldb, beta1, C + n, ldc, last);                   \
+        break;
+    switch (nv) {
+        REST(1) REST(2) REST(3) REST(4) REST(5) REST(6) REST(7) REST(8)
+    default:
+        break;
+    }
+#undef REST
 }
 
 static T256 void nn_256(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
                         int beta1, float *C, long ldc) {
-    int n = n0;
-    for (; n + 24 <= n1; n += 24) rows_nn_256(3, M, K, A, lda, B + n, ldb, beta1, C + n, ldc, 8);
-    for (; n < n1; n += 8) rows_nn_256(1, M, K, A, lda, B + n, ldb, beta1, C + n, ldc, n1 - n < 8 ? n1 - n : 8);
+    int m = 0;
+    for (; m + 3 <= M; m += 3) cols_nn_256(3, 4, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    if (M - m == 2) cols_nn_256(2, 4, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    if (M - m == 1) cols_nn_256(1, 8, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
 }
 #endif /* PTP_X86 */
 
