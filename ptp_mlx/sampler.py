@@ -213,15 +213,15 @@ def _nucleus(ps: mx.array, exact: mx.array, top_p: float) -> tuple[mx.array, mx.
 def _fast_prob(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
     """``_pick_prob`` from the sorted head (``UNRESOLVED`` where the head cannot tell)."""
     p = tempered_probs(logits, s)
-    c = min(CANDIDATES, p.shape[-1])
+    c = CANDIDATES  # (fewer than the vocabulary: ``may_leave_unresolved``)
     ids, ps, exact = _head(logits, p, c)
+    known = None  # without top-p every token is kept: the nucleus is the whole row, known
     if s.top_p < 1.0:
         keep, known = _nucleus(ps, exact, s.top_p)
         ps = mx.where(keep, ps, 0.0)
         qs = ps / ps.sum(axis=-1, keepdims=True)
         n_kept = mx.sum(keep, axis=-1, keepdims=True)
-    else:  # every token is kept: the normaliser is the whole row's
-        known = mx.ones(exact.shape, dtype=mx.bool_)
+    else:  # the normaliser is the whole row's
         qs = ps / p.sum(axis=-1, keepdims=True)
         n_kept = mx.sum(p > 0, axis=-1, keepdims=True)
     edges = mx.where(mx.arange(c) >= n_kept - 1, 1.0, accurate_cumsum(qs))
@@ -229,7 +229,8 @@ def _fast_prob(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.a
     j = mx.minimum(mx.sum(edges <= u, axis=-1, keepdims=True), c - 1)
     # Known: the nucleus is the full sort's, and u's bin lies within the head's exact part.
     inside = u < mx.take_along_axis(edges, mx.maximum(exact - 1, 0), axis=-1)
-    out = mx.where(known & inside, mx.take_along_axis(ids, j, axis=-1), UNRESOLVED)[..., 0].astype(mx.int32)
+    settled = inside if known is None else known & inside
+    out = mx.where(settled, mx.take_along_axis(ids, j, axis=-1), UNRESOLVED)[..., 0].astype(mx.int32)
     return out, mx.all(~mx.isnan(qs), axis=-1)
 
 
@@ -237,7 +238,7 @@ def _fast_id(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.arr
     """``pick`` in vocabulary-id order under top-p: the nucleus from the sorted head (``UNRESOLVED`` where it
     reaches past the head's exact part), then the same id-order CDF as ``filtered_probs``."""
     p = tempered_probs(logits, s)
-    ids, ps, exact = _head(logits, p, min(CANDIDATES, p.shape[-1]))
+    ids, ps, exact = _head(logits, p, CANDIDATES)
     keep, known = _nucleus(ps, exact, s.top_p)
     kept = mx.put_along_axis(mx.zeros(p.shape, dtype=mx.bool_), ids, keep, axis=-1)
     q = mx.where(kept, p, 0.0)
