@@ -246,3 +246,18 @@ def test_an_uncompiled_call_caps_a_pessimistic_width_at_once():
     low = LearnedCost(CostCurve.linear(0.12), STEP)
     low.observe(4, 3 * STEP * true_rel(4), cold=True)  # a bound above the estimate does not raise it
     assert low(4) == pytest.approx(true_rel(4), rel=1e-6)
+
+
+def test_one_call_far_faster_than_the_prior_disproves_it():
+    """Timing noise only slows calls down: a compiled call much faster than the prior replaces it at its width at
+    once (a curve far too pessimistic is corrected by a width's first compiled call), while one much slower only
+    counts beside it until the width has calls enough."""
+    high = LearnedCost(CostCurve.linear(10.0), STEP)
+    high.observe(1, STEP)
+    high.observe(4, STEP * true_rel(4))
+    assert high(4) == pytest.approx(true_rel(4), rel=1e-6)
+    assert high(8) < 0.5 * 71.0  # its neighbours follow the correction
+    slow = LearnedCost(CostCurve.linear(0.12), STEP)
+    slow.observe(1, STEP)
+    slow.observe(4, 5 * STEP * true_rel(4))  # a call slowed by another process: the prior still counts
+    assert slow(4) < 3 * true_rel(4)

@@ -7,9 +7,9 @@ few calls, in either direction, and one that drifts (a laptop that throttles, an
 curve has moved far enough from what is on disk it is written back (atomically) for the next start.
 
 Per width (exact up to 16, then buckets) it keeps the last ``WINDOW`` calls' log-seconds; the estimate is their
-median, the prior counting as one more sample until three calls are in: robust to the first call of a shape,
-which compiles, and to a call slowed by another process, and it flips after a sudden change once most of the
-window has seen it. A width never seen takes the prior's shape, scaled by the correction of the nearest seen
+median, the prior counting as one more sample until three calls are in (or one call ran far faster than it says):
+robust to the first call of a shape, which compiles, and to a call slowed by another process, and it flips after a
+sudden change once most of the window has seen it. A width never seen takes the prior's shape, scaled by the correction of the nearest seen
 widths (interpolated in log), so one wrong point corrects its neighbours too.
 """
 
@@ -27,6 +27,7 @@ from .cost import CostCurve, measure_cost_curve
 
 WINDOW = 7  # calls per width the median is taken over
 PRIOR_UNTIL = 3  # the prior counts as a sample until this many calls of a width are in
+DISPROVED = 1.5  # ... unless a call of the width ran this many times faster than the prior says (see _estimate)
 MAX_ROWS = 64  # the table the budget reads (wider calls extrapolate from its last two widths)
 SAVE_FACTOR = 1.15  # write back once some well-observed width moved this much from what is on disk
 SAVE_MIN_CALLS = 3
@@ -156,8 +157,12 @@ class LearnedCost:
             if b == 1:
                 return self._step_prior
             return None if cap is None else min(cap, self._prior_log(b))
-        if len(xs) < PRIOR_UNTIL:
-            xs.append(self._prior_log(b) if cap is None else min(cap, self._prior_log(b)))
+        prior = self._prior_log(b) if cap is None else min(cap, self._prior_log(b))
+        # Timing noise is one-sided (another process, a cache miss only ever slow a call down), so a call much
+        # faster than the prior disproves it: the prior stops counting at once (a curve probed on a busy machine,
+        # or far too pessimistic, is corrected by a width's first compiled call instead of its third).
+        if len(xs) < PRIOR_UNTIL and min(xs) > prior - math.log(DISPROVED):
+            xs.append(prior)
         est = float(np.median(xs))
         return est if cap is None else min(est, cap)
 
