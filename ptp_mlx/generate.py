@@ -257,6 +257,7 @@ def _ptp_calls(
     plan, call, nxt = None, None, None  # the next call's plan / its queued build / the call chained on it
     started: list = []  # the call built on a burst's last step (``decode/ahead.py: build_after_burst``)
     cold_before = -1  # the bank's cold count before the previous iteration (a call built then runs now)
+    carried = 0.0  # the previous iteration's time queueing this one's call (chained): this call's cost, not that one's
     try:
         while i < max_new:
             t_start = time.perf_counter()
@@ -315,11 +316,16 @@ def _ptp_calls(
                 call = confirm_chained(nxt, out, plan, i, cache)
                 nxt = None
             clock.mark("update")
+            queued = time.perf_counter()
             if call is not None:
                 mx.async_eval(*call.arrays)
                 clock.mark("queue")
+            # Each call is charged its own queueing: on MLX's CPU backend ``async_eval`` returns only once all but
+            # the last few kernels have run, so queueing the chained call is mostly that call's compute.
+            queued = time.perf_counter() - queued
             clock.tag("rows", rows)
-            t = time.perf_counter() - t_start
+            t = time.perf_counter() - t_start - queued + carried
+            carried = queued
             # What the call cost, as measured (the budget learns costs, and its pace guard watches): cold when a
             # shape ran uncompiled in this call or the one built before it.
             drafter.timed(rows, len(block), t, cold=_cold(bank) != cold_before)

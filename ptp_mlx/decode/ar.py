@@ -64,17 +64,23 @@ def ar_calls(
         t = pick(mx.array([u[i]]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
         return t[0], hook.score(logits, t), None
 
+    t_queue = time.perf_counter()
     tok, scored, logits = step(mx.array([last]), 0)
     mx.async_eval(tok, *(scored or []))
+    # Each step is charged its own queueing: MLX's CPU backend returns from ``async_eval`` only once all but the
+    # last few kernels of the graph have run, so the time spent queueing step i + 1 is mostly that step's compute.
+    carried = time.perf_counter() - t_queue
     if then is not None and max_new == 1:
         then(tok)
     for i in range(max_new):
         t_start = time.perf_counter()
         nxt = nxt_scored = None
+        queued = 0.0
         if i + 1 < max_new and not (stop is not None and stop()):
             before = cache.offset
             nxt, nxt_scored, nxt_logits = step(tok, i + 1)
             mx.async_eval(nxt, *(nxt_scored or []))
+            queued = time.perf_counter() - t_start
         t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
         if t == UNRESOLVED:
             t = resolve(u[i], logits.reshape(-1), s)
@@ -87,7 +93,9 @@ def ar_calls(
         if then is not None and nxt is not None and i + 2 == max_new:
             then(nxt)  # (built on a token the host has settled; ``nxt`` itself is checked when the call is)
         lps = hook.read(scored, [0], [t]) if scored is not None else None
-        yield [t], CallRecord(time.perf_counter() - t_start, logprobs=lps)
+        took = time.perf_counter() - t_start - queued + carried
+        carried = queued
+        yield [t], CallRecord(took, logprobs=lps)
         if nxt is None:
             return
         tok, scored, logits = nxt, nxt_scored, nxt_logits
