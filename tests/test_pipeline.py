@@ -165,3 +165,35 @@ def test_calls_with_drafts_the_host_knows_are_chained_and_exact(pm_sticky, varie
     # build serves the likeliest: the last calls may drop theirs)
     assert spy["hit"] > 3 and spy["miss"] <= 2 and spy["first miss at"] >= len(want) - 2 * 4, spy
     assert len({k for k in spy if k.startswith("hit after ")}) > 1  # several outcomes served by host tokens
+
+
+def test_each_chained_call_is_charged_its_own_queueing(pm_sticky, varied, monkeypatch):
+    """On MLX's CPU backend ``async_eval`` returns only near the end of the graph, so the time spent queueing a
+    chained call (in the iteration before it) is that call's compute. On a clock that moves only while a call is
+    queued (a fixed cost per queueing), every call and step must be charged exactly one queueing, and the total
+    must be the clock's."""
+    from types import SimpleNamespace
+
+    import ptp_mlx.decode.ar as ar_mod
+
+    fake = SimpleNamespace(now=0.0)
+    clock = SimpleNamespace(perf_counter=lambda: fake.now)
+    real = mx.async_eval
+
+    def queue(*arrays):
+        fake.now += 1.0
+        return real(*arrays)
+
+    monkeypatch.setattr(generate, "time", clock)
+    monkeypatch.setattr(ar_mod, "time", clock)
+    monkeypatch.setattr(generate.mx, "async_eval", queue)
+    tok = varied[1]
+    s = with_seed(SETTINGS["greedy"], 3)
+    for kw in ({"num_draft_tokens": 2}, {"mode": "ar"}):
+        mode = kw.pop("mode", "ptp")
+        opts = DecodeOptions(mode=mode, max_tokens=24, sampling=s, **kw)
+        start = fake.now
+        steps = list(stream_generate(pm_sticky, tok, encode_prompt(tok, PROMPTS[0]), opts))
+        times = [st.step_time for st in steps]
+        assert times == [1.0] * len(steps), (mode, times)
+        assert fake.now - start >= len(steps)  # (the prefill may queue too)
