@@ -142,6 +142,7 @@ def test_shapes_compile_on_their_second_use(engine):
     bank.compile_after, plan, s = 2, PLANS["chain"], SETTINGS["greedy"]
     try:
         bank.entries.clear()
+        bank.recurring.clear()  # (earlier tests compiled this shape in this bucket)
         first = run(engine.pm, prefilled(engine.pm, 30), plan, s, bank)
         assert not bank.entries and len(bank.uses) == 1
         second = run(engine.pm, prefilled(engine.pm, 30), plan, s, bank)
@@ -149,6 +150,29 @@ def test_shapes_compile_on_their_second_use(engine):
         assert first[0] == second[0] and all(np.array_equal(a, b) for a, b in zip(first[1], second[1], strict=True))
     finally:
         bank.compile_after = 1
+
+
+def test_a_shape_compiled_for_one_bucket_compiles_at_once_in_the_next(engine):
+    """A shape compiled for one attention bucket recurs: in a new bucket (a context past 256) its first call compiles
+    it, without the eager call first, and gives the eager call's bits."""
+    bank = bank_for(engine.pm, True)
+    bank.compile_after, plan, s = 2, PLANS["chain"], SETTINGS["greedy"]
+    try:
+        bank.entries.clear()
+        bank.recurring.clear()
+        for _ in range(2):  # bucket 256: eager, then compiled
+            run(engine.pm, prefilled(engine.pm, 30), plan, s, bank)
+        assert len(bank.entries) == 1 and not bank.uses
+        compiled = run(engine.pm, prefilled(engine.pm, 300), plan, s, bank)  # bucket 512: compiled at once
+        assert len(bank.entries) == 2 and not bank.uses
+        bank.entries.clear()
+        bank.recurring.clear()
+        eager = run(engine.pm, prefilled(engine.pm, 300), plan, s, bank)  # a shape never compiled: eager first
+        assert not bank.entries and len(bank.uses) == 1
+        assert compiled[0] == eager[0] and all(np.array_equal(a, b) for a, b in zip(compiled[1], eager[1], strict=True))
+    finally:
+        bank.compile_after = 1
+        bank.uses.clear()
 
 
 def test_kv_state_verbs():

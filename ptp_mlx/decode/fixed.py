@@ -183,12 +183,15 @@ class CompileBank:
 
     An entry's first ``compile_after - 1`` calls run the same function eagerly (bit for bit the compiled result), and
     the call that reaches ``compile_after`` traces and compiles it: tracing costs several eager calls, so a shape a
-    one-shot answer meets once is never traced."""
+    one-shot answer meets once is never traced. A shape already compiled for another attention bucket is one that
+    recurs (the context grew past a bucket): it compiles at its first call in the new bucket, without the eager call
+    first (about 0.7 plain steps saved per shape each time an answer's context crosses a bucket, on this CPU)."""
 
     def __init__(self, pm, compiled: bool = True, limit: int = 256, compile_after: int = 2):
         self.pm, self.compiled, self.limit, self.compile_after = pm, compiled, limit, compile_after
         self.entries: OrderedDict[tuple, Callable] = OrderedDict()
         self.uses: dict[tuple, int] = {}  # calls of each entry not compiled yet
+        self.recurring: set[tuple] = set()  # entries' keys without their bucket, once compiled for some bucket
         self.shapes: list | None = None  # per layer one row's K/V shapes (``kv_shapes``), learned once
         # Calls that ran eagerly or traced (a shape not compiled yet): slower than the shape's steady cost, so the
         # budget does not learn costs from them (generate.py reads the count around each call).
@@ -201,12 +204,16 @@ class CompileBank:
             return fn
         self.cold += 1
         uses = self.uses.get(key, 0) + 1
-        if self.compiled and uses < self.compile_after:
+        unbucketed = _unbucketed(key)
+        if self.compiled and uses < self.compile_after and unbucketed not in self.recurring:
             self.uses[key] = uses
             return make()
         self.uses.pop(key, None)
         fn = mx.compile(make()) if self.compiled else make()
         self.entries[key] = fn
+        if len(self.recurring) > 4 * self.limit:  # (a long-lived server meets many settings: forget, stay bounded)
+            self.recurring.clear()
+        self.recurring.add(unbucketed)
         if len(self.entries) > self.limit:
             self.entries.popitem(last=False)
         return fn
@@ -284,6 +291,12 @@ class CompileBank:
         del keys, values
         state.put_buffers(st.keys, st.values, state.offset + 1)
         return logits
+
+
+def _unbucketed(key: tuple) -> tuple:
+    """A bank key without its attention bucket (``("ptp", shape, bucket, s, ...)`` or ``("ar", bucket, s)``)."""
+    at = 2 if key[0] == "ptp" else 1
+    return key[:at] + key[at + 1 :]
 
 
 def compiled_by_default() -> bool:
