@@ -171,3 +171,12 @@ def adapter_for(base, shipped: bool = True) -> Path | None:
                     if signature_matches(sig, have_sig):
                         return d
     return None
+
+
+def randomize_adapter(adapter, scale: float = 0.05, seed: int = 0) -> None:
+    """Give every LoRA ``B`` random values so the adapter changes the auxiliary rows (tests, and the random models of ``ptp-bench --cost-sweep``)."""
+    mx.random.seed(seed)
+    for layer in adapter.layers:
+        for lora in layer.values():
+            lora.B = mx.random.normal(lora.B.shape) * scale
+    mx.eval(adapter.parameters())

@@ -18,9 +18,9 @@ from . import blas
 from .adapter import adapter_for, load_adapter, shipped_adapter
 from .decode.accept import EXACT, AcceptRule
 from .decode.fixed import compiled_by_default
+from .decode.probe import cached_cost_curve
 from .drafting.budget import Budget
 from .drafting.cost import CostCurve
-from .drafting.learn import cached_cost_curve
 from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate, turn_start
 from .logits import LogitsHook, LogitsSettings

@@ -70,7 +70,8 @@ def test_cost_curve_stops_probing_when_its_time_is_spent(tiny_model_dir):
     """A slow machine extrapolates the wide widths instead of timing them (first start in seconds)."""
     import mlx_lm
 
-    from ptp_mlx.drafting.cost import PROBE_WIDTHS, measure_cost_curve
+    from ptp_mlx.decode.probe import measure_cost_curve
+    from ptp_mlx.drafting.cost import PROBE_WIDTHS
     from ptp_mlx.model.ptp import PTPModel
 
     base, _ = mlx_lm.load(str(tiny_model_dir))

@@ -75,3 +75,49 @@ def test_the_graph_sees_lazy_and_relative_imports():
 def test_no_import_circles_in_ptp_mlx():
     cycle = find_cycle(import_graph())
     assert cycle is None, " -> ".join(cycle)
+
+
+# Packages import downward only (issue 42): a module imports modules of its own floor or lower ones, at module level
+# and inside functions alike. Floors, lowest first; a module not named takes the floor of its nearest named parent.
+FLOORS: dict[str, float] = {
+    "ptp_mlx": 0,  # the leaves: errors, paths, sampler, logits, adapter_config, blas, kernels, ...
+    "ptp_mlx.model": 1,
+    "ptp_mlx.adapter": 1.5,  # (adapters and checkpoints onto the model)
+    "ptp_mlx.models": 1.5,
+    "ptp_mlx.prompt_cache": 1.5,
+    "ptp_mlx.drafting": 2,
+    "ptp_mlx.decode": 3,
+    "ptp_mlx.generate": 4,
+    "ptp_mlx.engine": 4,
+    "ptp_mlx.stats": 4.5,  # (what decoding steps add up to: bench, chat, server)
+    "ptp_mlx.ties": 4.5,  # (a divergence judged against plain decoding's own logits)
+    "ptp_mlx.generate_cli": 5,
+    "ptp_mlx.cli_common": 5,
+    "ptp_mlx.serve": 5,
+    "ptp_mlx.bench": 5,
+    "ptp_mlx.train": 5,
+    "ptp_mlx.testing": 6,
+}
+
+
+def floor_of(module: str, floors: dict[str, float] = FLOORS) -> float:
+    m = module
+    while m not in floors:
+        m = m.rpartition(".")[0]
+    return floors[m]
+
+
+def climbing(graph: dict[str, set[str]], floors: dict[str, float] = FLOORS) -> list[tuple[str, str]]:
+    """Every import ``(module, imported)`` from a lower floor to a higher one."""
+    return sorted((m, t) for m, ts in graph.items() for t in ts if floor_of(t, floors) > floor_of(m, floors))
+
+
+def test_the_floor_check_catches_a_climbing_import():
+    planted = {"ptp_mlx.model.layers": {"ptp_mlx.decode.shape"}, "ptp_mlx.decode.shape": {"ptp_mlx.model.tree"}}
+    assert climbing(planted) == [("ptp_mlx.model.layers", "ptp_mlx.decode.shape")]
+    assert floor_of("ptp_mlx.decode.probe") == 3 and floor_of("ptp_mlx.sampler") == 0
+
+
+def test_packages_import_downward_only():
+    up = climbing(import_graph())
+    assert not up, "\n".join(f"{m} (floor {floor_of(m)}) imports {t} (floor {floor_of(t)})" for m, t in up)

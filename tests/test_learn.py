@@ -9,9 +9,10 @@ import json
 import numpy as np
 import pytest
 
+from ptp_mlx.decode.probe import cached_cost_curve
 from ptp_mlx.drafting.budget import AR_BURST, TRIAL_CALLS, Budget
 from ptp_mlx.drafting.cost import CostCurve, check_probe, extrapolate
-from ptp_mlx.drafting.learn import GUARD_MIN, STALE_CALLS, LearnedCost, PaceGuard, bucket, cached_cost_curve
+from ptp_mlx.drafting.learn import GUARD_MIN, STALE_CALLS, LearnedCost, PaceGuard, bucket
 
 STEP = 0.08  # seconds of a plain step on the fake machine
 

@@ -19,7 +19,7 @@ from ptp_mlx.serve.schema import Defaults
 from ptp_mlx.serve.worker import EngineWorker
 from ptp_mlx.testing import multi_row_logit_gap, save_random_adapter
 from ptp_mlx.testing.serving import DRAFTS, MODEL_ID, ThreadServer, ptp_generate
-from ptp_mlx.testing_tools import TOOL_CALL, make_tool_model
+from ptp_mlx.testing.tools import TOOL_CALL, make_tool_model
 
 MSG = [{"role": "user", "content": "hello there"}]
 TOOLS = [

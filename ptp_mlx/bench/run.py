@@ -186,7 +186,7 @@ def probe_cost_curve(pm, widths: list[int], context: int, rounds: int = 3) -> di
     Sweeping all widths several times (rather than timing each width in one go) spreads every width over the
     run, so a burst of other load on the machine cannot inflate one width, width 1 above all.
     """
-    from ..drafting.cost import measure_cost_curve
+    from ..decode.probe import measure_cost_curve
 
     secs = [float("inf")] * len(widths)
     for _ in range(rounds):

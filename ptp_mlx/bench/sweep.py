@@ -32,8 +32,8 @@ def random_model(size: str, dtype=mx.float32):
     from mlx.utils import tree_map
     from mlx_lm.models import llama
 
+    from ..adapter import randomize_adapter
     from ..model.ptp import PTPAdapter, PTPModel
-    from ..testing import randomize_adapter
 
     hidden, layers, heads, kv, inter, vocab = SIZES[size]
     args = llama.ModelArgs(

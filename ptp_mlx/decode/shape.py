@@ -15,14 +15,7 @@ from functools import cached_property
 import mlx.core as mx
 import numpy as np
 
-
-def tree_path(parents, j: int) -> list[int]:
-    """Token row ``j`` and its ancestors in a tree of token rows (``parents[j]``: the row ``j`` follows, -1 none)."""
-    out = []
-    while j >= 0:
-        out.append(j)
-        j = parents[j]
-    return out
+from ..model.tree import tree_path
 
 
 @dataclass(frozen=True)

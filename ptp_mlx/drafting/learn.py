@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import deque
 from pathlib import Path
 
 import numpy as np
 
-from .cost import CostCurve, measure_cost_curve
+from .cost import CostCurve
 
 WINDOW = 7  # calls per width the median is taken over
 PRIOR_UNTIL = 3  # the prior counts as a sample until this many calls of a width are in
@@ -237,27 +236,3 @@ class PaceGuard:
 
     def clear(self) -> None:
         self.window.clear()
-
-
-def cached_cost_curve(pm, key: str, cache_dir: Path, log=None, recalibrate: bool = False):
-    """This machine's PTP-call costs for this model and adapter shape (a ``LearnedCost``: corrected online by every
-    call, written back when it moves), from ``cache_dir/cost-curve-<key>.json``; probed once when the file is
-    missing, unreadable or ``recalibrate`` asks."""
-    path = Path(cache_dir) / f"cost-curve-{key}.json"
-    if path.exists() and not recalibrate:
-        try:
-            d = json.loads(path.read_text())
-            prior = CostCurve(d["widths"], d["relative"])
-            step = (d.get("seconds") or [None])[0]
-            return LearnedCost(prior, step, path, d, d.get("source", "cached"))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            pass
-    if log:
-        log("measuring this machine's PTP cost curve once (about 20 seconds)...")
-    curve, record = measure_cost_curve(pm, aux=True)
-    doc = {**curve.to_dict(), "seconds": record["seconds"], "source": "probed", "probe": record}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(path)
-    return LearnedCost(curve, record["seconds"][0], path, doc, "probed")

@@ -27,12 +27,12 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from ..decode.shape import tree_path
 from ..errors import UserError
 from . import cpu_math
 from .fused import FusedGate
 from .kv import KVState
 from .rope import table_rope, uses_table
+from .tree import tree_path
 
 # Families whose PTP pass is verified token for token against autoregressive decoding by the test suite
 # (tests/test_families.py). mlx-lm maps "mistral" onto its llama module.

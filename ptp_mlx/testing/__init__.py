@@ -11,6 +11,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ..adapter import randomize_adapter
 from ..drafting.protocol import CallResult, Drafter, Plan
 
 CHAT_TEMPLATE = (
@@ -219,15 +220,6 @@ def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int =
     randomize_adapter(ad)
     save_adapter(ad, make_config(model, ad, 4, 1.0, window=window), out)
     return out
-
-
-def randomize_adapter(adapter, scale: float = 0.05, seed: int = 0) -> None:
-    """Give every LoRA ``B`` random values so the adapter changes the auxiliary rows (tests only)."""
-    mx.random.seed(seed)
-    for layer in adapter.layers:
-        for lora in layer.values():
-            lora.B = mx.random.normal(lora.B.shape) * scale
-    mx.eval(adapter.parameters())
 
 
 def explain_divergence(pm, prompt_ids, s, want: list[int], got: list[int], eos_ids=()):

@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .testing import SPECIALS, save_byte_tokenizer, tiny_config
+from . import SPECIALS, save_byte_tokenizer, tiny_config
 
 TOOL_CALL = {"name": "get_weather", "arguments": {"city": "Paris"}}
 CALL_TEXT = json.dumps(TOOL_CALL)
