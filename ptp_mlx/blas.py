@@ -36,9 +36,6 @@ SYSTEM_CANDIDATES = (
     "/usr/lib64/libopenblas.so.0",
     "/usr/lib/libopenblas.so.0",
 )
-# Kept for callers that listed the candidates before the wheel existed.
-CANDIDATES = SYSTEM_CANDIDATES
-
 FIX_HINT = "pip install mkl (Linux x86_64) or apt-get install libopenblas0-serial"
 
 state = {"blas": "default", "warned": False, "error": "", "kernel_path": None}

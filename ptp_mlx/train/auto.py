@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from ..cli_common import UserError
-from .plan import TRAIN_PER_PROMPT, TRAIN_TOKENS, VAL_PER_PROMPT, VAL_TOKENS, Plan
+from .plan import TRAIN_PER_PROMPT, TRAIN_TOKENS, VAL_PER_PROMPT, VAL_TOKENS, TrainingPlan
 from .run_folder import RunFolder, free_bytes, lock_run, release_runs, trim_partial_line
 
 SIZES = {"small": 10.0, "medium": 30.0, "large": 90.0}  # minutes
@@ -158,7 +158,7 @@ def _auto(a: argparse.Namespace, grp, where: dict) -> int:
 
     phase("prompts", lambda: _prompts(a, run))
     phase("probe", lambda: _probe(a, base, tok, run, minutes, grp.size))
-    plan = Plan.load(run.plan)
+    plan = TrainingPlan.load(run.plan)
     _say(plan.describe())
     phase("pregenerate", lambda: _pregenerate(a, base, tok, run, plan))
     phase("train", lambda: _train(a, base, run, plan, grp), every=True)
@@ -214,7 +214,7 @@ def _probe(a, base, tok, run: RunFolder, minutes: float, processes: int) -> dict
     return {"probe": pr.__dict__}
 
 
-def _pregenerate(a, base, tok, run: RunFolder, plan: Plan) -> dict:
+def _pregenerate(a, base, tok, run: RunFolder, plan: TrainingPlan) -> dict:
     from ..sampler import SamplingSettings
     from .data import read_records
     from .pregenerate import pregenerate
@@ -244,7 +244,7 @@ def _pregenerate(a, base, tok, run: RunFolder, plan: Plan) -> dict:
     return {"records": n, "val_records": len(read_records(run.val))}
 
 
-def _train(a, base, run: RunFolder, plan: Plan, grp) -> dict:
+def _train(a, base, run: RunFolder, plan: TrainingPlan, grp) -> dict:
     from .data import read_records
     from .train import add_train_args, train
 
@@ -291,7 +291,7 @@ def _eval(base, run: RunFolder) -> dict:
     return out
 
 
-def _bench(a, run: RunFolder, plan: Plan) -> dict:
+def _bench(a, run: RunFolder, plan: TrainingPlan) -> dict:
     from tqdm import tqdm
 
     from ..bench.methods import make_runners

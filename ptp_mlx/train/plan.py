@@ -38,7 +38,7 @@ class Probe:
 
 
 @dataclass
-class Plan:
+class TrainingPlan:
     minutes: float
     rank: int
     rows_per_step: int
@@ -68,7 +68,7 @@ class Plan:
         atomic_write_bytes(path, (json.dumps(asdict(self), indent=1) + "\n").encode())
 
     @classmethod
-    def load(cls, path: Path) -> Plan:
+    def load(cls, path: Path) -> TrainingPlan:
         return cls(**json.loads(Path(path).read_text()))
 
 
@@ -131,7 +131,7 @@ def make_plan(
     rows_per_step: int | None = None,
     steps: int | None = None,
     previous: bool = False,
-) -> Plan:
+) -> TrainingPlan:
     """Size every phase from the probe's rates; ``UserError`` when the budget cannot hold a useful run.
 
     ``previous``: the model has an adapter already (the eval phase scores it too). A tight budget gets fewer
@@ -173,6 +173,6 @@ def _plan(pr, minutes, processes, val_prompts, bench_prompts, bench_tokens, rank
     tokens = int(gen * pr.teacher_tokens_per_s)
     disk = (tokens + val_prompts * VAL_PER_PROMPT * VAL_TOKENS) * BYTES_PER_TOKEN + 64 * 2**20
     phases = {"pregenerate": val_gen + gen, "train": 0.55 * left, "eval": evaluate, "bench": bench}
-    return Plan(
+    return TrainingPlan(
         minutes, rank, rows_per_step, steps, processes, val_prompts, phases, tokens, disk, max(fit, 30.0), bench_prompts
     )
