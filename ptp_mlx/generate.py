@@ -316,13 +316,13 @@ def _ptp_calls(
                 call = confirm_chained(nxt, out, plan, i, cache)
                 nxt = None
             clock.mark("update")
-            queued = time.perf_counter()
+            t_queue = time.perf_counter()
             if call is not None:
                 mx.async_eval(*call.arrays)
                 clock.mark("queue")
             # Each call is charged its own queueing: on MLX's CPU backend ``async_eval`` returns only once all but
             # the last few kernels have run, so queueing the chained call is mostly that call's compute.
-            queued = time.perf_counter() - queued
+            queued = time.perf_counter() - t_queue
             clock.tag("rows", rows)
             t = time.perf_counter() - t_start - queued + carried
             carried = queued

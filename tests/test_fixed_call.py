@@ -79,7 +79,7 @@ def test_compiled_equals_eager_equals_legacy(engine, pname, sname, offset):
     for a, b in close:
         assert np.allclose(a, b, rtol=1e-4, atol=1e-5)
     bank = bank_for(pm, True)
-    assert ("ptp", call_shape(plan, True, not s.greedy), round_up(offset + plan.rows), s) in bank.entries
+    assert (("ptp", call_shape(plan, True, not s.greedy), s), round_up(offset + plan.rows)) in bank.entries
 
 
 def test_bank_holds_one_entry_per_shape_and_bucket(engine):
@@ -91,7 +91,7 @@ def test_bank_holds_one_entry_per_shape_and_bucket(engine):
     assert 0 < len(used) == len(bank.entries)
     # A fixed budget has one chain shape (and shorter ones near the end); the buckets are those the answer crossed.
     offsets = {st.prompt_tokens + st.generated for st in steps}
-    buckets = {k[2] for k in used if k[0] == "ptp"}
+    buckets = {bucket for what, bucket in used if what[0] == "ptp"}
     assert buckets <= {round_up(o + r) for o in offsets for r in range(1, 40)}
     again = list(engine.generate(engine.encode("hello there"), mode="ptp", max_tokens=60, num_draft_tokens=3))
     assert [t for st in again for t in st.tokens] == [t for st in steps for t in st.tokens]
@@ -107,9 +107,9 @@ def test_bank_after_a_512_token_answer_holds_only_what_it_used(engine, budget, m
     asked: set = set()
     real = bank._fn
 
-    def spy(key, make):
-        asked.add(key)
-        return real(key, make)
+    def spy(what, bucket, make):
+        asked.add((what, bucket))
+        return real(what, bucket, make)
 
     monkeypatch.setattr(bank, "_fn", spy)
     s = SamplingSettings()
@@ -120,7 +120,7 @@ def test_bank_after_a_512_token_answer_holds_only_what_it_used(engine, budget, m
     steps = list(stream_generate(engine.pm, engine.tokenizer, ids, opts, eos_ids=set()))  # no end token: 512
     assert sum(len(st.tokens) for st in steps) == 512
     assert set(bank.entries) == asked and len(bank.entries) == len(asked)
-    assert len({k[2] if k[0] == "ptp" else k[1] for k in asked}) >= 2  # the answer crossed attention buckets
+    assert len({bucket for _, bucket in asked}) >= 2  # the answer crossed attention buckets
     assert len(asked) <= 3 * 4 * 16  # a handful of shapes per bucket, not one entry per call
     assert len(steps) > len(asked)
 

@@ -191,21 +191,23 @@ class CompileBank:
         self.pm, self.compiled, self.limit, self.compile_after = pm, compiled, limit, compile_after
         self.entries: OrderedDict[tuple, Callable] = OrderedDict()
         self.uses: dict[tuple, int] = {}  # calls of each entry not compiled yet
-        self.recurring: set[tuple] = set()  # entries' keys without their bucket, once compiled for some bucket
+        self.recurring: set[tuple] = set()  # what entries compile (their key without the bucket), for some bucket
         self.shapes: list | None = None  # per layer one row's K/V shapes (``kv_shapes``), learned once
         # Calls that ran eagerly or traced (a shape not compiled yet): slower than the shape's steady cost, so the
         # budget does not learn costs from them (generate.py reads the count around each call).
         self.cold = 0
 
-    def _fn(self, key: tuple, make: Callable) -> Callable:
+    def _fn(self, what: tuple, bucket: int, make: Callable) -> Callable:
+        """The entry for ``what`` (the call's kind, shape and settings) at attention ``bucket``; ``make()`` builds its
+        function when it has none yet."""
+        key = (what, bucket)
         fn = self.entries.get(key)
         if fn is not None:
             self.entries.move_to_end(key)
             return fn
         self.cold += 1
         uses = self.uses.get(key, 0) + 1
-        unbucketed = _unbucketed(key)
-        if self.compiled and uses < self.compile_after and unbucketed not in self.recurring:
+        if self.compiled and uses < self.compile_after and what not in self.recurring:
             self.uses[key] = uses
             return make()
         self.uses.pop(key, None)
@@ -213,7 +215,7 @@ class CompileBank:
         self.entries[key] = fn
         if len(self.recurring) > 4 * self.limit:  # (a long-lived server meets many settings: forget, stay bounded)
             self.recurring.clear()
-        self.recurring.add(unbucketed)
+        self.recurring.add(what)
         if len(self.entries) > self.limit:
             self.entries.popitem(last=False)
         return fn
@@ -259,8 +261,8 @@ class CompileBank:
             del keys, values
             state.put_buffers(st.keys, st.values, end)
             return out
-        key = ("ptp", shape, bucket, s) if not rule.lenient else ("ptp", shape, bucket, s, rule)
-        fn = self._fn(key, lambda: partial(call_graph, self.pm, shape, bucket, s, rule))
+        what = ("ptp", shape, s) if not rule.lenient else ("ptp", shape, s, rule)
+        fn = self._fn(what, bucket, lambda: partial(call_graph, self.pm, shape, bucket, s, rule))
         keys, values = state.take_buffers()  # the state lets go of the buffers: the call writes them in place
         res = fn(tokens, row_u, aux_u, offset, *([offered] if rule.guarded else []), *keys, *values)
         del keys, values
@@ -273,7 +275,7 @@ class CompileBank:
         read ``UNRESOLVED``: sampler.py, ``pick(fast=True)``), and with ``with_logits`` also the logits
         [1, vocab] that ``resolve`` settles it from (None where the settings never leave a token unresolved)."""
         bucket, offset, _ = self._prepare(state, 1)
-        fn = self._fn(("ar", bucket, s), lambda: partial(ar_graph, self.pm, bucket, s))
+        fn = self._fn(("ar", s), bucket, lambda: partial(ar_graph, self.pm, bucket, s))
         keys, values = state.take_buffers()
         res = fn(token, u, offset, *keys, *values)
         del keys, values
@@ -291,12 +293,6 @@ class CompileBank:
         del keys, values
         state.put_buffers(st.keys, st.values, state.offset + 1)
         return logits
-
-
-def _unbucketed(key: tuple) -> tuple:
-    """A bank key without its attention bucket (``("ptp", shape, bucket, s, ...)`` or ``("ar", bucket, s)``)."""
-    at = 2 if key[0] == "ptp" else 1
-    return key[:at] + key[at + 1 :]
 
 
 def compiled_by_default() -> bool:
