@@ -22,11 +22,12 @@ from .decode.probe import cached_cost_curve
 from .drafting.budget import Budget
 from .drafting.cost import CostCurve
 from .errors import UserError
-from .generate import DecodeOptions, GenerationStep, encode_prompt, stream_generate, turn_start
+from .generate import DecodeOptions, GenerationStep, stream_generate
 from .logits import LogitsHook, LogitsSettings
 from .model.ptp import PTPModel
 from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root
+from .prompt import encode_prompt, turn_start
 from .prompt_cache import PromptCache
 from .sampler import SamplingSettings
 

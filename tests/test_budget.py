@@ -5,7 +5,7 @@ import pytest
 
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
-from ptp_mlx.generate import encode_prompt
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.testing.decoding import BUDGETS, PROMPTS, SETTINGS, WINDOW, assert_same, with_seed
 
 

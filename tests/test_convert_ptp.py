@@ -24,8 +24,9 @@ from test_convert_support import (  # noqa: E402
 )
 
 from ptp_mlx.adapter import load_adapter  # noqa: E402
-from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate  # noqa: E402
+from ptp_mlx.generate import DecodeOptions, stream_generate  # noqa: E402
 from ptp_mlx.model.ptp import PTPModel, Window  # noqa: E402
+from ptp_mlx.prompt import encode_prompt  # noqa: E402
 from ptp_mlx.sampler import SamplingSettings  # noqa: E402
 
 TOKENS = [5, 70, 80, 90, 100, 33, 44, 55, 66, 77]

@@ -17,8 +17,9 @@ import pytest
 
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
-from ptp_mlx.generate import ContextFull, DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.generate import ContextFull, DecodeOptions, stream_generate
 from ptp_mlx.model.ptp import PTPModel
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import SamplingSettings
 from ptp_mlx.testing import RandomTreeDrafter
 from ptp_mlx.testing.decoding import BUDGETS, PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed

@@ -11,8 +11,9 @@ import pytest
 
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
-from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.ptp import PTPAdapter, PTPModel
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import SamplingSettings
 from ptp_mlx.testing import OracleDrafter, explain_divergence, randomize_adapter
 

@@ -9,11 +9,11 @@ import pytest
 
 import ptp_mlx.decode.ar as ar_mod
 import ptp_mlx.decode.call as call_mod
-import ptp_mlx.generate as generate
+import ptp_mlx.decode.pipeline as pipeline
 from ptp_mlx import sampler
 from ptp_mlx.drafting.protocol import CallResult, Drafter, Plan
-from ptp_mlx.generate import encode_prompt
 from ptp_mlx.model.ptp import PTPModel
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import UNRESOLVED, SamplingSettings, may_leave_unresolved, pick, resolve
 from ptp_mlx.testing.decoding import BUDGETS, PROMPTS, WINDOW, ar, assert_same, with_seed
 
@@ -164,13 +164,13 @@ class _Bursty(Drafter):
 def test_a_call_built_on_an_unresolved_burst_token_is_dropped(pms, varied, small_head, monkeypatch):
     tok = varied[1]
     seen = {"built_on_unresolved": 0}
-    confirm = generate.confirm_after_burst
+    confirm = pipeline.confirm_after_burst
 
     def spied(chained, plan, cache, last):
         seen["built_on_unresolved"] += int(chained.token.item()) == UNRESOLVED
         return confirm(chained, plan, cache, last)
 
-    monkeypatch.setattr(generate, "confirm_after_burst", spied)
+    monkeypatch.setattr(pipeline, "confirm_after_burst", spied)
     for p in PROMPTS[:3]:
         for seed in (0, 1, 2):
             s = with_seed(SamplingSettings(1.0), seed)

@@ -14,9 +14,10 @@ import pytest
 from mlx.utils import tree_flatten
 
 from ptp_mlx.adapter import make_config, save_adapter
-from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.generate_cli import main
 from ptp_mlx.model.ptp import PTPAdapter, PTPModel
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import SamplingSettings
 from ptp_mlx.testing import save_random_adapter
 

@@ -12,7 +12,7 @@ from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.lookup import LookupProposer
 from ptp_mlx.drafting.policy import DraftingConfig, DraftPolicy, make_drafter
 from ptp_mlx.drafting.protocol import CallResult, Plan
-from ptp_mlx.generate import encode_prompt
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
 

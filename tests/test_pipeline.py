@@ -1,4 +1,4 @@
-"""Chained PTP calls (ptp_mlx/decode/ahead.py): the next call built for every outcome of this one while it computes
+"""Chained PTP calls (ptp_mlx/decode/pipeline.py): the next call built for every outcome of this one while it computes
 (its inputs gathered on the device by the accepted count), queued right after the read when the drafter's real plan
 is the guessed one. The output must stay the
 autoregressive one token for token (greedy and sampled, EOS and the token limit inside a block, the cache's
@@ -9,10 +9,11 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
-import ptp_mlx.generate as generate
+import ptp_mlx.decode.pipeline as pipeline
 from ptp_mlx.drafting.protocol import Guess
-from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.kv import KVState
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.prompt_cache import PromptCache
 from ptp_mlx.testing import OracleDrafter
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
@@ -23,7 +24,7 @@ def spy(monkeypatch):
     """Counts the chained calls (the default on every device) queued ("hit"), those dropped after the read ("miss")
     and those built ("built")."""
     seen = Counter()
-    build, confirm = generate.build_chained, generate.confirm_chained
+    build, confirm = pipeline.build_chained, pipeline.confirm_chained
 
     def built(*a, **k):
         nxt = build(*a, **k)
@@ -40,8 +41,8 @@ def spy(monkeypatch):
             seen[f"hit after {result.accepted}"] += 1
         return call
 
-    monkeypatch.setattr(generate, "build_chained", built)
-    monkeypatch.setattr(generate, "confirm_chained", counted)
+    monkeypatch.setattr(pipeline, "build_chained", built)
+    monkeypatch.setattr(pipeline, "confirm_chained", counted)
     return seen
 
 
@@ -175,6 +176,7 @@ def test_each_chained_call_is_charged_its_own_queueing(pm_sticky, varied, monkey
     from types import SimpleNamespace
 
     import ptp_mlx.decode.ar as ar_mod
+    import ptp_mlx.decode.ptp as ptp_mod
 
     fake = SimpleNamespace(now=0.0)
     clock = SimpleNamespace(perf_counter=lambda: fake.now)
@@ -184,9 +186,9 @@ def test_each_chained_call_is_charged_its_own_queueing(pm_sticky, varied, monkey
         fake.now += 1.0
         return real(*arrays)
 
-    monkeypatch.setattr(generate, "time", clock)
-    monkeypatch.setattr(ar_mod, "time", clock)
-    monkeypatch.setattr(generate.mx, "async_eval", queue)
+    for module in (ptp_mod, pipeline, ar_mod):
+        monkeypatch.setattr(module, "time", clock)
+    monkeypatch.setattr(mx, "async_eval", queue)
     tok = varied[1]
     s = with_seed(SETTINGS["greedy"], 3)
     for kw in ({"num_draft_tokens": 2}, {"mode": "ar"}):

@@ -1,5 +1,5 @@
 """The PTP call after an autoregressive burst, built while the burst's last step computes
-(``decode/ahead.py: build_after_burst``) and queued when the drafter's plan after the read is the one it was built
+(``decode/pipeline.py: build_after_burst``) and queued when the drafter's plan after the read is the one it was built
 for; and the drafts in hand dropped by a burst (``ChainDrafter.emitted``). The output must stay the autoregressive
 one token for token: greedy and sampled, guesses right and wrong, EOS and the token limit inside a burst, a consumer
 that stops with the call built."""
@@ -8,12 +8,13 @@ from collections import Counter
 
 import pytest
 
-import ptp_mlx.generate as generate
+import ptp_mlx.decode.pipeline as pipeline
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.chain import ChainDrafter
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.protocol import CallResult, Drafter, Plan
-from ptp_mlx.generate import DecodeOptions, encode_prompt, stream_generate
+from ptp_mlx.generate import DecodeOptions, stream_generate
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.prompt_cache import PromptCache
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, ar, assert_same, with_seed
 
@@ -50,7 +51,7 @@ class BurstyDrafter(Drafter):
 def spy(monkeypatch):
     """Counts the calls built after a burst ("built"), queued ("hit") and dropped ("miss")."""
     seen = Counter()
-    build, confirm = generate.build_after_burst, generate.confirm_after_burst
+    build, confirm = pipeline.build_after_burst, pipeline.confirm_after_burst
 
     def built(*a, **k):
         out = build(*a, **k)
@@ -62,8 +63,8 @@ def spy(monkeypatch):
         seen["hit" if call is not None else "miss"] += 1
         return call
 
-    monkeypatch.setattr(generate, "build_after_burst", built)
-    monkeypatch.setattr(generate, "confirm_after_burst", counted)
+    monkeypatch.setattr(pipeline, "build_after_burst", built)
+    monkeypatch.setattr(pipeline, "confirm_after_burst", counted)
     return seen
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ptp_mlx.drafting.protocol import Drafter, Plan
-from ptp_mlx.generate import encode_prompt
+from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, assert_same, with_seed
 
 ROOT = Path(__file__).resolve().parents[1] / "ptp_mlx"

@@ -366,8 +366,8 @@ def _cost_sweep(args) -> int:
 def _profile(eng, prompt, sampling, args) -> int:
     import json
 
-    from ..generate import encode_prompt
     from ..paths import atomic_write_bytes
+    from ..prompt import encode_prompt
     from .profile import run_profile
 
     ids = encode_prompt(eng.tokenizer, [{"role": "user", "content": prompt.turns[0]}])

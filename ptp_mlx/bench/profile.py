@@ -5,7 +5,7 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
 - ``ar``: our pipelined autoregressive path per token, and the same step unpipelined, split into graph
   building on the host, compute (``mx.eval``: the pass, waited for) and reading the token;
 - ``ptp R+A``: PTP calls of a fixed shape (R token rows: the last token and R-1 drafts; A auxiliary rows),
-  split by ``PhaseClock`` into planning, graph building, building the next call ahead (``ptp_mlx/decode/ahead.py``),
+  split by ``PhaseClock`` into planning, graph building, building the next call ahead (``ptp_mlx/decode/pipeline.py``),
   compute (the wait for it), reading + cache trim, and the drafter's update with the next plan and its queueing.
   A fixed shape is known ahead, so these calls run pipelined: plan and build are empty when the call was
   queued from its build ahead;
@@ -228,7 +228,7 @@ def profile_ptp(
     """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape. Each
     shape runs twice: one call at a time (``ahead=0``: the call is built after the previous one is read; its
     queue + compute phases are the call's pure compute), then pipelined (the next call built ahead while this
-    one computes, ``ptp_mlx/decode/ahead.py``, one outcome ahead); host time on the path is wall time minus that pure
+    one computes, ``ptp_mlx/decode/pipeline.py``, one outcome ahead); host time on the path is wall time minus that pure
     compute."""
     out = []
     width = eng.pm.config.window

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from ..generate import encode_prompt, turn_start
+from ..prompt import encode_prompt, turn_start
 from ..sampler import SamplingSettings
 from .methods import Measured, Runner
 from .prompts import Prompt, messages_for

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick, resolve
-from .session import CallRecord
+from ..sampler import UNRESOLVED, UniformStream, pick, resolve
+from .session import CallRecord, DecodeSession
 
 PREFILL_CHUNK = 512
 
@@ -32,20 +32,21 @@ def prefill(model, tokens: list[int], cache) -> None:
 
 
 def ar_calls(
-    pm, cache, last: int, u, s: SamplingSettings, max_new: int, hook=None, bank=None, then=None, stop=None
+    sess: DecodeSession, last: int, max_new: int, then=None, stop=None
 ) -> Iterator[tuple[list[int], CallRecord]]:
     """Autoregressive decoding, pipelined like mlx-lm: the next pass is queued before the host reads a token.
 
-    Yields ``([token], CallRecord)`` per step (with the token's logprobs when ``hook`` asks for them); the cache
-    gains each fed token (``last`` first). ``hook``: the answer's penalties, logit_bias and logprobs. ``bank``:
-    steps are the fixed-shape ones of ``decode/fixed.py`` (run eagerly under a hook). ``then``: called once with
+    Yields ``([token], CallRecord)`` per step (with the token's logprobs when the session's logits hook asks for
+    them); the session's cache gains each fed token (``last`` first). Its uniforms are read from index 0 (a burst
+    inside a PTP run gets a ``Shifted`` stream); with its ``bank`` the steps are the fixed-shape ones of
+    ``decode/fixed.py`` (run eagerly under a hook, which processes the logits). ``then``: called once with
     the last step's token (lazy int32 [1]) as soon as that step is queued, before any of it is read (a PTP call
-    after a burst is built on it meanwhile: ``decode/ahead.py``). ``stop()``: asked before each next step is
+    after a burst is built on it meanwhile: ``decode/pipeline.py``). ``stop()``: asked before each next step is
     queued; once True, the step already queued is read and the loop ends (a burst ended early keeps that token).
 
     A step's token may read ``UNRESOLVED`` (sampler.py: its ``u`` lies beyond the likeliest tokens the step sorts);
     the host then settles it from the step's logits, and the step queued on it runs again on the exact token."""
-    base = pm.base
+    base, cache, u, s, hook, bank = sess.pm.base, sess.cache, sess.uniforms, sess.settings, sess.hook, sess.bank
 
     def step(tok: mx.array, i: int) -> tuple[mx.array, list | None, mx.array | None]:
         """Queue step ``i`` on ``tok``: its token (lazy), a hook's scores, the logits ``resolve`` would read."""

@@ -64,8 +64,8 @@ class PendingCall:
     trimmed back to), its shape and its outputs (lazy arrays until ``finish_call`` reads them)."""
 
     plan: Plan
-    offset: int
-    i: int
+    offset: int | None  # None: a chained call, whose offset follows the read of the call before it
+    i: int | None  # the generated position of its first exact token (None: a chained call, likewise)
     shape: CallShape
     out: CallOutputs
     hook: object | None = None  # the answer's ``LogitsHook`` (penalties, logit_bias, logprobs), if any
@@ -79,7 +79,7 @@ class PendingCall:
 
 @dataclass
 class ChainInputs:
-    """A call's inputs as arrays computed on the device from the call before it (``decode/ahead.py``): nothing
+    """A call's inputs as arrays computed on the device from the call before it (``decode/pipeline.py``): nothing
     here has been read by the host."""
 
     tokens: mx.array  # int32 [n_tok]: the exact token the call before emitted last, then the drafts
@@ -115,7 +115,12 @@ def call_uniforms(sess: DecodeSession, plan: Plan, i: int) -> tuple[np.ndarray, 
 
 
 def build_call(
-    sess: DecodeSession, last: int, plan: Plan, i: int, tokens: mx.array | None = None, chain: ChainInputs | None = None
+    sess: DecodeSession,
+    last: int | None,
+    plan: Plan,
+    i: int | None,
+    tokens: mx.array | None = None,
+    chain: ChainInputs | None = None,
 ) -> PendingCall:
     """The lazy graph of one fused PTP call (docs/method.md, section 5): token rows ``[last, plan.drafts,
     alternatives]`` (or ``tokens``, the same row ids as an array the host has not read), then the auxiliary
@@ -125,7 +130,8 @@ def build_call(
     otherwise the pass of ``PTPModel.__call__`` (a model whose RoPE takes one offset per call): the same rows,
     masks and outputs. ``i``: the generated position of the
     call's first exact token (where its uniforms start). ``chain``: every input already on the device (a chained
-    call of ``decode/ahead.py``; its ``offset`` is known once the call before it is read)."""
+    call of ``decode/pipeline.py``: no ``last`` nor ``i``, and its ``offset`` is known once the call before it is
+    read)."""
     pm, cache, s, hook = sess.pm, sess.cache, sess.settings, sess.hook
     rule = sess.rule.for_source(plan.source, plan.strict)  # (``lookup=0``: lookup chains verified exactly)
     offered = sess.context.array() if rule.guarded and sess.context is not None else None
@@ -136,7 +142,7 @@ def build_call(
         out = sess.bank.call(
             cache, shape, s, chain.tokens, chain.row_u, chain.aux_u, rule=rule, at=(chain.offset, chain.bound)
         )
-        return PendingCall(plan, -1, i, shape, out, row_u=chain.row_u, settings=s)
+        return PendingCall(plan, None, None, shape, out, row_u=chain.row_u, settings=s)
     if tokens is None:
         tokens = mx.array([last, *plan.drafts, *(a for a, _ in alts)], dtype=mx.int32)
     n_aux = shape.n_aux

@@ -50,7 +50,7 @@ def measure_cost_curve(
 
     def timings(w: int, n: int) -> list[float]:
         if real and w == 1:
-            steps = list(ar_calls(pm, cache, 0, u, greedy, n + 3, bank=bank))
+            steps = list(ar_calls(sess, 0, n + 3))
             cache.trim_to(context)  # the steps left their tokens in the cache
             return [rec.time for _, rec in steps[1:-1]]  # the first and last steps are not pipelined
         out = []

@@ -251,7 +251,7 @@ class Budget:
         ``step="simple"`` alternates a drafting call (one branch) and a verifying call (no branch). ``second``:
         the adapter's runner-up for the first draft and its confidence; verified as a sibling strand when the
         expected tokens it adds are worth its rows at this machine's cost. ``pending``: the shape already built
-        for this call (a chained call, ``decode/ahead.py``), preferred as a known shape that costs no host time.
+        for this call (a chained call, ``decode/pipeline.py``), preferred as a known shape that costs no host time.
         ``preview``: the choice only (no exploring call, nothing noted): what ``ChainDrafter.guess`` asks.
         """
         room = min(room, self.max_rows)

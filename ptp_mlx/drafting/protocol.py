@@ -137,7 +137,7 @@ class Drafter(ABC):
         """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (the next
         call then starts at generated position ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if
         it can tell before that call is read; None otherwise. Decoding builds the guessed call while the current
-        one computes and queues it the moment the read confirms it (``ptp_mlx/decode/ahead.py``)."""
+        one computes and queues it the moment the read confirms it (``ptp_mlx/decode/pipeline.py``)."""
         return None
 
     def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
@@ -158,7 +158,7 @@ class Drafter(ABC):
         return None  # (optional: nothing to keep by default)
 
     def chained(self, plan: Plan | None) -> None:
-        """The plan of the call already built for the outcome that happened (``decode/ahead.py``; None: none):
+        """The plan of the call already built for the outcome that happened (``decode/pipeline.py``; None: none):
         the next ``plan`` may prefer it, as it costs no host time on the path."""
         return None  # (optional: a drafter that cannot use it plans as ever)
 

@@ -14,9 +14,10 @@ from mlx.utils import tree_flatten
 
 from ..drafting.budget import Budget
 from ..drafting.cost import CostCurve
-from ..generate import DecodeOptions, encode_prompt, stream_generate
+from ..generate import DecodeOptions, stream_generate
 from ..model.layers import token_embedding
 from ..model.ptp import PTPAdapter, PTPModel
+from ..prompt import encode_prompt
 from ..sampler import SamplingSettings
 from . import OracleDrafter, explain_divergence, randomize_adapter
 

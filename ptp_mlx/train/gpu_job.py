@@ -41,8 +41,8 @@ def reference_logits(model_dir: str | None, out: Path) -> None:
     import mlx.core as mx
     import numpy as np
 
-    from ..generate import encode_prompt
     from ..models import load
+    from ..prompt import encode_prompt
 
     model, tok = load(model_dir)
     ids = encode_prompt(tok, REF_PROMPT)

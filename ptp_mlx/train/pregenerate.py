@@ -20,8 +20,8 @@ from mlx_lm.models.cache import BatchKVCache
 from tqdm import tqdm
 
 from ..errors import UserError
-from ..generate import encode_prompt
 from ..model.layers import install, make_cache
+from ..prompt import encode_prompt
 from ..sampler import SamplingSettings, bins, pick_with_bins
 from .data import read_prompts, read_records
 

@@ -28,7 +28,7 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from ..generate import encode_prompt
+from ..prompt import encode_prompt
 from ..sampler import SamplingSettings, bins
 from .corpora import chatterbot_dialogs, news_paragraphs
 from .data import is_validation, read_records

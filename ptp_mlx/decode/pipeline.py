@@ -1,5 +1,6 @@
-"""The next PTP call, built for every outcome of this one while it computes (docs/method.md, section 5,
-"Pipelined calls").
+"""The call queue: the PTP calls in flight for one answer (``CallQueue``), and the next call built for every
+outcome of the one computing, so it is queued the moment the read confirms it (chained calls: docs/method.md,
+section 5, "Pipelined calls").
 
 A call's inputs depend on what it accepted, which the host learns only when it reads the call. When the drafter
 can tell the next call's rows before that read (``Drafter.guess``: a fixed budget, whose next call has the same
@@ -19,13 +20,14 @@ gives it back), and let go before the call is queued, so its writes stay in plac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import numpy as np
 
 from ..drafting.protocol import CallResult, Drafter, Guess, Plan
-from .call import ChainInputs, PendingCall, build_call, call_shape, call_uniforms
+from .call import NO_CLOCK, ChainInputs, PendingCall, build_call, call_shape, call_uniforms, finish_call
 from .session import DecodeSession
 
 
@@ -94,7 +96,7 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
         bound=call.offset + 1 + n,
     )
     before = cache.snapshot()
-    built = build_call(sess, 0, nxt, -1, chain=inputs)
+    built = build_call(sess, None, nxt, None, chain=inputs)  # (no last token or position: both follow the read)
     return Chained(built, guesses, before, call_shape(nxt).rows)
 
 
@@ -125,8 +127,7 @@ def confirm_after_burst(chained: Chained, plan: Plan | None, cache, last: int) -
         drop_chained(chained, cache, chained.call.offset)
         return None
     chained.before = None
-    chained.call.plan = plan
-    return chained.call
+    return replace(chained.call, plan=plan)
 
 
 def _kind(guess: Guess) -> tuple:
@@ -166,9 +167,7 @@ def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: 
         drop_chained(chained, cache, keep)
         return None
     chained.before = None
-    call = chained.call
-    call.plan, call.offset, call.i = plan, keep, i  # the same rows; the host now knows the drafts it verifies
-    return call
+    return replace(chained.call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
 
 
 def chained_plan(chained: Chained | None, result: CallResult) -> Plan | None:
@@ -185,3 +184,93 @@ def drop_chained(chained: Chained, cache, keep: int) -> None:
         cache.restore(chained.before)
         chained.before = None
     cache.trim_to(keep)
+
+
+class CallQueue:
+    """The PTP calls in flight for one answer, and the one owner of their offsets in the cache.
+
+    At most one call is queued and not yet read (``running``). While it computes, the call after it may be built
+    for every outcome (``chain``: ``chained``); after an autoregressive burst, the first call may be built on the
+    burst's last step (``start_after_burst``: ``started``). The read (``read``) decides: ``confirm`` /
+    ``confirm_start`` make the built call the next ``running`` one when the drafter's real plan is the one it was
+    built for, and give the cache its state back otherwise. ``abandon`` leaves the cache at the accepted path
+    whatever is in flight (an answer closed early, or failed)."""
+
+    def __init__(self, sess: DecodeSession, drafter: Drafter, max_new: int, ctx: int, chain: bool = True):
+        self.sess, self.drafter, self.max_new, self.ctx = sess, drafter, max_new, ctx
+        self.chains = chain and sess.hook is None  # (with a logits hook a call's rows depend on committed tokens)
+        self.running: PendingCall | None = None
+        self.chained: Chained | None = None
+        self.started: Chained | None = None
+
+    @property
+    def end(self) -> int:
+        """Where the accepted path ends in the cache: rows of a built call not yet decided on do not count."""
+        cache = self.sess.cache
+        if self.started is not None:
+            return self.started.call.offset
+        return cache.offset - (self.chained.rows if self.chained is not None else 0)
+
+    def build(self, last: int, plan: Plan, i: int) -> None:
+        """Build the call that verifies ``plan`` after ``last`` (the next one to queue)."""
+        self.running = build_call(self.sess, last, plan, i)
+
+    def submit(self) -> float:
+        """Queue the running call's compute; returns the seconds queueing took (on MLX's CPU backend
+        ``async_eval`` returns only once all but the last few kernels have run: mostly that call's compute)."""
+        t0 = time.perf_counter()
+        mx.async_eval(*self.running.arrays)
+        return time.perf_counter() - t0
+
+    def chain(self) -> None:
+        """Build the call after the running one for every outcome, while it computes (none where that does not
+        apply: ``build_chained``)."""
+        if self.chains and self.running is not None:
+            self.chained = build_chained(self.sess, self.drafter, self.running, self.max_new, self.ctx)
+
+    def start_after_burst(self, token: mx.array, i: int) -> None:
+        """Build the first call after a burst on its last step's ``token`` (lazy), which ends at position ``i``."""
+        if self.chains:
+            self.started = build_after_burst(self.sess, self.drafter, token, i, self.max_new, self.ctx)
+
+    @property
+    def started_plan(self) -> Plan | None:
+        """The plan the call built after a burst was built for (None: none was)."""
+        return None if self.started is None else self.started.guesses[0].plan
+
+    def chained_plan(self, result: CallResult) -> Plan | None:
+        """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
+        return chained_plan(self.chained, result)
+
+    def read(self, clock=NO_CLOCK) -> tuple[Plan, CallResult]:
+        """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""
+        call, self.running = self.running, None
+        then = 0 if self.chained is None else self.chained.rows
+        return call.plan, finish_call(self.sess.cache, call, clock, then=then)
+
+    def confirm(self, result: CallResult, plan: Plan | None, i: int) -> bool:
+        """After a read: the chained call becomes the running one if ``plan`` (None: the answer ended) is the one it
+        was built for; otherwise it is dropped. True when a call is ready to submit."""
+        if self.chained is not None:
+            chained, self.chained = self.chained, None
+            self.running = confirm_chained(chained, result, plan, i, self.sess.cache)
+        return self.running is not None
+
+    def confirm_start(self, plan: Plan | None, last: int) -> bool:
+        """After a burst: the call built on its last step becomes the running one if ``plan`` is its plan and
+        ``last`` the token it was built on; otherwise it is dropped. True when a call is ready to submit."""
+        started, self.started = self.started, None
+        self.running = confirm_after_burst(started, plan, self.sess.cache, last)
+        return self.running is not None
+
+    def abandon(self) -> None:
+        """Leave the cache at the accepted path: calls built or queued and never read give their rows back."""
+        cache = self.sess.cache
+        if self.started is not None:  # built on a burst that was never finished: the state before it comes back
+            drop_chained(self.started, cache, self.started.call.offset)
+        if self.chained is not None:  # chained on a call never read, or never decided on
+            keep = self.running.offset if self.running is not None else cache.offset - self.chained.rows
+            drop_chained(self.chained, cache, keep)
+        elif self.running is not None:  # queued but never read (the consumer stopped first): its rows leave
+            cache.trim_to(self.running.offset)
+        self.running = self.chained = self.started = None

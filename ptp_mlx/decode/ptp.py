@@ -1,0 +1,146 @@
+"""The PTP decoding loop, beside ``ar.py``'s plain one: each call verifies the drafts in hand and drafts again for
+the likely outcomes (docs/method.md, section 5). Both take a ``DecodeSession`` and yield ``([tokens],
+CallRecord)`` per call; ``generate.py`` turns them into responses.
+
+Rows of a call: [last accepted token, drafts q_1..q_n | branch d auxiliaries ...]. Branch d assumes the first d
+drafts are accepted. After the call, c = number of leading drafts equal to the exact token at their position; the
+call emits the exact tokens at positions 0..c and branch c (if present) gives the next drafts, its first slot being
+the exact token just emitted. The calls in flight, and their offsets, belong to the ``CallQueue``
+(``pipeline.py``): a call is queued before the host reads it, and the next one, when the drafter can tell its rows,
+is built for the likely outcomes meanwhile and queued right after the read, before this call's block is handed out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from ..drafting.protocol import Drafter
+from .ar import Shifted, ar_calls
+from .call import NO_CLOCK
+from .pipeline import CallQueue
+from .session import CallRecord, DecodeSession
+
+
+@dataclass(frozen=True)
+class AnswerLimits:
+    """Where one answer stops: ``max_new`` tokens, a context of ``ctx`` rows, or a token of ``eos``."""
+
+    max_new: int
+    ctx: int
+    eos: frozenset[int] = frozenset()
+
+
+def ptp_calls(
+    sess: DecodeSession, drafter: Drafter, last: int, limits: AnswerLimits, chain: bool = True, clock=NO_CLOCK
+) -> Iterator[tuple[list[int], CallRecord]]:
+    """PTP decoding after ``last`` (fed, not yet in the cache), with ``drafter`` (begun on the answer's history).
+
+    ``chain``: the next call built for every outcome of this one while it computes (False: every call built after
+    the read, the profile's synchronous reference). ``clock``: a ``PhaseClock`` splits every call into phases."""
+    max_new, ctx = limits.max_new, limits.ctx
+    queue = CallQueue(sess, drafter, max_new, ctx, chain)
+    i = 0  # index of the next token to emit, in the uniform stream
+    plan = None  # the next call's plan, when planned before its call is built
+    cold_before = -1  # the bank's cold count before the previous iteration (a call built then runs now)
+    carried = 0.0  # the previous iteration's time queueing this one's call (chained): this call's cost, not that one's
+    try:
+        while i < max_new:
+            t_start = time.perf_counter()
+            cold_start = _cold(sess.bank)
+            clock.start()
+            if queue.running is None and queue.started is not None:
+                # The call built while the burst's last step computed, queued if the drafter's plan is its plan.
+                drafter.chained(queue.started_plan)
+                plan = drafter.plan(i, max_new - i, ctx - queue.end)
+                if queue.confirm_start(plan, last):
+                    clock.mark("update")
+                    queue.submit()
+                    clock.mark("queue")
+            if queue.running is None:
+                # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
+                plan = plan or drafter.plan(i, max_new - i, ctx - queue.end)
+                if plan.burst:
+                    last, done = yield from _burst(sess, drafter, last, i, plan.burst, queue)
+                    i, plan = i + done, None
+                    continue
+                clock.mark("plan")
+                # 2. One call: verify, draft (queued now; read, accepted and trimmed by ``CallQueue.read``).
+                queue.build(last, plan, i)
+                clock.mark("build")
+                queue.submit()  # (on MLX's CPU backend this returns only near the end of a large graph)
+                clock.mark("queue")
+            # The next call, for every outcome of this one, built while it computes.
+            queue.chain()
+            clock.mark("ahead")
+            plan, out = queue.read(clock)
+            # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
+            drafter.update(plan, out)
+            drafter.emitted(out.block)
+            if sess.context is not None:
+                sess.context.add(out.block)
+            block, c, rows, last = out.block, out.accepted, plan.rows, out.block[-1]
+            n = len(plan.drafts) + len(plan.alts)
+            source = "alt" if out.alt is not None else plan.source if n else None
+            i += len(block)
+            plan = None
+            if i < max_new and not limits.eos.intersection(block):
+                # The next call is planned now (preferring the one already built, when there is one); chained on
+                # this one, it is queued before the yield.
+                drafter.chained(queue.chained_plan(out))
+                plan = drafter.plan(i, max_new - i, ctx - queue.end)
+            ready = queue.confirm(out, plan, i)
+            clock.mark("update")
+            # Each call is charged its own queueing: on MLX's CPU backend ``async_eval`` returns only once all but
+            # the last few kernels have run, so queueing the chained call is mostly that call's compute.
+            queued = queue.submit() if ready else 0.0
+            if ready:
+                clock.mark("queue")
+            clock.tag("rows", rows)
+            t = time.perf_counter() - t_start - queued + carried
+            carried = queued
+            # What the call cost, as measured (the budget learns costs, and its pace guard watches): cold when a
+            # shape ran uncompiled in this call or the one built before it.
+            drafter.timed(rows, len(block), t, cold=_cold(sess.bank) != cold_before)
+            cold_before = cold_start
+            yield block, CallRecord(t, n, c, rows, source, out.logprobs)
+    finally:
+        queue.abandon()
+
+
+def _cold(bank) -> int:
+    """How many calls of ``bank`` so far ran a shape uncompiled (eagerly or tracing it); 0 without a bank."""
+    return bank.cold if bank is not None else 0
+
+
+def _burst(sess: DecodeSession, drafter: Drafter, last: int, i: int, length: int, queue: CallQueue):
+    """Drafting does not pay here (poor drafts or costly rows): decode a pipelined autoregressive burst of up to
+    ``length`` tokens from position ``i`` instead. Same uniforms, same tokens; the cache again ends just before the
+    last token. Returns ``(last, done)``. The first call after it is built on the last step's token while that step
+    computes (``CallQueue.start_after_burst``)."""
+    stop = []
+    end = i + length
+    shifted = replace(sess, uniforms=Shifted(sess.uniforms, i))
+    burst = ar_calls(
+        shifted, last, length, then=lambda token: queue.start_after_burst(token, end), stop=lambda: bool(stop)
+    )
+    done, cold = 0, [_cold(sess.bank)] * 3
+    for block, info in burst:
+        last = block[-1]
+        done += 1
+        cold = cold[1:] + [_cold(sess.bank)]
+        # (the first step of a burst is not pipelined behind another: not a plain step's pace; nor is a step that
+        # ran, or followed, an uncompiled one, nor the step read after the burst was told to stop)
+        if done > 1 and cold[0] == cold[-1] and not stop:
+            drafter.timed(1, 1, info.time)
+        drafter.emitted(block)
+        if sess.context is not None:
+            sess.context.add(block)
+        yield block, info
+        if done < length - 1 and not stop and drafter.ready():
+            # A draft worth a call is in hand: the burst ends after the step already queued, whose token is read
+            # and kept (not dropped: it was computed anyway), and the drafter plans with it. (Past ``length - 1``
+            # the step queued is the burst's last anyway, and the next call may already be built on it.)
+            stop.append(True)
+    return last, done
