@@ -187,7 +187,7 @@ class EngineThread(EngineOwner[ChatRequest]):
     def _load(self) -> EngineLike | None:
         try:
             engine = self._loader(lambda text: self._post(EngineStatus(text)))
-        except Exception as e:  # noqa: BLE001 - every load failure becomes a notification
+        except Exception as e:
             self._load_error = describe_error(e)
             self._post(EngineFailed(self._load_error))
             return None
@@ -223,7 +223,7 @@ class EngineThread(EngineOwner[ChatRequest]):
                 reason = getattr(step, "finish_reason", None)
                 if reason:
                     break
-        except Exception as e:  # noqa: BLE001 - shown as a notification, never a traceback
+        except Exception as e:
             self._post(AnswerFailed(req.request_id, describe_error(e)))
             return
         finally:

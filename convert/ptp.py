@@ -181,7 +181,7 @@ def config_source(config_dir: Path | None, facts: TrainFacts) -> Path:
                     allow_patterns=["*.json", "tokenizer.model", "*.txt", "*.jinja"],
                 )
             )
-        except Exception:  # noqa: BLE001 - not cached: fall through to the clear error below
+        except Exception:
             pass
     raise UserError(
         "the checkpoint does not store the model config: pass --config DIR (the base model's Hugging "

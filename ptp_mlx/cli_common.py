@@ -45,7 +45,7 @@ def run_cli(
         return 1
     except BrokenPipeError:
         return 1
-    except Exception as e:  # noqa: BLE001 - the CLI boundary turns any failure into one line
+    except Exception as e:
         _report(args, e)
         return 1
 

@@ -30,7 +30,7 @@ def turn_start(tokenizer, messages: Sequence[dict], ids: Sequence[int], tools: l
     try:
         kw = {"tools": tools} if tools else {}
         before = tokenizer.apply_chat_template(msgs[:last], add_generation_prompt=False, tokenize=True, **kw)
-    except Exception:  # noqa: BLE001 - a template that needs a user message last: claim nothing for this turn
+    except Exception:
         return len(ids)
     before = list(before["input_ids"] if isinstance(before, dict) else before)
     return next((k for k, (a, b) in enumerate(zip(before, ids, strict=False)) if a != b), min(len(before), len(ids)))

@@ -21,9 +21,9 @@ import time
 os.environ.setdefault("MKL_THREADING_LAYER", "SEQUENTIAL")
 os.environ.setdefault("MKL_INTERFACE_LAYER", "LP64")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from ptp_mlx import blas, kernels  # noqa: E402
+from ptp_mlx import blas, kernels
 
 HIDDEN, INTER, LAYERS, VOCAB, HEADS, HEAD_DIM, KEYS = 576, 1536, 30, 49152, 9, 64, 256
 LAYER_SHAPES = [(960, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER)]  # (N, K) of each W

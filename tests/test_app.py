@@ -15,21 +15,21 @@ from ptp_mlx.generate import ContextFull
 
 pytest.importorskip("textual")
 
-from ptp_mlx.app.chat import ChatApp  # noqa: E402
-from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
-from ptp_mlx.app.history import (  # noqa: E402
+from ptp_mlx.app.chat import ChatApp
+from ptp_mlx.app.engine_thread import GenSettings
+from ptp_mlx.app.history import (
     ConversationStore,
     default_history_path,
     store_for_model,
 )
-from ptp_mlx.app.main import main  # noqa: E402
-from ptp_mlx.app.widgets import BlocksView, HelpScreen, StatsBar, UserMessage, sparkline, split_blocks  # noqa: E402
-from textual.widgets import Input, Markdown  # noqa: E402
-from textual.widgets._markdown import MarkdownFence  # noqa: E402
+from ptp_mlx.app.main import main
+from ptp_mlx.app.widgets import BlocksView, HelpScreen, StatsBar, UserMessage, sparkline, split_blocks
+from textual.widgets import Input, Markdown
+from textual.widgets._markdown import MarkdownFence
 
-from ptp_mlx.decode.accept import SUGGESTED, AcceptRule  # noqa: E402
-from ptp_mlx.errors import UserError  # noqa: E402
-from ptp_mlx.testing.chat import (  # noqa: E402
+from ptp_mlx.decode.accept import SUGGESTED, AcceptRule
+from ptp_mlx.errors import UserError
+from ptp_mlx.testing.chat import (
     BLOCKS,
     FakeEngine,
     answers,

@@ -11,17 +11,17 @@ import pytest
 
 pytest.importorskip("textual")
 
-from ptp_mlx.app.conversations import ConversationsScreen  # noqa: E402
-from ptp_mlx.app.history import (  # noqa: E402
+from ptp_mlx.app.conversations import ConversationsScreen
+from ptp_mlx.app.history import (
     ConversationStore,
     default_history_path,
     model_key,
     store_for_model,
 )
-from ptp_mlx.app.widgets import StatsBar, UserMessage  # noqa: E402
-from textual.widgets import Markdown, OptionList  # noqa: E402
+from ptp_mlx.app.widgets import StatsBar, UserMessage
+from textual.widgets import Markdown, OptionList
 
-from ptp_mlx.testing.chat import (  # noqa: E402
+from ptp_mlx.testing.chat import (
     BLOCKS,
     FakeEngine,
     answers,

@@ -6,14 +6,14 @@ import pytest
 
 pytest.importorskip("textual")
 
-from ptp_mlx.app.chat import ChatApp  # noqa: E402
-from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
-from ptp_mlx.app.history import (  # noqa: E402
+from ptp_mlx.app.chat import ChatApp
+from ptp_mlx.app.engine_thread import GenSettings
+from ptp_mlx.app.history import (
     ConversationStore,
 )
-from textual.widgets import Input, Markdown  # noqa: E402
+from textual.widgets import Input, Markdown
 
-from ptp_mlx.testing.chat import (  # noqa: E402
+from ptp_mlx.testing.chat import (
     answers,
     notes,
     send,

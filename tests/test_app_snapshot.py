@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("pytest_textual_snapshot")
 
-from ptp_mlx.app.chat import ChatApp  # noqa: E402
-from ptp_mlx.app.engine_thread import GenSettings  # noqa: E402
-from ptp_mlx.app.history import ConversationStore  # noqa: E402
-from textual.widgets import Input  # noqa: E402
+from ptp_mlx.app.chat import ChatApp
+from ptp_mlx.app.engine_thread import GenSettings
+from ptp_mlx.app.history import ConversationStore
+from textual.widgets import Input
 
-from ptp_mlx.testing.chat import FakeEngine, wait_until  # noqa: E402
+from ptp_mlx.testing.chat import FakeEngine, wait_until
 
 SIZE = (100, 32)
 ANSWER = [

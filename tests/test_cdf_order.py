@@ -62,13 +62,13 @@ def test_adapter_config_reads_the_order():
 
 
 @pytest.fixture(scope="module")
-def pm_prob(varied, pm_sticky):  # noqa: F811
+def pm_prob(varied, pm_sticky):
     model, _ = varied
     return PTPModel(model, pm_sticky.adapter, {"window": WINDOW, "cdf_order": "prob"}, fuse=True)
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
-def test_ptp_equals_ar_in_probability_order(pm_prob, varied, name):  # noqa: F811
+def test_ptp_equals_ar_in_probability_order(pm_prob, varied, name):
     tok = varied[1]
     for p in PROMPTS[:3]:
         ids = encode_prompt(tok, p)
@@ -81,7 +81,7 @@ def test_ptp_equals_ar_in_probability_order(pm_prob, varied, name):  # noqa: F81
             assert all(st.accepted == st.proposed for st in steps[:-1])
 
 
-def test_plain_decoding_follows_the_adapters_order(pm_prob, pm_sticky, varied):  # noqa: F811
+def test_plain_decoding_follows_the_adapters_order(pm_prob, pm_sticky, varied):
     """With a probability-order adapter, plain decoding samples in that order (so PTP can equal it); the token
     at each step is the sampler's own pick in that order, and differs from id order somewhere."""
     model, tok = varied
@@ -97,7 +97,7 @@ def test_plain_decoding_follows_the_adapters_order(pm_prob, pm_sticky, varied): 
     assert got != ar(pm_sticky, tok, ids, s, 16)[0]
 
 
-def test_training_rebins_records_in_probability_order(varied):  # noqa: F811
+def test_training_rebins_records_in_probability_order(varied):
     from ptp_mlx.train.windows import make_windows, rebin
 
     model, tok = varied
@@ -134,7 +134,7 @@ def test_near_equal_probabilities_are_a_near_tie_in_probability_order():
     assert not far.near_tie
 
 
-def test_known_uniforms_sharpen_draft_confidences_in_probability_order(pm_prob, pm_sticky, varied):  # noqa: F811
+def test_known_uniforms_sharpen_draft_confidences_in_probability_order(pm_prob, pm_sticky, varied):
     """Sampling in probability order, a draft is the mode's token only when its u falls in the mode's bin: the
     chain drafter scales each draft's confidence by where its (known) u lies; in id order u says nothing."""
     from ptp_mlx.drafting.budget import Budget, u_factor

@@ -47,7 +47,7 @@ def spy(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0-k50-p0.8", "T1.0"])
-def test_pipelined_fixed_budget_calls_are_exact(pm_sticky, pm_random, varied, spy, name):  # noqa: F811
+def test_pipelined_fixed_budget_calls_are_exact(pm_sticky, pm_random, varied, spy, name):
     tok = varied[1]
     accepted = Counter()
     for pm in (pm_sticky, pm_random):
@@ -66,7 +66,7 @@ def test_pipelined_fixed_budget_calls_are_exact(pm_sticky, pm_random, varied, sp
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3, 5, 8])
-def test_pipelined_calls_with_eos_and_max_tokens_inside_a_block(pm_sticky, varied, spy, max_tokens):  # noqa: F811
+def test_pipelined_calls_with_eos_and_max_tokens_inside_a_block(pm_sticky, varied, spy, max_tokens):
     tok = varied[1]
     for name in ("greedy", "T1.0"):
         s = with_seed(SETTINGS[name], 9)
@@ -81,7 +81,7 @@ def test_pipelined_calls_with_eos_and_max_tokens_inside_a_block(pm_sticky, varie
     assert spy["hit"] > 0 or max_tokens < 5, spy  # (one or two calls leave nothing to queue ahead)
 
 
-def test_pipelined_calls_across_the_cache_growth(pm_sticky, varied, spy):  # noqa: F811
+def test_pipelined_calls_across_the_cache_growth(pm_sticky, varied, spy):
     """mlx-lm's cache grows in steps of 256 rows: calls built ahead across that boundary stay exact."""
     tok = varied[1]
     ids = encode_prompt(tok, "abcdefgh " * 26)
@@ -93,7 +93,7 @@ def test_pipelined_calls_across_the_cache_growth(pm_sticky, varied, spy):  # noq
     assert spy["hit"] > 0
 
 
-def test_a_consumer_that_stops_with_a_call_queued_leaves_the_cache_consistent(pm_sticky, varied, spy):  # noqa: F811
+def test_a_consumer_that_stops_with_a_call_queued_leaves_the_cache_consistent(pm_sticky, varied, spy):
     """A server's stop string ends the answer one call late: the call queued meanwhile leaves the carried cache,
     so the next turn reuses it and answers exactly as a fresh cache would."""
     tok = varied[1]
@@ -133,7 +133,7 @@ def test_the_kv_cache_never_writes_into_an_earlier_state():
     assert st.offset == 3 and float(st.contents()[0][0].sum()) == before
 
 
-def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):  # noqa: F811
+def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):
     tok = varied[1]
     ids = encode_prompt(tok, PROMPTS[0])
     opts = DecodeOptions(mode="ptp", max_tokens=16, num_draft_tokens=2, ahead=0)
@@ -151,7 +151,7 @@ class KnownDraftsOracle(OracleDrafter):
 
 
 @pytest.mark.parametrize("name", ["greedy", "T1.0-k50-p0.8"])
-def test_calls_with_drafts_the_host_knows_are_chained_and_exact(pm_sticky, varied, spy, name):  # noqa: F811
+def test_calls_with_drafts_the_host_knows_are_chained_and_exact(pm_sticky, varied, spy, name):
     """Chained calls whose drafts are host tokens gathered by the outcome (``Guess.draft_rows`` None): every outcome
     is guessed right, so every build is queued; drafts right and wrong, the answer is the autoregressive one."""
     tok = varied[1]

@@ -70,7 +70,7 @@ def spy(monkeypatch):
 
 @pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])
 @pytest.mark.parametrize("wrong", [0, 2])
-def test_calls_after_bursts_are_chained_and_exact(pm_sticky, varied, spy, name, wrong):  # noqa: F811
+def test_calls_after_bursts_are_chained_and_exact(pm_sticky, varied, spy, name, wrong):
     tok = varied[1]
     for k, p in enumerate(PROMPTS[:2]):
         s = with_seed(SETTINGS[name], 40 + k)
@@ -86,7 +86,7 @@ def test_calls_after_bursts_are_chained_and_exact(pm_sticky, varied, spy, name, 
 
 
 @pytest.mark.parametrize("max_tokens", [2, 4, 7, 9])
-def test_calls_after_bursts_with_eos_and_max_tokens_inside(pm_sticky, varied, spy, max_tokens):  # noqa: F811
+def test_calls_after_bursts_with_eos_and_max_tokens_inside(pm_sticky, varied, spy, max_tokens):
     tok = varied[1]
     for name in ("greedy", "T1.0"):
         s = with_seed(SETTINGS[name], 11)
@@ -98,7 +98,7 @@ def test_calls_after_bursts_with_eos_and_max_tokens_inside(pm_sticky, varied, sp
         assert_same(pm_sticky, tok, ids, s, 24, {"drafter": BurstyDrafter(3)}, eos=eos)
 
 
-def test_a_consumer_that_stops_after_the_build_leaves_the_cache_consistent(pm_sticky, varied, spy):  # noqa: F811
+def test_a_consumer_that_stops_after_the_build_leaves_the_cache_consistent(pm_sticky, varied, spy):
     """Stopped on the burst's second-to-last token (the next call already built on the last): the carried cache
     holds exactly the answer so far, and the next turn answers as with a fresh cache."""
     tok = varied[1]

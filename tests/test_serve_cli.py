@@ -49,7 +49,7 @@ def test_command_serves_and_stops_on_ctrl_c(serve_model_dir, serve_adapter_dir, 
 def _up(client) -> bool:
     try:
         return bool(client.models.list().data)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False
 
 

@@ -77,7 +77,7 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
 
     try:
         info = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in mx.device_info().items()}
-    except Exception:  # noqa: BLE001 - device details are informative only
+    except Exception:
         info = {}
     return {
         "platform": platform.platform(),

@@ -114,7 +114,7 @@ def create_app(worker: EngineWorker, model_id: str, defaults: Defaults, max_body
             try:
                 # exactly as ptp-generate builds them (docs/conventions.md); tools go to the template
                 ids = eng.encode(req.messages, tools=req.tools)
-            except Exception as e:  # noqa: BLE001 - a template that refuses these messages (roles, order)
+            except Exception as e:
                 raise APIError(400, f"the chat template refused the messages: {e}", param=param) from None
         elif isinstance(req.prompt, str):
             ids = list(eng.tokenizer.encode(req.prompt))  # as ptp-generate --no-chat

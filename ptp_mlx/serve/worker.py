@@ -181,7 +181,7 @@ class EngineWorker(EngineOwner[Job]):
             engine = self._loader()
             self.mode = self.mode or engine.default_mode()
             self.engine = engine
-        except BaseException as e:  # noqa: BLE001 - handed to the thread that waits in start()
+        except BaseException as e:
             self.load_error = e
             engine = None
         self._ready.set()
@@ -208,7 +208,7 @@ class EngineWorker(EngineOwner[Job]):
             job.post(Failed(APIError(400, str(e), param="messages", code="context_length_exceeded")))
         except (UserError, ValueError) as e:
             job.post(Failed(APIError(400, str(e))))
-        except Exception as e:  # noqa: BLE001 - one request fails, the server stays up
+        except Exception as e:
             msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
             job.post(Failed(APIError(500, f"{type(e).__name__}: {msg}", "server_error", None, None)))
 
