@@ -33,6 +33,29 @@ def shape_value(n: int, branches, p_reach: np.ndarray, survival: Callable[[int],
     return value
 
 
+class _Values:
+    """``shape_value`` of many shapes under one ``p_reach`` (``ShapeMemory.prefer`` scores every known shape on the
+    host path after a read): the prefix sums and each width's survival sum are computed once, in plain floats."""
+
+    def __init__(self, p_reach: np.ndarray, survival: Callable[[int], float]):
+        self.p = [float(x) for x in p_reach]
+        self.cum = [0.0]
+        for x in self.p[1:]:
+            self.cum.append(self.cum[-1] + x)
+        self.survival, self.sums = survival, {}
+
+    def __call__(self, n: int, branches) -> float:
+        p = self.p
+        value = 1.0 + self.cum[min(n, len(self.cum) - 1)]
+        for d, w in branches:
+            p_end = p[d] - (p[d + 1] if d < n else 0.0)
+            s = self.sums.get(w)
+            if s is None:
+                s = self.sums[w] = sum(self.survival(k) for k in range(1, w))
+            value += p_end * s
+        return value
+
+
 class ShapeMemory:
     """The (drafts, branches) shapes a budget has chosen, with how often."""
 
@@ -52,11 +75,13 @@ class ShapeMemory:
         if built is None and ((n, branches) in self.used or not self.used):
             return n, branches
 
+        value = _Values(p_reach, survival)
+
         def score(shape: Shape, extra: float = 0.0) -> float:
             k, br = shape
             if shape == built:
                 extra -= CHAINED
-            return shape_value(k, br, p_reach, survival) / (cost(1 + k + sum(w for _, w in br)) + extra)
+            return value(k, br) / (cost(1 + k + sum(w for _, w in br)) + extra)
 
         known = (n, branches) in self.used or not self.used
         best, best_score = (n, branches), score((n, branches), 0.0 if known else NOVELTY)
