@@ -65,7 +65,7 @@ class DecodeOptions:
     logits: LogitsHook | None = None  # penalties, logit_bias and logprobs of one answer (ptp_mlx/logits.py)
     # Chain calls: the next call built for every outcome of this one while it computes (``decode/pipeline.py``), on
     # every backend; False: every call built after the read (the profile's synchronous reference).
-    ahead: bool = True
+    chain: bool = True
     # Calls and steps: the fixed-shape ones compiled, or the same functions run eagerly (the reference); None: compiled
     # unless PTP_MLX_EAGER=1 (``decode.fixed.compiled_by_default``).
     compiled: bool | None = None
@@ -129,7 +129,7 @@ def stream_generate(
         sess, drafter = _ptp_session(pm, tokenizer, cache, u, s, opts, prompt_ids)
         limits = AnswerLimits(max_new, ctx, frozenset(eos))
         # (with a logits hook a call's rows depend on the tokens committed before it: no call is built ahead)
-        calls = ptp_calls(sess, drafter, prompt_ids[-1], limits, chain=bool(opts.ahead), clock=opts.clock or NO_CLOCK)
+        calls = ptp_calls(sess, drafter, prompt_ids[-1], limits, chain=bool(opts.chain), clock=opts.clock or NO_CLOCK)
     accept_label = opts.accept.label if opts.mode == "ptp" else "exact"
     generated = 0
     seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]

@@ -63,7 +63,7 @@ def test_profile_splits_real_calls_into_phases(engine, prompt_file):
     for r in ptp:  # the phases add up to about the whole call (medians of sums vs sums of medians)
         assert r["total"] > 0 and sum(r["phases"].values()) <= 1.5 * r["total"] + 0.5
     assert text.splitlines()[0].startswith("ptp-bench --profile") and "| ptp 3+" in text
-    assert any(r["name"].endswith(" ahead") for r in ptp)  # every shape also pipelined (ptp_mlx/decode/pipeline.py)
+    assert any(r["name"].endswith(" chained") for r in ptp)  # every shape also pipelined (ptp_mlx/decode/pipeline.py)
     default = next(r for r in ptp if r["name"] == "ptp default")  # the default drafter's own calls
     assert 0 <= default["chained"] <= default["calls"] and f"{default['chained']} of them chained" in text
     assert doc["diverged"] == [] and "every PTP shape == ar" in text  # padded drafts included: still exact
@@ -80,8 +80,11 @@ def test_profile_splits_real_calls_into_phases(engine, prompt_file):
     for r in ptp:  # a synchronous call builds on the path; a chained one was built while the one before computed
         on_path = sum(r["phases"][k] for k in ("plan", "build", "read+trim", "update"))
         assert 0 < r["host_on_path"] <= 2 * on_path + 0.5
-        if r["name"].endswith(" ahead") and r["phases"]["build"] == 0:
-            assert r["host_on_path"] < next(x for x in ptp if x["name"] == r["name"][:-6])["phases"]["build"]
+        if r["name"].endswith(" chained") and r["phases"]["build"] == 0:
+            assert (
+                r["host_on_path"]
+                < next(x for x in ptp if x["name"] == r["name"].removesuffix(" chained"))["phases"]["build"]
+            )
 
 
 @pytest.mark.parametrize(

@@ -136,7 +136,7 @@ def test_the_kv_cache_never_writes_into_an_earlier_state():
 def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):
     tok = varied[1]
     ids = encode_prompt(tok, PROMPTS[0])
-    opts = DecodeOptions(mode="ptp", max_tokens=16, num_draft_tokens=2, ahead=0)
+    opts = DecodeOptions(mode="ptp", max_tokens=16, num_draft_tokens=2, chain=0)
     got = [t for st in stream_generate(pm_sticky, tok, ids, opts) for t in st.tokens]
     assert got == ar(pm_sticky, tok, ids, SETTINGS["greedy"], 16)[0]
     assert spy["built"] == 0 and spy["hit"] == 0 and spy["miss"] == 0

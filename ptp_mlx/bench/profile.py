@@ -17,7 +17,7 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
 Every row also reports **host time on the critical path** per call: the host work done while nothing is queued
 on the device, measured directly. For a PTP call that is its phases between the read of the call before it and
 its own queueing: planning and building it (zero when it was chained), then its read, trim and the drafter's
-update (median over calls of their sum); the "ahead" phase is not on the path (it runs while the call computes).
+update (median over calls of their sum); the "chain" phase is not on the path (it runs while the call computes).
 For the unpipelined AR step it is its build and read; pipelined steps (mlx-lm's and ours) queue the next step
 before reading this one, so nothing of the host is on the path. Not included: MLX's walk of a call's graph inside
 ``mx.async_eval`` before its first kernel starts (the "queue" phase also holds the dispatch of all but its last
@@ -45,7 +45,7 @@ from ..generate import DecodeOptions, decoding_settings, stream_generate
 from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick, resolve
 from .graph import call_primitives
 
-PHASES = ("plan", "build", "queue", "ahead", "compute", "read+trim", "update")
+PHASES = ("plan", "build", "queue", "chain", "compute", "read+trim", "update")
 # The host phases on the critical path of a call (see above): nothing is queued on the device while they run.
 ON_PATH = ("plan", "build", "read+trim", "update")
 # (drafts verified, [(branch, width), ...]): 3+7 is the issue's reference shape (2 drafts, 7 auxiliaries).
@@ -226,23 +226,23 @@ def profile_ptp(
     eng, ids: list[int], max_tokens: int, s: SamplingSettings, shapes=SHAPES, compiled: bool = True
 ) -> list[ProfileRow]:
     """PTP calls of each fixed shape, decoding the prompt for real; medians over calls of the full shape. Each
-    shape runs twice: one call at a time (``ahead=0``: the call is built after the previous one is read; its
-    queue + compute phases are the call's pure compute), then pipelined (the next call built ahead while this
+    shape runs twice: one call at a time (``chain=0``: the call is built after the previous one is read; its
+    queue + compute phases are the call's pure compute), then chained (the next call built for every outcome while this
     one computes, ``ptp_mlx/decode/pipeline.py``, one outcome ahead); host time on the path is wall time minus that pure
     compute."""
     out = []
     width = eng.pm.config.window
     for n, branches in shapes:
         sync = None
-        for ahead in (0, 1):
-            row = _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled)
+        for chain in (0, 1):
+            row = _profile_shape(eng, ids, max_tokens, s, n, branches, width, chain, compiled)
             if row is None:
                 break
             if sync is None:
                 sync = row
                 row.compute = _median_ms([c.get("queue", 0.0) + c.get("compute", 0.0) for c in row.calls_raw])
             else:
-                row.name += " ahead"
+                row.name += " chained"
                 row.compute = sync.compute
             row.calls_raw = None
             out.append(row)
@@ -258,7 +258,7 @@ def _timed_steps(eng, ids: list[int], opts: DecodeOptions) -> tuple[list, list[f
     return steps, stamps
 
 
-def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled) -> ProfileRow | None:
+def _profile_shape(eng, ids, max_tokens, s, n, branches, width, chain, compiled) -> ProfileRow | None:
     clock = PhaseClock()
     opts = DecodeOptions(
         mode="ptp",
@@ -266,7 +266,7 @@ def _profile_shape(eng, ids, max_tokens, s, n, branches, width, ahead, compiled)
         sampling=s,
         drafter=ShapeDrafter(n, branches, width),
         clock=clock,
-        ahead=ahead,
+        chain=chain,
         compiled=compiled,
     )
     steps, stamps = _timed_steps(eng, ids, opts)

@@ -73,7 +73,7 @@ def ptp_calls(
                 clock.mark("queue")
             # The next call, for every outcome of this one, built while it computes.
             queue.chain()
-            clock.mark("ahead")
+            clock.mark("chain")
             plan, out = queue.read(clock)
             # 3. The next drafts come from the branch of the path that stood, its first slot the exact token.
             drafter.update(plan, out)
