@@ -17,11 +17,11 @@ import numpy as np
 
 from ..drafting.protocol import CallResult, Plan
 from ..model.kv import KVState
-from ..model.ptp import Window
+from ..model.shape import CallShape, Window, WindowShape
 from ..sampler import UNRESOLVED, SamplingSettings, resolve
 from .fixed import outputs_head
 from .session import DecodeSession
-from .shape import CallOutputs, CallShape, WindowShape
+from .shape import CallOutputs
 
 
 class PhaseClock:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 
 import mlx.core as mx
@@ -23,19 +22,10 @@ import numpy as np
 
 from ..model import cpu_math
 from ..model.kv import FixedPass, KVState, kv_shapes, round_up
+from ..model.shape import CallShape, FixedPlan
 from ..sampler import SamplingSettings, may_leave_unresolved, pick
 from .accept import EXACT, AcceptRule
-from .shape import CallOutputs, CallShape
-
-
-@dataclass
-class FixedPlan:
-    """What the patched modules read during a fixed pass (``layers.PTPContext.plan``): every row's RoPE position
-    as an array (rows go through RoPE as batch entries, one position each)."""
-
-    positions: mx.array  # int32 [rows]
-    fixed: bool = True
-    tables: dict = field(default_factory=dict)  # RoPE cos/sin tables, built by the first layer (model/rope.py)
+from .shape import CallOutputs
 
 
 def _mask_fn(shape: CallShape, offset: mx.array, bucket: int, dtype) -> Callable[[int | None], mx.array]:

@@ -19,10 +19,8 @@ from .fused import FusedGate, FusedLoRA, fuse_projections
 from .kv import KVState
 from .layers import (
     PROJECTION_ORDER,
-    CallPlan,
     StaticKV,
     UnsupportedModel,
-    Window,
     install,
     language_model,
     linear_dims,
@@ -31,6 +29,7 @@ from .layers import (
     projections,
     token_embedding,
 )
+from .shape import CallPlan, Window
 from .stock_cache import StockCache
 
 __all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window"]
@@ -179,7 +178,7 @@ class PTPModel:
         """Logits [rows, vocab] for ``tokens`` (1-D) followed by the auxiliaries of ``windows``.
 
         ``u`` holds one uniform per auxiliary row, in window order. ``parents`` makes the token rows a tree
-        (``layers.CallPlan``; default a chain). The cache (from ``make_cache``) receives every row; callers trim
+        (``shape.CallPlan``; default a chain). The cache (from ``make_cache``) receives every row; callers trim
         (and, after a tree, compact) what was not accepted.
         """
         windows = list(windows or [])
@@ -191,7 +190,7 @@ class PTPModel:
         if self.ctx is None or not (isinstance(cache, KVState) or all(isinstance(c, StaticKV) for c in cache)):
             raise ValueError("auxiliary rows and token trees need the caches of PTPModel.make_cache()")
         n_tok = int(tokens.shape[0])
-        plan = CallPlan(cache[0].offset, n_tok, windows, parents)
+        plan = CallPlan.of_windows(cache[0].offset, n_tok, windows, parents)
         aux, lora = None, None  # a tree of token rows alone: the plan's mask and positions, no adapter
         if windows:
             adapter = adapter or self.adapter
@@ -200,8 +199,7 @@ class PTPModel:
             aux = adapter.u_embed(u)[None]
             # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows (in rank space).
             # Adding an exact zero leaves token rows bit-identical to the base model.
-            gate = (mx.arange(plan.rows) >= n_tok).astype(mx.float32)[None, :, None] if n_tok else None
-            lora = self.lora_for(gate, adapter)
+            lora = self.lora_for(plan.shape.gate(), adapter)
 
         self.ctx.begin(plan, aux, lora)
         try:
