@@ -1,8 +1,10 @@
 """The decode floor: plain steps and PTP calls over the model (imports model, drafting and leaves only).
 
 - ``ar.py``: the prefill and the pipelined plain step loop (plain decoding and the PTP loop's bursts).
-- ``call.py``: one PTP call, built and finished (verify, accept, trim); ``shape.py``: its shape, inputs and outputs.
-- ``fixed.py``: the fixed-shape call as a pure function of arrays, compiled per shape and attention bucket.
+- ``call.py``: one PTP call, built and finished (verify, accept, trim); ``shape.py``: its spec (``CallSpec``: the
+  rows, ``model/shape.py: CallShape``, the settings and the rule), its inputs (``CallInputs``) and outputs.
+- ``fixed.py``: the fixed-shape call as a pure function of arrays, compiled per spec and attention bucket
+  (``CompileBank.call(state, spec, inputs)``).
 - ``ahead.py``: the next call built for every outcome of this one while it computes (chained calls).
 - ``accept.py``: the acceptance rules (exact by default; opt-in lenient ones).
 - ``session.py``: what stays constant over one answer's calls.

@@ -1,5 +1,9 @@
-"""What a PTP call returns, with a name (docs/method.md, section 5). The call's rows are its ``CallShape``
-(``model/shape.py``: the model's one description of a pass).
+"""A PTP call's spec, inputs and outputs, each with a name (docs/method.md, section 5).
+
+The rows of a call are its ``CallShape`` (``model/shape.py``: the model's one description of a pass). ``CallSpec``
+adds what else fixes the call's graph (the sampling settings, the acceptance rule): with the attention bucket it
+keys the compiled call (``decode/fixed.py``). ``CallInputs`` is what changes from call to call of one spec (the
+arrays, where the offset comes from, and the host's processing of the rows); ``CallOutputs`` what a call returns.
 """
 
 from __future__ import annotations
@@ -7,6 +11,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from ..model.shape import CallShape
+from ..sampler import SamplingSettings
+from .accept import EXACT, AcceptRule
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """What fixes a call's graph besides the attention bucket (frozen, hashable): its rows, the sampling settings
+    and the acceptance rule."""
+
+    shape: CallShape
+    settings: SamplingSettings
+    rule: AcceptRule = EXACT
+
+
+@dataclass(frozen=True, eq=False)
+class CallInputs:
+    """What one call of a ``CallSpec`` takes (one record, so every function of a call takes it whole)."""
+
+    tokens: mx.array  # int32 [n_tok]: the token rows' ids
+    row_u: mx.array  # float32 [n_tok]: the token rows' uniforms
+    aux_u: mx.array  # float32 [n_aux]: the auxiliary rows' uniforms
+    # int32 []: the cache length before the call as an array (a chained call's, computed on the device, with its
+    # largest value ``bound``: the buffers and the bucket hold that); None: the state's offset
+    offset: mx.array | None = None
+    bound: int | None = None
+    offered: mx.array | None = None  # bool [vocab]: the context's tokens (a ``guarded`` rule's lookup calls)
+    hook: object | None = None  # the answer's ``LogitsHook``: the call then runs eagerly
+    prefixes: list | None = None  # per token row, the drafts before it (what the hook counts for that row)
 
 
 @dataclass
