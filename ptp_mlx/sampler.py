@@ -258,7 +258,7 @@ def may_leave_unresolved(s: SamplingSettings, vocab: int) -> bool:
 
 def resolve(u: float, logits: mx.array, s: SamplingSettings) -> int:
     """The exact token of one row that a fast pick left ``UNRESOLVED``, by the full sort (``logits``: [vocab])."""
-    t = pick(mx.array(u, dtype=mx.float32), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+    t = pick_with(mx.array(u, dtype=mx.float32), logits, s, check=False)
     return int(t.item())  # sync: the host needs this token
 
 
@@ -308,6 +308,11 @@ def pick(
         if bool(mx.any(out < 0).item()):
             raise ValueError("cannot sample: a row of logits is entirely masked (-inf) or not finite")
     return out
+
+
+def pick_with(u: mx.array | float, logits: mx.array, s: SamplingSettings, **kw) -> mx.array:
+    """``pick`` under the settings ``s`` (temperature, top-k, top-p and CDF order; ``kw``: ``check``, ``fast``)."""
+    return pick(u, logits, s.temperature, s.top_k, s.top_p, order=s.order, **kw)
 
 
 def _pick_top_k(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from ptp_mlx import blas
-from ptp_mlx.decode.fixed import FixedPlan, _mask_fn, bank_for
-from ptp_mlx.decode.shape import CallShape
+from ptp_mlx.decode.fixed import _mask_fn, bank_for
 from ptp_mlx.model.kv import FixedPass, KVState
 from ptp_mlx.model.ptp import PTPModel
+from ptp_mlx.model.shape import CallShape, FixedPlan
 
 pytestmark = pytest.mark.slow
 

@@ -113,7 +113,7 @@ def climbing(graph: dict[str, set[str]], floors: dict[str, float] = FLOORS) -> l
 
 
 def test_the_floor_check_catches_a_climbing_import():
-    planted = {"ptp_mlx.model.layers": {"ptp_mlx.decode.shape"}, "ptp_mlx.decode.shape": {"ptp_mlx.model.tree"}}
+    planted = {"ptp_mlx.model.layers": {"ptp_mlx.decode.shape"}, "ptp_mlx.decode.shape": {"ptp_mlx.model.shape"}}
     assert climbing(planted) == [("ptp_mlx.model.layers", "ptp_mlx.decode.shape")]
     assert floor_of("ptp_mlx.decode.probe") == 3 and floor_of("ptp_mlx.sampler") == 0
 

@@ -11,8 +11,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from ptp_mlx.model.layers import CallPlan
 from ptp_mlx.model.ptp import PTPAdapter, PTPModel, UEmbedding, Window
+from ptp_mlx.model.shape import CallPlan
 from ptp_mlx.testing import randomize_adapter
 
 P = 30  # tokens already in the cache before the pass under test
@@ -205,7 +205,7 @@ def test_trim_restores_cache_exactly(base):
 
 def test_call_plan_mask_visibility():
     # Cache of 3, token rows at positions 3-4, Window(4, 2) and Window(5, 3).
-    m = np.array(CallPlan(3, 2, [Window(4, 2), Window(5, 3)]).mask(None))
+    m = np.array(CallPlan.of_windows(3, 2, [Window(4, 2), Window(5, 3)]).mask(None))
     want = [  # cache | token rows | W1 | W2
         "111|10|00|000",  # token 3
         "111|11|00|000",  # token 4
@@ -218,7 +218,7 @@ def test_call_plan_mask_visibility():
     assert m.shape == (7, 10) and m.dtype == bool
     assert ["".join("1" if x else "0" for x in row) for row in m] == [w.replace("|", "") for w in want]
     # Without a cache and without windows: plain causal.
-    assert np.array_equal(np.array(CallPlan(0, 4, []).mask(None)), np.tril(np.ones((4, 4), dtype=bool)))
+    assert np.array_equal(np.array(CallPlan.of_windows(0, 4, []).mask(None)), np.tril(np.ones((4, 4), dtype=bool)))
 
 
 def bits_msb_first(u: float) -> list[int]:
@@ -299,7 +299,8 @@ def test_row_rope_in_one_call_equals_per_segment_rope_bit_for_bit():
     import mlx.nn as nn
     from mlx_lm.models.rope_utils import Llama3RoPE, SuScaledRoPE, YarnRoPE
 
-    from ptp_mlx.model.layers import _BATCHED_ROPE, CallPlan, RowRoPE, Window
+    from ptp_mlx.model.layers import _BATCHED_ROPE, RowRoPE
+    from ptp_mlx.model.shape import CallPlan, Window
 
     llama3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
     ropes = [
@@ -317,7 +318,7 @@ def test_row_rope_in_one_call_equals_per_segment_rope_bit_for_bit():
     for rope in ropes:
         ctx = Ctx()
         row = RowRoPE(rope, ctx)
-        ctx.plan = CallPlan(300, 3, [Window(301, 2), Window(302, 2), Window(303, 3)])
+        ctx.plan = CallPlan.of_windows(300, 3, [Window(301, 2), Window(302, 2), Window(303, 3)])
         x = mx.random.normal((1, 3, ctx.plan.rows, 16), key=mx.random.key(1))
         got = row(x)
         want = mx.concatenate([rope(x[:, :, s:e], offset=p) for s, e, p in ctx.plan.segments], axis=2)

@@ -5,8 +5,10 @@
   a ``CallRecord`` per call.
 - ``pipeline.py``: the call queue (``CallQueue``: the calls in flight and their offsets), and the next call built
   for every outcome of this one while it computes (chained calls).
-- ``call.py``: one PTP call, built and finished (verify, accept, trim); ``shape.py``: its shape, inputs and outputs.
-- ``fixed.py``: the fixed-shape call as a pure function of arrays, compiled per shape and attention bucket.
+- ``call.py``: one PTP call, built and finished (verify, accept, trim); ``shape.py``: its spec (``CallSpec``: the
+  rows, ``model/shape.py: CallShape``, the settings and the rule), its inputs (``CallInputs``) and outputs.
+- ``fixed.py``: the fixed-shape call as a pure function of arrays, compiled per spec and attention bucket
+  (``CompileBank.call(state, spec, inputs)``).
 - ``accept.py``: the acceptance rules (exact by default; opt-in lenient ones).
 - ``session.py``: what stays constant over one answer's calls.
 - ``probe.py``: the cost probe (the prior of the costs ``drafting/learn.py`` learns).

@@ -17,11 +17,11 @@ import numpy as np
 
 from ..drafting.protocol import CallResult, Plan
 from ..model.kv import KVState
-from ..model.ptp import Window
+from ..model.shape import CallShape, Window, WindowShape
 from ..sampler import UNRESOLVED, SamplingSettings, resolve
 from .fixed import outputs_head
 from .session import DecodeSession
-from .shape import CallOutputs, CallShape, WindowShape
+from .shape import CallInputs, CallOutputs, CallSpec
 
 
 class PhaseClock:
@@ -139,22 +139,22 @@ def build_call(
     n, alts = len(plan.drafts), plan.alts
     shape = call_shape(plan, sess.runner_up, sess.reads_top_prob)
     if chain is not None:
-        out = sess.bank.call(
-            cache, shape, s, chain.tokens, chain.row_u, chain.aux_u, rule=rule, at=(chain.offset, chain.bound)
-        )
+        inputs = CallInputs(chain.tokens, chain.row_u, chain.aux_u, offset=chain.offset, bound=chain.bound)
+        out = sess.bank.call(cache, CallSpec(shape, s, rule), inputs)
         return PendingCall(plan, None, None, shape, out, row_u=chain.row_u, settings=s)
     if tokens is None:
         tokens = mx.array([last, *plan.drafts, *(a for a, _ in alts)], dtype=mx.int32)
     n_aux = shape.n_aux
     row_u, aux_u = (mx.array(x) for x in call_uniforms(sess, plan, i))
     prefixes = [list(plan.drafts[:j]) for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
+    inputs = CallInputs(tokens, row_u, aux_u, offered=offered, hook=hook, prefixes=prefixes)
     if sess.bank is not None:
-        out = sess.bank.call(cache, shape, s, tokens, row_u, aux_u, hook, prefixes, rule, offered=offered)
+        out = sess.bank.call(cache, CallSpec(shape, s, rule), inputs)
         return PendingCall(plan, offset, i, shape, out, hook, row_u, s)
     # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
     windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
     logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
-    out = outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule, offered)
+    out = outputs_head(CallSpec(shape, s, rule), logits, inputs)
     return PendingCall(plan, offset, i, shape, out, hook, row_u, s)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import replace
 from functools import partial
 
 import mlx.core as mx
@@ -23,19 +23,9 @@ import numpy as np
 
 from ..model import cpu_math
 from ..model.kv import FixedPass, KVState, kv_shapes, round_up
-from ..sampler import SamplingSettings, may_leave_unresolved, pick
-from .accept import EXACT, AcceptRule
-from .shape import CallOutputs, CallShape
-
-
-@dataclass
-class FixedPlan:
-    """What the patched modules read during a fixed pass (``layers.PTPContext.plan``): every row's RoPE position
-    as an array (rows go through RoPE as batch entries, one position each)."""
-
-    positions: mx.array  # int32 [rows]
-    fixed: bool = True
-    tables: dict = field(default_factory=dict)  # RoPE cos/sin tables, built by the first layer (model/rope.py)
+from ..model.shape import CallShape, FixedPlan
+from ..sampler import SamplingSettings, may_leave_unresolved, pick_with
+from .shape import CallInputs, CallOutputs, CallSpec
 
 
 def _mask_fn(shape: CallShape, offset: mx.array, bucket: int, dtype) -> Callable[[int | None], mx.array]:
@@ -62,35 +52,26 @@ def _mask_fn(shape: CallShape, offset: mx.array, bucket: int, dtype) -> Callable
     return mask_for
 
 
-def outputs_head(
-    shape: CallShape,
-    logits,
-    tokens,
-    row_u,
-    s: SamplingSettings,
-    hook=None,
-    prefixes=None,
-    rule: AcceptRule = EXACT,
-    offered=None,
-) -> CallOutputs:
+def outputs_head(spec: CallSpec, logits: mx.array, inputs: CallInputs) -> CallOutputs:
     """Exact picks, the accepted count and the auxiliary rows' drafts from a call's logits [rows, vocab]. With a
     logits ``hook`` (eager calls), row ``j``'s logits are processed counting ``prefixes[j]`` (the drafts before it).
     ``offered``: bool [vocab], the context's tokens (a ``guarded`` rule's)."""
+    shape, s, rule, tokens, hook = spec.shape, spec.settings, spec.rule, inputs.tokens, inputs.hook
     n_tok, n = shape.n_tok, shape.n_drafts
     rows = logits[:n_tok]
     if hook is not None:  # penalties and logit_bias: a row counts the drafts before it (ptp_mlx/logits.py)
-        rows = hook.rows(rows, prefixes)
+        rows = hook.rows(rows, inputs.prefixes)
     # (fast: a row the likeliest tokens cannot settle reads UNRESOLVED, and ``finish_call`` resolves the one it
     # emits from ``target_logits``; under a hook the rows' scores need the exact token in the graph)
     fast = hook is None
-    targets = pick(row_u, rows, s.temperature, s.top_k, s.top_p, check=False, order=s.order, fast=fast)
+    targets = pick_with(inputs.row_u, rows, s, check=False, fast=fast)
     # Accepted: the leading drafts equal to the exact token at their position (docs/method.md, section 4).
     # Under a lenient ``rule`` a draft also stands when its verifying row finds it likely enough (decode/accept.py).
     ok = tokens[1 : n + 1] == targets[:n] if n else None
     if n and rule.lenient:  # (the exact rule adds nothing to the graph)
-        ok = ok | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature, targets[:n], offered, tokens[:n])
+        ok = ok | rule.accepts(rows[:n], tokens[1 : n + 1], s.temperature, targets[:n], inputs.offered, tokens[:n])
     accepted = mx.sum(mx.cumprod(ok.astype(mx.int32))) if n else mx.array(0)
-    out = CallOutputs(targets, accepted.astype(mx.int32))
+    out = CallOutputs(targets=targets, accepted=accepted.astype(mx.int32))
     if fast and may_leave_unresolved(s, rows.shape[-1]):
         out.target_logits = rows
     if hook is not None:
@@ -111,29 +92,37 @@ def outputs_head(
     return out
 
 
-def call_graph(pm, shape: CallShape, bucket: int, s: SamplingSettings, rule, tokens, row_u, aux_u, offset, *kv):
-    """One PTP call as a pure function of arrays: ``tokens`` int32 [n_tok], ``row_u`` float32 [n_tok], ``aux_u``
-    float32 [n_aux], ``offset`` int32 [] and the K/V buffers (keys of every layer, then values; under a ``guarded``
-    rule first ``offered``, bool [vocab]). Returns the outputs' arrays (``_OUT_FIELDS`` order, the ones the shape
-    wants) followed by the written buffers."""
-    offered, kv = (kv[0], kv[1:]) if rule.guarded else (None, kv)
-    out, st = _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, rule=rule, offered=offered)
+def graph_args(spec: CallSpec, inputs: CallInputs, offset: mx.array) -> list[mx.array]:
+    """The arrays ``call_graph`` takes before the K/V buffers: ``tokens``, ``row_u``, ``aux_u``, ``offset`` (int32
+    []) and, under a ``guarded`` rule, ``offered``."""
+    return [inputs.tokens, inputs.row_u, inputs.aux_u, offset, *([inputs.offered] if spec.rule.guarded else [])]
+
+
+def call_graph(pm, spec: CallSpec, bucket: int, *arrays: mx.array) -> tuple[mx.array, ...]:
+    """One PTP call as a pure function of arrays: those of ``graph_args`` (``tokens`` int32 [n_tok], ``row_u``
+    float32 [n_tok], ``aux_u`` float32 [n_aux], ``offset`` int32 [], under a ``guarded`` rule ``offered``, bool
+    [vocab]), then the K/V buffers (keys of every layer, then values). Returns the outputs' arrays
+    (``_OUT_FIELDS`` order, the ones the shape wants) followed by the written buffers."""
+    tokens, row_u, aux_u, offset, *kv = arrays
+    offered, kv = (kv[0], kv[1:]) if spec.rule.guarded else (None, kv)
+    out, st = _call(pm, spec, bucket, CallInputs(tokens, row_u, aux_u, offset=offset, offered=offered), kv)
     return (*_pack(out), *st.keys, *st.values)
 
 
-def _call(pm, shape, bucket, s, tokens, row_u, aux_u, offset, kv, hook=None, prefixes=None, rule=EXACT, offered=None):
-    L = len(kv) // 2
+def _call(pm, spec: CallSpec, bucket: int, inputs: CallInputs, kv) -> tuple[CallOutputs, KVState]:
+    """The call's graph at ``inputs.offset`` (an int32 array) over the K/V buffers ``kv`` (keys, then values)."""
+    shape, offset, L = spec.shape, inputs.offset, len(kv) // 2
     p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
     st = KVState.traced(kv[:L], kv[L:], p)
     positions = offset + mx.array(shape.rel_pos)
-    aux = pm.adapter.u_embed(aux_u)[None] if shape.windows else None
+    aux = pm.adapter.u_embed(inputs.aux_u)[None] if shape.windows else None
     lora = pm.lora_for(shape.gate()) if shape.windows else None
     pm.ctx.begin(FixedPlan(positions), aux, lora)
     try:
-        logits = pm.base(tokens[None], cache=st)[0]
+        logits = pm.base(inputs.tokens[None], cache=st)[0]
     finally:
         pm.ctx.end()
-    return outputs_head(shape, logits, tokens, row_u, s, hook, prefixes, rule, offered), st
+    return outputs_head(spec, logits, inputs), st
 
 
 _OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "top_prob", "target_logits")
@@ -158,7 +147,7 @@ def ar_graph(pm, bucket: int, s: SamplingSettings, token, u, offset, *kv):
     logits [1, vocab] when the settings may leave it unresolved (``resolve`` reads them), and the written
     buffers."""
     logits, st = _ar_logits(pm, bucket, mx.maximum(token, 0), offset, kv)  # (a token fed unresolved: dropped)
-    t = pick(u, logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order, fast=True)
+    t = pick_with(u, logits, s, check=False, fast=True)
     extra = [logits] if may_leave_unresolved(s, logits.shape[-1]) else []
     return (t, *extra, *st.keys, *st.values)
 
@@ -229,42 +218,28 @@ class CompileBank:
         state.reserve(max(0, start + rows - state.offset), self.shapes)
         return round_up(start + rows), offset, start + rows
 
-    def call(
-        self,
-        state: KVState,
-        shape: CallShape,
-        s: SamplingSettings,
-        tokens,
-        row_u,
-        aux_u,
-        hook=None,
-        prefixes=None,
-        rule: AcceptRule = EXACT,
-        offered: mx.array | None = None,
-        at: tuple[mx.array, int] | None = None,
-    ) -> CallOutputs:
-        """Queue one call on ``state`` (nothing is computed yet): the state gains all ``shape.rows`` rows, as an
-        eager pass's does; the caller trims back to the accepted path once it has read the outputs. With a logits
-        ``hook`` (row ``j`` processed counting ``prefixes[j]``), the same function runs eagerly: the host decides
-        the processed rows per call. ``at``: ``(offset, bound)``, the call's offset as an int32 array computed on
-        the device (a chained call, ``decode/ahead.py``) and its upper bound; the state's offset then becomes
-        ``bound + rows`` until the caller trims it. ``offered``: the context's tokens, bool [vocab] (a ``guarded``
-        rule's lookup calls)."""
+    def call(self, state: KVState, spec: CallSpec, inputs: CallInputs) -> CallOutputs:
+        """Queue one call on ``state`` (nothing is computed yet): the state gains all ``spec.shape.rows`` rows, as
+        an eager pass's does; the caller trims back to the accepted path once it has read the outputs. With a
+        logits ``inputs.hook`` (row ``j`` processed counting ``inputs.prefixes[j]``), the same function runs
+        eagerly: the host decides the processed rows per call. ``inputs.offset``: the call's offset as an int32
+        array computed on the device (a chained call, ``decode/pipeline.py``), with its upper bound ``inputs.bound``;
+        the state's offset then becomes ``bound + rows`` until the caller trims it."""
+        shape, s, rule = spec.shape, spec.settings, spec.rule
+        at = None if inputs.offset is None else (inputs.offset, inputs.bound)
         bucket, offset, end = self._prepare(state, shape.rows, at)
-        if hook is not None:
+        if inputs.hook is not None:
             if at is not None:
                 raise ValueError("a call under a logits hook cannot be chained")
             keys, values = state.take_buffers()
-            kv = keys + values
-            args = (tokens, row_u, aux_u, offset, kv, hook, prefixes, rule, offered)
-            out, st = _call(self.pm, shape, bucket, s, *args)
+            out, st = _call(self.pm, spec, bucket, replace(inputs, offset=offset), keys + values)
             del keys, values
             state.put_buffers(st.keys, st.values, end)
             return out
         what = ("ptp", shape, s) if not rule.lenient else ("ptp", shape, s, rule)
-        fn = self._fn(what, bucket, lambda: partial(call_graph, self.pm, shape, bucket, s, rule))
+        fn = self._fn(what, bucket, lambda: partial(call_graph, self.pm, spec, bucket))
         keys, values = state.take_buffers()  # the state lets go of the buffers: the call writes them in place
-        res = fn(tokens, row_u, aux_u, offset, *([offered] if rule.guarded else []), *keys, *values)
+        res = fn(*graph_args(spec, inputs, offset), *keys, *values)
         del keys, values
         L = len(state)
         state.put_buffers(res[-2 * L : -L], res[-L:], end)

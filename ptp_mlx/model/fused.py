@@ -9,6 +9,9 @@ product: each output is the same dot product over the input, whatever other colu
 plain pass reads only the base rows of the same matrix (a view), so the fused matrix replaces the base weights:
 no second copy. Projections of one group are called on the very same input array (as mlx-lm's attention and MLP
 do): the first computes the group and the others take their part.
+
+A quantized base cannot be fused that way: ``FusedLoRA`` then stacks only the LoRA matmuls of a group beside the
+base ones. Both forms build the group's ``B`` with one builder (``block_diagonal_b``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-# Projections that read the same input, fused into one matmul.
+# Projections that read the same input: fused into one matmul (their LoRA ``A`` stacked with them, or alone).
 INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
@@ -31,6 +34,21 @@ class FusedGate:
     gate: mx.array | None
     owner: int
     fallback: object  # lora(key, x) -> delta | None
+
+
+def block_diagonal_b(loras: list, cols: list[int], width: int, dtype) -> mx.array | None:
+    """A group's pre-scaled ``B`` [sum of ranks, width]: LoRA ``k``'s ``(B * scale)^T`` [r_k, out_k] at rows
+    ``r_0 + .. + r_{k-1}`` (ranks in order) and at columns ``cols[k]..``, zeros elsewhere (block-diagonal over the
+    group's projections); None for no LoRA."""
+    if not loras:
+        return None
+    ranks = [lo.A.shape[0] for lo in loras]
+    B = np.zeros((sum(ranks), width), dtype=np.float32)
+    r = 0
+    for lo, c, dr in zip(loras, cols, ranks, strict=True):
+        B[r : r + dr, c : c + lo.B.shape[0]] = np.array((lo.B * lo.scale).T.astype(mx.float32))
+        r += dr
+    return mx.array(B).astype(dtype)
 
 
 class FusedGroup:
@@ -54,14 +72,8 @@ class FusedGroup:
                 [b if b is not None else mx.zeros((o,), dtype) for b, o in zip(biases, outs, strict=True)]
             ).astype(dtype)
         )
-        B = np.zeros((sum(ranks), self.out), dtype=np.float32)
         col = dict(zip(names, np.concatenate([[0], np.cumsum(outs)[:-1]]), strict=True))
-        r = 0
-        for n, dr in zip(with_a, ranks, strict=True):
-            lo = loras[n]
-            B[r : r + dr, col[n] : col[n] + lo.B.shape[0]] = np.array((lo.B * lo.scale).T.astype(mx.float32))
-            r += dr
-        self.B = mx.array(B).astype(dtype) if ranks else None
+        self.B = block_diagonal_b([loras[n] for n in with_a], [col[n] for n in with_a], self.out, dtype)
         self.bias_full = None if self.bias is None else mx.concatenate([self.bias, mx.zeros((sum(ranks),), dtype)])
         self.base_W = self.W[: self.out]
         # The transposed views the matmuls read, made once: evaluated views of the same memory (no copy), so a
@@ -125,3 +137,62 @@ def fuse_projections(blocks: list[list[dict]], adapter, dtype, owner: int) -> bo
                 for n in g:
                     mods[n].group = fg
     return True
+
+
+class FusedLoRA:
+    """Inference form of an adapter's LoRAs: ``A`` transposed, the scale folded into ``B``, and projections that
+    read the same input (q/k/v, gate/up) stacked so a group costs two matmuls instead of two per projection
+    (decoding on CPU is bound by per-op overhead; docs/method.md, section 10). Training uses ``LoRA`` itself.
+
+    The first projection of a group computes the whole group's deltas and the others pick theirs up, provided
+    they are called on the very same input array (as mlx-lm's attention and MLP do); otherwise each computes
+    its own.
+    """
+
+    def __init__(self, adapter, dtype):  # adapter: a ``ptp.PTPAdapter``
+        self.single: dict[tuple[int, str], tuple[mx.array, mx.array]] = {}
+        self.group_of: dict[tuple[int, str], tuple[tuple[str, ...], mx.array, mx.array, list[int]]] = {}
+        for i, loras in enumerate(adapter.layers):
+            for n, lo in loras.items():
+                self.single[(i, n)] = (lo.A.T.astype(dtype), (lo.B * lo.scale).T.astype(dtype))
+            for group in INPUT_GROUPS:
+                names = tuple(n for n in group if n in loras)
+                if len(names) < 2:
+                    continue
+                At = mx.concatenate([loras[n].A for n in names], axis=0).T
+                outs = [loras[n].B.shape[0] for n in names]
+                splits = list(np.cumsum(outs)[:-1])
+                B = block_diagonal_b([loras[n] for n in names], [0, *splits], sum(outs), dtype)
+                entry = (names, At.astype(dtype), B, splits)
+                for n in names:
+                    self.group_of[(i, n)] = entry
+        mx.eval([v for pair in self.single.values() for v in pair], [e[1:3] for e in self.group_of.values()])
+
+    def bind(self, gate: mx.array | None):
+        """The ``lora(key, x)`` callable for one call with this row gate."""
+        memo: dict[tuple[int, str], mx.array] = {}  # deltas of a group's later projections, for input ``seen[0]``
+        seen: list[mx.array] = []
+
+        def lora(key: tuple[int, str], x: mx.array) -> mx.array | None:
+            if key in memo and seen and seen[0] is x:
+                return memo.pop(key)
+            group = self.group_of.get(key)
+            if group is not None and group[0][0] == key[1]:
+                names, At, Bt, splits = group
+                a = x @ At
+                if gate is not None:
+                    a = a * gate
+                parts = mx.split(a @ Bt, splits, axis=-1)
+                memo.clear()
+                memo.update({(key[0], n): p for n, p in zip(names[1:], parts[1:], strict=True)})
+                seen[:] = [x]
+                return parts[0]
+            pair = self.single.get(key)
+            if pair is None:
+                return None
+            a = x @ pair[0]
+            if gate is not None:
+                a = a * gate
+            return a @ pair[1]
+
+        return lora

@@ -20,11 +20,9 @@ embedding scaling, soft-capping and tied or untied head.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from ..errors import UserError
@@ -32,7 +30,7 @@ from . import cpu_math
 from .fused import FusedGate
 from .kv import KVState
 from .rope import table_rope, uses_table
-from .tree import tree_path
+from .shape import CallPlan, FixedPlan, PassKind
 
 # Families whose PTP pass is verified token for token against autoregressive decoding by the test suite
 # (tests/test_families.py). mlx-lm maps "mistral" onto its llama module.
@@ -51,102 +49,16 @@ def check_model_type(model_type: str | None) -> None:
         )
 
 
-@dataclass(frozen=True)
-class Window:
-    """A run of ``n`` auxiliary rows that sees the first ``ctx_len`` real tokens (absolute count).
-
-    Its auxiliary ``j`` predicts the token at absolute position ``ctx_len + j`` and sits at RoPE position
-    ``ctx_len + j - 1``. ``via``: in a token tree, the token row whose path (its ancestors and itself) the window
-    sees instead of the first token rows; ``ctx_len`` is then the cache length plus that path's length.
-    """
-
-    ctx_len: int
-    n: int
-    via: int | None = None
-
-
-class CallPlan:
-    """The rows of one PTP pass: ``n_tok`` token rows at ``offset..``, then the auxiliary ``windows``.
-
-    Token rows form a chain, or a tree when ``parents`` is given (``parents[j]`` is the row that token row ``j``
-    follows; row 0, the last emitted token, has parent -1): a row sees the cache and its own path, and sits at
-    the RoPE position of its depth.
-    """
-
-    def __init__(self, offset: int, n_tok: int, windows: list[Window], parents: list[int] | None = None):
-        self.offset, self.n_tok, self.windows = offset, n_tok, windows
-        self.parents = list(parents) if parents is not None else [j - 1 for j in range(n_tok)]
-        if len(self.parents) != n_tok or any(not -1 <= p < j for j, p in enumerate(self.parents)):
-            raise ValueError("token-row parents must point to an earlier row (-1 for the first)")
-        depth = np.zeros(n_tok, dtype=np.int64)
-        for j, p in enumerate(self.parents):
-            depth[j] = depth[p] + 1 if p >= 0 else 0
-        pos = [offset + depth]
-        for w in windows:
-            pos.append(w.ctx_len - 1 + np.arange(w.n))
-        self.pos = np.concatenate(pos) if pos else np.zeros(0, dtype=np.int64)
-        self.rows = int(self.pos.shape[0])
-        # Runs of consecutive positions (RoPE modules that take one offset per call are applied run by run).
-        self.segments: list[tuple[int, int, int]] = []
-        for r in range(self.rows):
-            if self.segments and self.segments[-1][1] == r and self.pos[r] == self.pos[r - 1] + 1:
-                s0, _, p0 = self.segments[-1]
-                self.segments[-1] = (s0, r + 1, p0)
-            else:
-                self.segments.append((r, r + 1, int(self.pos[r])))
-        self._masks: dict[int | None, mx.array] = {}
-        self._positions: mx.array | None = None
-
-    @property
-    def positions(self) -> mx.array:
-        """RoPE position of every row (int32, built once per call and shared by all layers)."""
-        if self._positions is None:
-            self._positions = mx.array(self.pos.astype(np.int32))
-        return self._positions
-
-    def path(self, j: int) -> list[int]:
-        """Token row ``j`` and its ancestors."""
-        return tree_path(self.parents, j)
-
-    def mask(self, window_size: int | None) -> mx.array:
-        """Boolean mask [rows, offset + rows]: a token row sees the cache and its path; an auxiliary row sees the
-        real tokens before its window (or the path of its ``via`` row) and its own window causally; with
-        ``window_size``, only keys within that many positions."""
-        if window_size in self._masks:
-            return self._masks[window_size]
-        off, n_tok, rows = self.offset, self.n_tok, self.rows
-        full = np.zeros((rows, off + rows), dtype=bool)  # columns: the cache, then this call's rows
-        full[:n_tok, :off] = True
-        for j in range(n_tok):
-            full[j, off + np.array(self.path(j))] = True
-        r = n_tok
-        for w in self.windows:
-            sees = full[r : r + w.n]
-            sees[:, : min(off, w.ctx_len)] = True
-            if w.via is not None:
-                sees[:, off + np.array(self.path(w.via))] = True
-            else:
-                sees[:, off : off + max(0, min(n_tok, w.ctx_len - off))] = True
-            sees[:, off + r : off + r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
-            r += w.n
-        if window_size is not None:
-            col_pos = np.concatenate([np.arange(off), self.pos])
-            full &= col_pos[None, :] > self.pos[:, None] - window_size
-        m = mx.array(full)
-        self._masks[window_size] = m
-        return m
-
-
 class PTPContext:
     """What the installed modules read during one PTP call; inactive (all pass-through) otherwise."""
 
     def __init__(self):
-        self.plan: CallPlan | None = None
+        self.plan: CallPlan | FixedPlan | None = None  # (or training's BatchPlan: ``shape.PassKind``)
         self.aux: mx.array | None = None  # [1, n_aux, hidden] u-embedding rows
         # lora(key, x) -> delta or None; None when no LoRA runs in this call
         self.lora: Callable[[tuple[int, str], mx.array], mx.array | None] | None = None
 
-    def begin(self, plan: CallPlan, aux: mx.array | None, lora) -> None:
+    def begin(self, plan: CallPlan | FixedPlan, aux: mx.array | None, lora) -> None:
         if self.plan is not None:
             raise RuntimeError("a PTP call is already in progress on this model")
         self.plan, self.aux, self.lora = plan, aux, lora
@@ -224,7 +136,7 @@ class RowRoPE(nn.Module):
         plan = self._ctx.plan
         if plan is None:
             return self.rope(x, offset=offset)
-        if getattr(plan, "batched", False):  # training: many sequences, one position per row of each
+        if plan.kind is PassKind.BATCHED:  # training: many sequences, one position per row of each
             if not self._batched:
                 raise UnsupportedModel(
                     f"{type(self.rope).__name__} takes one offset per call: train one sequence a pass"
@@ -232,7 +144,7 @@ class RowRoPE(nn.Module):
             B, H, R, D = x.shape
             y = self.rope(x.transpose(0, 2, 1, 3).reshape(B * R, H, 1, D), offset=plan.positions)
             return y.reshape(B, R, H, D).transpose(0, 2, 1, 3)
-        if getattr(plan, "fixed", False):  # a fixed-shape call (decode/fixed.py): positions are an array
+        if plan.kind is PassKind.FIXED:  # a fixed-shape call (decode/fixed.py): positions are an array
             if not self._batched:
                 raise UnsupportedModel(f"{type(self.rope).__name__} takes one offset per call: no fixed-shape call")
             if uses_table(self.rope):  # MLX's CPU backend: one cos/sin table per call for every layer

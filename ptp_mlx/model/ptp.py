@@ -15,14 +15,12 @@ import mlx.nn as nn
 import numpy as np
 
 from ..adapter_config import U_EMBEDDING_KINDS, AdapterConfig
-from .fused import FusedGate, fuse_projections
+from .fused import FusedGate, FusedLoRA, fuse_projections
 from .kv import KVState
 from .layers import (
     PROJECTION_ORDER,
-    CallPlan,
     StaticKV,
     UnsupportedModel,
-    Window,
     install,
     language_model,
     linear_dims,
@@ -31,6 +29,7 @@ from .layers import (
     projections,
     token_embedding,
 )
+from .shape import CallPlan, Window
 from .stock_cache import StockCache
 
 __all__ = ["LoRA", "PTPAdapter", "PTPModel", "UEmbedding", "U_EMBEDDING_KINDS", "Window"]
@@ -117,73 +116,6 @@ class PTPAdapter(nn.Module):
             self.layers.append({t: LoRA(*linear_dims(projs[t]), rank, scale) for t in self.targets})
 
 
-# Projections that read the same input: their LoRA ``A`` matrices stack into one matmul when fused.
-INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-
-
-class FusedLoRA:
-    """Inference form of an adapter's LoRAs: ``A`` transposed, the scale folded into ``B``, and projections that
-    read the same input (q/k/v, gate/up) stacked so a group costs two matmuls instead of two per projection
-    (decoding on CPU is bound by per-op overhead; docs/method.md, section 10). Training uses ``LoRA`` itself.
-
-    The first projection of a group computes the whole group's deltas and the others pick theirs up, provided
-    they are called on the very same input array (as mlx-lm's attention and MLP do); otherwise each computes
-    its own.
-    """
-
-    def __init__(self, adapter: PTPAdapter, dtype):
-        self.single: dict[tuple[int, str], tuple[mx.array, mx.array]] = {}
-        self.group_of: dict[tuple[int, str], tuple[tuple[str, ...], mx.array, mx.array, list[int]]] = {}
-        for i, loras in enumerate(adapter.layers):
-            for n, lo in loras.items():
-                self.single[(i, n)] = (lo.A.T.astype(dtype), (lo.B * lo.scale).T.astype(dtype))
-            for group in INPUT_GROUPS:
-                names = tuple(n for n in group if n in loras)
-                if len(names) < 2:
-                    continue
-                At = mx.concatenate([loras[n].A for n in names], axis=0).T
-                outs = [loras[n].B.shape[0] for n in names]
-                ranks = [loras[n].A.shape[0] for n in names]
-                B = np.zeros((sum(ranks), sum(outs)), dtype=np.float32)
-                o = r = 0
-                for n, do, dr in zip(names, outs, ranks, strict=True):
-                    B[r : r + dr, o : o + do] = np.array((loras[n].B * loras[n].scale).T.astype(mx.float32))
-                    o, r = o + do, r + dr
-                entry = (names, At.astype(dtype), mx.array(B).astype(dtype), list(np.cumsum(outs)[:-1]))
-                for n in names:
-                    self.group_of[(i, n)] = entry
-        mx.eval([v for pair in self.single.values() for v in pair], [e[1:3] for e in self.group_of.values()])
-
-    def bind(self, gate: mx.array | None):
-        """The ``lora(key, x)`` callable for one call with this row gate."""
-        memo: dict[tuple[int, str], mx.array] = {}  # deltas of a group's later projections, for input ``seen[0]``
-        seen: list[mx.array] = []
-
-        def lora(key: tuple[int, str], x: mx.array) -> mx.array | None:
-            if key in memo and seen and seen[0] is x:
-                return memo.pop(key)
-            group = self.group_of.get(key)
-            if group is not None and group[0][0] == key[1]:
-                names, At, Bt, splits = group
-                a = x @ At
-                if gate is not None:
-                    a = a * gate
-                parts = mx.split(a @ Bt, splits, axis=-1)
-                memo.clear()
-                memo.update({(key[0], n): p for n, p in zip(names[1:], parts[1:], strict=True)})
-                seen[:] = [x]
-                return parts[0]
-            pair = self.single.get(key)
-            if pair is None:
-                return None
-            a = x @ pair[0]
-            if gate is not None:
-                a = a * gate
-            return a @ pair[1]
-
-        return lora
-
-
 class PTPModel:
     """A stock mlx-lm model (patched in place by ``layers.install``) plus an optional adapter.
 
@@ -246,7 +178,7 @@ class PTPModel:
         """Logits [rows, vocab] for ``tokens`` (1-D) followed by the auxiliaries of ``windows``.
 
         ``u`` holds one uniform per auxiliary row, in window order. ``parents`` makes the token rows a tree
-        (``layers.CallPlan``; default a chain). The cache (from ``make_cache``) receives every row; callers trim
+        (``shape.CallPlan``; default a chain). The cache (from ``make_cache``) receives every row; callers trim
         (and, after a tree, compact) what was not accepted.
         """
         windows = list(windows or [])
@@ -258,7 +190,7 @@ class PTPModel:
         if self.ctx is None or not (isinstance(cache, KVState) or all(isinstance(c, StaticKV) for c in cache)):
             raise ValueError("auxiliary rows and token trees need the caches of PTPModel.make_cache()")
         n_tok = int(tokens.shape[0])
-        plan = CallPlan(cache[0].offset, n_tok, windows, parents)
+        plan = CallPlan.of_windows(cache[0].offset, n_tok, windows, parents)
         aux, lora = None, None  # a tree of token rows alone: the plan's mask and positions, no adapter
         if windows:
             adapter = adapter or self.adapter
@@ -267,8 +199,7 @@ class PTPModel:
             aux = adapter.u_embed(u)[None]
             # Gate: the LoRA delta is multiplied by 0 on token rows and 1 on auxiliary rows (in rank space).
             # Adding an exact zero leaves token rows bit-identical to the base model.
-            gate = (mx.arange(plan.rows) >= n_tok).astype(mx.float32)[None, :, None] if n_tok else None
-            lora = self.lora_for(gate, adapter)
+            lora = self.lora_for(plan.shape.gate(), adapter)
 
         self.ctx.begin(plan, aux, lora)
         try:

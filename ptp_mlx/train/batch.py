@@ -16,41 +16,33 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..model.layers import StaticKV, Window, language_model
+from ..model.layers import StaticKV, language_model
 from ..model.ptp import PTPAdapter, PTPModel
+from ..model.shape import CallShape, PassKind, Window
 
 
 class BatchPlan:
-    """The rows of one batched training pass (duck-types ``layers.CallPlan`` for the installed modules).
+    """The rows of one batched training pass (``PassKind.BATCHED``): sequence ``b``'s rows are the ``CallShape`` of
+    its windows after the padded teacher length ``ctx`` (no token rows), so its positions and mask are that
+    shape's (``CallShape.mask``: the real tokens before each window, its own window causally).
 
-    ``windows[b]`` are sequence ``b``'s windows (all sequences the same count and widths); ``ctx`` is the padded
-    teacher length. Auxiliary row ``j`` of a window at ``ctx_len`` sits at RoPE position ``ctx_len + j - 1``."""
+    ``windows[b]`` are sequence ``b``'s windows (all sequences the same count and widths). Auxiliary row ``j`` of a
+    window at ``ctx_len`` sits at RoPE position ``ctx_len + j - 1``."""
 
-    batched = True
+    kind = PassKind.BATCHED
 
     def __init__(self, ctx: int, windows: list[list[Window]]):
-        self.offset, self.n_tok, self.windows = ctx, 0, windows
-        self.pos = np.array([[w.ctx_len - 1 + j for w in ws for j in range(w.n)] for ws in windows], dtype=np.int64)
+        self.offset = ctx
+        self.shapes = [CallShape((), tuple(w.relative(ctx) for w in ws)) for ws in windows]
+        self.pos = np.array([ctx + s.rel_pos.astype(np.int64) for s in self.shapes], dtype=np.int64)
         self.batch, self.rows = self.pos.shape
-        self.segments = None  # per-segment RoPE does not apply: RowRoPE takes the batched path
-        full = np.zeros((self.batch, self.rows, ctx + self.rows), dtype=bool)
-        for b, ws in enumerate(windows):
-            r = 0
-            for w in ws:
-                full[b, r : r + w.n, : w.ctx_len] = True  # the real tokens before the window
-                full[b, r : r + w.n, ctx + r : ctx + r + w.n] = np.tril(np.ones((w.n, w.n), dtype=bool))
-                r += w.n
-        self._full = full
         self._masks: dict[int | None, mx.array] = {}
         self.positions = mx.array(self.pos.reshape(-1).astype(np.int32))
 
     def mask(self, window_size: int | None) -> mx.array:
         """Boolean mask [batch, 1, rows, ctx + rows] (with ``window_size``: only keys that close)."""
         if window_size not in self._masks:
-            full = self._full
-            if window_size is not None:
-                cols = np.concatenate([np.broadcast_to(np.arange(self.offset), (self.batch, self.offset)), self.pos], 1)
-                full = full & (cols[:, None, :] > self.pos[:, :, None] - window_size)
+            full = np.stack([s.mask(self.offset, window_size) for s in self.shapes])
             self._masks[window_size] = mx.array(full)[:, None]
         return self._masks[window_size]
 

@@ -9,7 +9,8 @@ import numpy as np
 
 from ..errors import UserError
 from ..model.layers import StaticKV
-from ..model.ptp import PTPAdapter, PTPModel, Window
+from ..model.ptp import PTPAdapter, PTPModel
+from ..model.shape import Window
 from ..sampler import SamplingSettings, bins
 
 # Sampled u lie in [0, 1); 1.0 is never drawn, so it is free to mean "draft the argmax" (greedy decoding,
