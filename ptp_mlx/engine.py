@@ -21,6 +21,7 @@ from .decode.fixed import compiled_by_default
 from .decode.probe import cached_cost_curve
 from .drafting.budget import Budget
 from .drafting.cost import CostCurve
+from .drafting.policy import DraftingConfig
 from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, stream_generate
 from .logits import LogitsHook, LogitsSettings
@@ -198,13 +199,9 @@ class Engine:
             raise UserError(f"--num-draft-tokens must be between 1 and {self.pm.config.window - 1} for this adapter")
         opts = DecodeOptions(
             mode=mode,
-            step=step,
             max_tokens=max_tokens,
             sampling=sampling,
-            budget=self.budget_for(sampling),
-            num_draft_tokens=num_draft_tokens,
-            lookup=lookup,
-            trees=trees,
+            drafting=DraftingConfig(num_draft_tokens, self.budget_for(sampling), trees, lookup, step),
             compiled=compiled,
             accept=rule,
             turn_start=turn_start,

@@ -20,7 +20,6 @@ from .decode.call import NO_CLOCK
 from .decode.fixed import bank_for
 from .decode.ptp import AnswerLimits, ptp_calls
 from .decode.session import ContextTokens, DecodeSession, number_tokens, vocab_size
-from .drafting.budget import BudgetPolicy
 from .drafting.policy import DraftingConfig, make_drafter
 from .drafting.protocol import Drafter, DraftSession
 from .logits import LogitsHook, TokenLogprob
@@ -53,13 +52,12 @@ class GenerationStep:
 @dataclass
 class DecodeOptions:
     mode: str = "ar"  # "ar" or "ptp"
-    step: str = "fused"  # "fused" or "simple" (two calls: draft, then verify)
     max_tokens: int = 256
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    budget: BudgetPolicy | None = None  # default: a flat cost curve with the adapter's width
-    num_draft_tokens: int | None = None  # a fixed budget (mlx-lm's flag): up to N drafts every call, no AR bursts
-    lookup: bool = True  # also draft by prompt lookup (ptp_mlx/drafting/lookup.py)
-    trees: bool = True  # let the adaptive budget verify the runner-up of the first draft as a sibling strand
+    # How PTP drafts (``drafting/policy.py: make_drafter``): the adaptive budget (default: a flat cost curve with the
+    # adapter's width) or a fixed one of N drafts per call (mlx-lm's flag: no AR bursts), runner-up siblings,
+    # prompt-lookup chains, and the step kind ("fused", or "simple": two calls, draft then verify).
+    drafting: DraftingConfig = field(default_factory=DraftingConfig)
     drafter: Drafter | None = None  # default: the adapter's own drafts (``drafting``); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
     logits: LogitsHook | None = None  # penalties, logit_bias and logprobs of one answer (ptp_mlx/logits.py)
@@ -71,11 +69,6 @@ class DecodeOptions:
     compiled: bool | None = None
     accept: AcceptRule = EXACT  # the acceptance rule (decode/accept.py); a lenient one is opt-in and labelled
     turn_start: int = 0  # where the prompt's current turn starts (a chat's last user message; ``Engine.turn_start``)
-
-    @property
-    def drafting(self) -> DraftingConfig:
-        """The drafting knobs above as one config (what ``drafting/policy.py: make_drafter`` composes from)."""
-        return DraftingConfig(self.num_draft_tokens, self.budget, self.trees, self.lookup, self.step)
 
 
 class ContextFull(ValueError):

@@ -17,6 +17,7 @@ import pytest
 
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.generate import ContextFull, DecodeOptions, stream_generate
 from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.prompt import encode_prompt
@@ -225,7 +226,9 @@ def test_ptp_samples_follow_the_model_at_temperature_one(pm_sticky, varied):
     counts = np.zeros((2, V))
     cache, multi_row = PromptCache(), 0
     for seed in range(n):
-        opts = DecodeOptions(mode="ptp", max_tokens=2, sampling=with_seed(s, seed), budget=BUDGETS["flat-w4"])
+        opts = DecodeOptions(
+            mode="ptp", max_tokens=2, sampling=with_seed(s, seed), drafting=DraftingConfig(budget=BUDGETS["flat-w4"])
+        )
         steps = list(stream_generate(pm_sticky, tok, ids, opts, eos_ids=set(), prompt_cache=cache))
         toks = [t for st in steps for t in st.tokens]
         counts[0, toks[0]] += 1

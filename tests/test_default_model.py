@@ -11,6 +11,7 @@ import pytest
 
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.ptp import PTPAdapter, PTPModel
 from ptp_mlx.prompt import encode_prompt
@@ -45,7 +46,8 @@ def pm_adapter(real):
 def generate(pm, tok, prompt, s, max_tokens, mode="ar", oracle=None, **kw):
     if oracle is not None:  # a test drafter proposing the given tokens
         kw["drafter"] = OracleDrafter(oracle, kw["budget"].max_width if "budget" in kw else pm.config.window)
-    opts = DecodeOptions(mode=mode, max_tokens=max_tokens, sampling=s, **kw)
+    drafting = {k: kw.pop(k) for k in ("budget", "step") if k in kw}
+    opts = DecodeOptions(mode=mode, max_tokens=max_tokens, sampling=s, drafting=DraftingConfig(**drafting), **kw)
     steps = list(stream_generate(pm, tok, encode_prompt(tok, prompt), opts))
     return [t for st in steps for t in st.tokens], "".join(st.text for st in steps), steps
 

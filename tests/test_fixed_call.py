@@ -7,6 +7,8 @@ boundary) and while the buffers grow; the compile bank holds one entry per shape
 place.
 """
 
+from dataclasses import replace
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from ptp_mlx.decode.call import build_call, call_shape, finish_call
 from ptp_mlx.decode.fixed import bank_for
 from ptp_mlx.decode.session import DecodeSession
+from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.drafting.protocol import Plan
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate import DecodeOptions, stream_generate
@@ -113,9 +116,9 @@ def test_bank_after_a_512_token_answer_holds_only_what_it_used(engine, budget, m
 
     monkeypatch.setattr(bank, "_fn", spy)
     s = SamplingSettings()
-    opts = DecodeOptions(mode="ptp", max_tokens=512, sampling=s, budget=engine.budget_for(s))
+    opts = DecodeOptions(mode="ptp", max_tokens=512, sampling=s, drafting=DraftingConfig(budget=engine.budget_for(s)))
     if budget == "fixed":
-        opts.num_draft_tokens = 3
+        opts.drafting = replace(opts.drafting, num_draft_tokens=3)
     ids = engine.encode("hello there")
     steps = list(stream_generate(engine.pm, engine.tokenizer, ids, opts, eos_ids=set()))  # no end token: 512
     assert sum(len(st.tokens) for st in steps) == 512

@@ -12,6 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.logits import LogitsHook, LogitsSettings
@@ -41,7 +42,7 @@ def tokens_of(steps) -> list[int]:
 
 
 def decode(engine, ids, s, ls, drafter=None, mode="ptp", max_tokens=40):
-    opts = DecodeOptions(mode=mode, max_tokens=max_tokens, sampling=s, drafter=drafter, num_draft_tokens=3)
+    opts = DecodeOptions(mode=mode, max_tokens=max_tokens, sampling=s, drafter=drafter, drafting=DraftingConfig(3))
     opts.logits = LogitsHook(ls, s.temperature, engine.tokenizer)
     return list(stream_generate(engine.pm, engine.tokenizer, ids, opts))
 

@@ -10,6 +10,7 @@ import mlx.core as mx
 import pytest
 
 import ptp_mlx.decode.pipeline as pipeline
+from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.drafting.protocol import Guess
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.kv import KVState
@@ -99,7 +100,7 @@ def test_a_consumer_that_stops_with_a_call_queued_leaves_the_cache_consistent(pm
     tok = varied[1]
     for s in (SETTINGS["greedy"], with_seed(SETTINGS["T1.0"], 3)):
         pc = PromptCache()
-        opts = DecodeOptions(mode="ptp", max_tokens=16, sampling=s, num_draft_tokens=3)
+        opts = DecodeOptions(mode="ptp", max_tokens=16, sampling=s, drafting=DraftingConfig(3))
         messages = [{"role": "user", "content": "hello there"}]
         ids = encode_prompt(tok, messages)
         gen = stream_generate(pm_sticky, tok, ids, opts, eos_ids=set(), prompt_cache=pc)
@@ -136,7 +137,7 @@ def test_the_kv_cache_never_writes_into_an_earlier_state():
 def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):
     tok = varied[1]
     ids = encode_prompt(tok, PROMPTS[0])
-    opts = DecodeOptions(mode="ptp", max_tokens=16, num_draft_tokens=2, chain=0)
+    opts = DecodeOptions(mode="ptp", max_tokens=16, drafting=DraftingConfig(2), chain=0)
     got = [t for st in stream_generate(pm_sticky, tok, ids, opts) for t in st.tokens]
     assert got == ar(pm_sticky, tok, ids, SETTINGS["greedy"], 16)[0]
     assert spy["built"] == 0 and spy["hit"] == 0 and spy["miss"] == 0
@@ -191,7 +192,7 @@ def test_each_chained_call_is_charged_its_own_queueing(pm_sticky, varied, monkey
     monkeypatch.setattr(mx, "async_eval", queue)
     tok = varied[1]
     s = with_seed(SETTINGS["greedy"], 3)
-    for kw in ({"num_draft_tokens": 2}, {"mode": "ar"}):
+    for kw in ({"drafting": DraftingConfig(2)}, {"mode": "ar"}):
         mode = kw.pop("mode", "ptp")
         opts = DecodeOptions(mode=mode, max_tokens=24, sampling=s, **kw)
         start = fake.now

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from ptp_mlx.decode import pipeline
+from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.prompt_cache import PromptCache
@@ -40,7 +41,7 @@ def _returns_into_generate(steps_of) -> list[int]:
     return per_step
 
 
-@pytest.mark.parametrize("kw", [{}, {"num_draft_tokens": 2}])
+@pytest.mark.parametrize("kw", [{}, {"drafting": DraftingConfig(2)}])
 def test_stream_generate_hears_from_the_decode_floor_once_per_call(pm_sticky, varied, kw):
     tok = varied[1]
     ids = encode_prompt(tok, PROMPTS[0])

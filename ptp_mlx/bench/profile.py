@@ -40,9 +40,10 @@ import mlx.core as mx
 
 from ..decode.call import PhaseClock
 from ..decode.fixed import bank_for, compiled_by_default
+from ..drafting.policy import DraftingConfig
 from ..drafting.protocol import CallResult, Drafter, Guess, Plan
 from ..generate import DecodeOptions, decoding_settings, stream_generate
-from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick, resolve
+from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick_with, resolve
 from .graph import call_primitives
 
 PHASES = ("plan", "build", "queue", "chain", "compute", "read+trim", "update")
@@ -192,7 +193,7 @@ def profile_ar(eng, ids: list[int], max_tokens: int, s: SamplingSettings, compil
         if bank is not None:
             return bank.ar_step(cache, s, tok.astype(mx.int32), mx.array([u[i]], dtype=mx.float32))
         logits = pm.base(tok.reshape(1, 1), cache=cache)[0, -1]
-        return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+        return pick_with(mx.array(u[i]), logits, s, check=False)
 
     compute = queued_compute(pm.base, ids, ours, make_cache=pm.make_cache)
     rows = [ProfileRow("ar (pipelined)", 1, len(times), {}, _median_ms(times), 1.0, toks, compute=compute)]
@@ -292,7 +293,12 @@ def profile_default(
     autoregressive bursts); None when it made no PTP call."""
     clock = PhaseClock()
     opts = DecodeOptions(
-        mode="ptp", max_tokens=max_tokens, sampling=s, budget=eng.budget_for(s), clock=clock, compiled=compiled
+        mode="ptp",
+        max_tokens=max_tokens,
+        sampling=s,
+        drafting=DraftingConfig(budget=eng.budget_for(s)),
+        clock=clock,
+        compiled=compiled,
     )
     steps, stamps = _timed_steps(eng, ids, opts)
     calls = [c for c in clock.calls if "rows" in c]  # (a burst's loop turn plans and leaves no "rows" tag)

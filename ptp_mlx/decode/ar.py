@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 
-from ..sampler import UNRESOLVED, UniformStream, pick, resolve
+from ..sampler import UNRESOLVED, UniformStream, pick_with, resolve
 from .session import CallRecord, DecodeSession
 
 PREFILL_CHUNK = 512
@@ -59,10 +59,10 @@ def ar_calls(
         else:
             logits = base(tok.reshape(1, 1), cache=cache)[0, -1]
         if hook is None:  # (the full sort: a model's own cache may hold state that cannot be trimmed back)
-            return pick(mx.array(u[i]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order), None, None
+            return pick_with(mx.array(u[i]), logits, s, check=False), None, None
         # The token fed at i > 0 is not committed yet (read back after this pass is queued): ``pending``.
         logits = hook.rows(logits[None], pending=tok if i > 0 else None)
-        t = pick(mx.array([u[i]]), logits, s.temperature, s.top_k, s.top_p, check=False, order=s.order)
+        t = pick_with(mx.array([u[i]]), logits, s, check=False)
         return t[0], hook.score(logits, t), None
 
     t_queue = time.perf_counter()

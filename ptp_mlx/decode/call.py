@@ -204,7 +204,17 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     if o.scored is not None:
         lps = call.hook.read(o.scored, list(range(c + 1)) if alt is None else [0, n + 1 + alt], block)
     accepted = c if alt is None else 1
-    return CallResult(block, accepted, read(o.aux_top), read(o.aux_conf), second, alt, top_l, lps, bool(settled))
+    return CallResult(
+        block=block,
+        accepted=accepted,
+        aux_tokens=read(o.aux_top),
+        aux_conf=read(o.aux_conf),
+        second=second,
+        alt=alt,
+        aux_top_prob=top_l,
+        logprobs=lps,
+        resolved=bool(settled),
+    )
 
 
 def ptp_call(sess: DecodeSession, last: int, plan: Plan, i: int, clock=NO_CLOCK) -> CallResult:

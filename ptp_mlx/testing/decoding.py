@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten
 
 from ..drafting.budget import Budget
 from ..drafting.cost import CostCurve
+from ..drafting.policy import DraftingConfig
 from ..generate import DecodeOptions, stream_generate
 from ..model.layers import token_embedding
 from ..model.ptp import PTPAdapter, PTPModel
@@ -58,12 +59,10 @@ def run(
         drafter = OracleDrafter(oracle, budget.max_width if budget else pm.config.window)
     opts = DecodeOptions(
         mode=mode,
-        step=step,
         max_tokens=max_tokens,
         sampling=s,
-        budget=budget,
+        drafting=DraftingConfig(num_draft_tokens, budget, step=step),
         drafter=drafter,
-        num_draft_tokens=num_draft_tokens,
     )
     steps = list(stream_generate(pm, tok, ids, opts, eos_ids=eos))
     tokens = [t for st in steps for t in st.tokens]

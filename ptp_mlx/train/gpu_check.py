@@ -77,6 +77,7 @@ def stress(model_dir: str, adapter: str, calls: int = 2000) -> int:
     """``calls`` PTP calls in one process (answers with EOS ignored, one after another), fixed budget: exits 0 when
     none failed, printing the calls, the tokens and the compile bank's entries."""
     from ..decode.fixed import bank_for
+    from ..drafting.policy import DraftingConfig
     from ..engine import Engine
     from ..generate import DecodeOptions, stream_generate
     from ..sampler import SamplingSettings
@@ -87,7 +88,9 @@ def stress(model_dir: str, adapter: str, calls: int = 2000) -> int:
     t0 = time.perf_counter()
     while done < calls:
         s = SamplingSettings(0.0) if k % 2 == 0 else SamplingSettings(0.7, 0, 0.95, seed=k)
-        opts = DecodeOptions(mode="ptp", max_tokens=min(2048, 3 * (calls - done) + 8), sampling=s, num_draft_tokens=3)
+        opts = DecodeOptions(
+            mode="ptp", max_tokens=min(2048, 3 * (calls - done) + 8), sampling=s, drafting=DraftingConfig(3)
+        )
         for st in stream_generate(eng.pm, eng.tokenizer, eng.encode(prompts[k % len(prompts)]), opts, eos_ids=set()):
             done += 1
             tokens += len(st.tokens)
