@@ -191,8 +191,20 @@ def _ptp_session(pm: PTPModel, tokenizer, cache, u, s: SamplingSettings, opts: D
     # Greedy verification ignores u, so drafts may use the adapter's reserved "argmax" u when it has one.
     greedy_u = pm.config.greedy_u if s.greedy else None
     bank = bank_for(pm, opts.compiled) if pm.adapter is not None or opts.drafter is None else None
-    args = (greedy_u, opts.logits, bank, drafter.runner_up, drafter.reads_top_prob, opts.accept)
-    sess = DecodeSession(pm, cache, u, s, *args)
+    context = None
     if opts.accept.guarded:  # a pivot rule's lookup calls read which tokens the context holds
-        sess.context = ContextTokens(opts.accept.pivot, vocab_size(pm), history, number_tokens(tokenizer))
+        context = ContextTokens(opts.accept.pivot, vocab_size(pm), history, number_tokens(tokenizer))
+    sess = DecodeSession(
+        pm,
+        cache,
+        u,
+        s,
+        greedy_u=greedy_u,
+        hook=opts.logits,
+        bank=bank,
+        runner_up=drafter.runner_up,
+        reads_top_prob=drafter.reads_top_prob,
+        rule=opts.accept,
+        context=context,
+    )
     return sess, drafter

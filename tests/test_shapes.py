@@ -77,20 +77,3 @@ def test_the_pace_guard_counts_cold_calls_and_the_curve_takes_them_as_bounds_onl
     for _ in range(3):
         b.record(4, 4, 0.5)  # a warm call this slow is a spike: capped at 3x its expected time
     assert Learning.seen == [4, 4, 4] and not b.behind()
-
-
-def test_the_batched_values_equal_shape_value():
-    """``prefer`` scores every known shape with ``_Values`` (prefix sums once per read): the same values as
-    ``shape_value``, up to float rounding, for random shapes and confidences."""
-    import random
-
-    from ptp_mlx.drafting.shapes import _Values
-
-    rng = random.Random(0)
-    for _ in range(500):
-        n = rng.randint(0, 7)
-        p = np.cumprod([1.0] + [rng.random() for _ in range(n)])
-        k = rng.randint(0, n)
-        branches = [(d, rng.randint(2, 8)) for d in sorted(rng.sample(range(k + 1), rng.randint(0, k + 1)))]
-        want = shape_value(k, branches, p, lambda j: 0.6**j)
-        assert abs(_Values(p, lambda j: 0.6**j)(k, branches) - want) < 1e-12

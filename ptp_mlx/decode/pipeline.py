@@ -111,7 +111,7 @@ def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i:
     if plan is None or plan.drafts or plan.alts or plan.burst:
         return None
     before = cache.snapshot()
-    built = build_call(sess, 0, plan, i, tokens=mx.maximum(token.reshape(1), 0).astype(mx.int32))
+    built = build_call(sess, None, plan, i, tokens=mx.maximum(token.reshape(1), 0).astype(mx.int32))
     return Chained(built, [Guess(plan, None)], before, call_shape(plan).rows, token)
 
 
@@ -168,14 +168,6 @@ def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: 
         return None
     chained.before = None
     return replace(chained.call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
-
-
-def chained_plan(chained: Chained | None, result: CallResult) -> Plan | None:
-    """The plan built ahead for the outcome ``result`` reports, or None (nothing built for it)."""
-    if chained is None or result.alt is not None:
-        return None
-    guess = chained.guesses[result.accepted]
-    return None if guess is None else guess.plan
 
 
 def drop_chained(chained: Chained, cache, keep: int) -> None:
@@ -240,7 +232,10 @@ class CallQueue:
 
     def chained_plan(self, result: CallResult) -> Plan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
-        return chained_plan(self.chained, result)
+        if self.chained is None or result.alt is not None:
+            return None
+        guess = self.chained.guesses[result.accepted]
+        return None if guess is None else guess.plan
 
     def read(self, clock=NO_CLOCK) -> tuple[Plan, CallResult]:
         """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""

@@ -26,11 +26,7 @@ def shape_value(n: int, branches, p_reach: np.ndarray, survival: Callable[[int],
     ``[(d, w)]``: the tokens it emits, plus each branch's drafts for the next call weighed by the chance the path
     ends at ``d`` and that they stand (``survival(k)``: P(k drafts of a fresh branch stand)); as ``Budget.choose``
     counts it, row by row."""
-    value = 1.0 + float(p_reach[1 : n + 1].sum())
-    for d, w in branches:
-        p_end = p_reach[d] - (p_reach[d + 1] if d < n else 0.0)
-        value += p_end * sum(survival(k) for k in range(1, w))
-    return value
+    return _Values(p_reach, survival)(n, branches)
 
 
 class _Values:
