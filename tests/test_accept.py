@@ -264,8 +264,9 @@ def test_pivot_guard_leaves_picks_the_context_offers_to_the_exact_rule(engine, c
 
 @pytest.mark.parametrize("compiled", [True, False])
 def test_copies_of_an_earlier_turn_are_verified_exactly(engine, compiled):
-    """``Plan.strict`` (a lookup chain copied from an earlier turn of a chat): verified by the exact rule under any
-    lenient rule, guarded or not, chained or built after the read: wrong drafts at ``tau=0`` leave the exact answer."""
+    """``DraftPlan.strict`` (a lookup chain copied from an earlier turn of a chat): verified by the exact rule under
+    any lenient rule, guarded or not, chained or built after the read: wrong drafts at ``tau=0`` leave the exact
+    answer."""
     import dataclasses
 
     from ptp_mlx.generate import DecodeOptions, stream_generate

@@ -4,7 +4,7 @@ drafting that delivers less than plain steps gives way to an autoregressive burs
 from ptp_mlx.drafting.budget import Budget, FixedBudget
 from ptp_mlx.drafting.chain import ChainDrafter
 from ptp_mlx.drafting.cost import CostCurve
-from ptp_mlx.drafting.protocol import CallResult, Plan
+from ptp_mlx.drafting.protocol import CallResult, DraftPlan
 
 
 def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
@@ -14,7 +14,7 @@ def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
     d = ChainDrafter(budget)
     d.drafts, d.conf = [5, 6], [0.99, 0.99]
     assert not d.plan(0, 100, 100).burst  # the prediction says drafting pays
-    plan = Plan([5, 6], [(0, 2), (1, 2), (2, 2)])
+    plan = DraftPlan([5, 6], [(0, 2), (1, 2), (2, 2)])
     for _ in range(3):  # three calls of 9 rows (cost 9 plain steps each) that delivered 1 token each
         d.update(plan, CallResult([], 0, [1] * 6, [0.99] * 6))
         d.drafts, d.conf = [5, 6], [0.99, 0.99]
@@ -24,7 +24,7 @@ def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
 
 def test_chain_drafts_come_from_the_branch_that_stood_and_fixed_budgets_guess_ahead():
     d = ChainDrafter(FixedBudget(2, max_width=4))
-    plan = Plan([5, 6], [(0, 3), (1, 3), (2, 3)])
+    plan = DraftPlan([5, 6], [(0, 3), (1, 3), (2, 3)])
     aux = [10, 11, 12, 20, 21, 22, 30, 31, 32]
     d.update(plan, CallResult([6, 9], 1, aux, [0.5] * 9))
     assert d.drafts == [21, 22] and d.conf == [0.5, 0.5]  # branch 1, slots 1.. (slot 0 is the exact token)

@@ -15,7 +15,7 @@ LOSSLESS = [
     "test_logits.py",
     "test_cdf_order.py",
     "test_pipeline.py",
-    "test_fixed_call.py",
+    "test_fixed.py",
 ]
 
 

@@ -121,14 +121,3 @@ def test_the_floor_check_catches_a_climbing_import():
 def test_packages_import_downward_only():
     up = climbing(import_graph())
     assert not up, "\n".join(f"{m} (floor {floor_of(m)}) imports {t} (floor {floor_of(t)})" for m, t in up)
-
-
-def test_no_class_name_is_defined_twice():
-    """One name, one class, across ``ptp_mlx`` (five ``Plan``s once travelled under one name)."""
-    seen: dict[str, list[str]] = {}
-    for path in ROOT.rglob("*.py"):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.ClassDef):
-                seen.setdefault(node.name, []).append(_module_name(path))
-    twice = {name: mods for name, mods in seen.items() if len(mods) > 1}
-    assert not twice, twice

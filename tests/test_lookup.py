@@ -11,7 +11,7 @@ from ptp_mlx.drafting.chain import ChainDrafter
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.lookup import LookupProposer
 from ptp_mlx.drafting.policy import DraftingConfig, DraftPolicy, make_drafter
-from ptp_mlx.drafting.protocol import CallResult, Plan
+from ptp_mlx.drafting.protocol import CallResult, DraftPlan
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
@@ -108,7 +108,7 @@ class _AlwaysBurst(ChainDrafter):
         super().__init__(Budget(CostCurve(), max_width=width))
 
     def plan(self, i, remaining, room):
-        return Plan([], [], burst=min(16, remaining))
+        return DraftPlan([], [], burst=min(16, remaining))
 
     def update(self, plan, result):
         pass

@@ -12,7 +12,7 @@ import ptp_mlx.decode.pipeline as pipeline
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.chain import ChainDrafter
 from ptp_mlx.drafting.cost import CostCurve
-from ptp_mlx.drafting.protocol import CallResult, Drafter, Plan
+from ptp_mlx.drafting.protocol import CallResult, Drafter, DraftPlan
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.prompt_cache import PromptCache
@@ -28,22 +28,22 @@ class BurstyDrafter(Drafter):
         self.burst, self.width, self.wrong = burst, width, wrong
         self.calls = self.guesses = 0
 
-    def _priming(self, remaining: int, room: int, width: int) -> Plan:
+    def _priming(self, remaining: int, room: int, width: int) -> DraftPlan:
         w = min(width, remaining + 1, room - 1)
-        return Plan([], [(0, w)] if w >= 2 else [])
+        return DraftPlan([], [(0, w)] if w >= 2 else [])
 
-    def plan(self, i: int, remaining: int, room: int) -> Plan:
+    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
         self.calls += 1
         if self.calls % 2:
-            return Plan([], [], burst=min(self.burst, remaining))
+            return DraftPlan([], [], burst=min(self.burst, remaining))
         return self._priming(remaining, room, self.width)
 
-    def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
+    def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         self.guesses += 1
         off = self.wrong and self.guesses % self.wrong == 0
         return self._priming(remaining, room, self.width + (1 if off else 0))
 
-    def update(self, plan: Plan, result: CallResult) -> None:
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
         pass
 
 
@@ -127,7 +127,7 @@ def test_a_burst_drops_the_adapter_drafts_in_hand():
     chain drafter's next plan verifies none of them (and the budget calibrates on none)."""
     budget = Budget(CostCurve(), max_width=4)
     chain = ChainDrafter(budget)
-    plan = Plan([], [(0, 4)])
+    plan = DraftPlan([], [(0, 4)])
     result = CallResult([7], 0, aux_tokens=[7, 8, 9, 10], aux_conf=[0.9, 0.9, 0.9, 0.9])
     chain.update(plan, result)
     chain.emitted(result.block)  # the call's own block: its drafts stand

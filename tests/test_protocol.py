@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ptp_mlx.drafting.protocol import Drafter, Plan
+from ptp_mlx.drafting.protocol import Drafter, DraftPlan
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, assert_same, with_seed
 
@@ -27,7 +27,7 @@ class _RepeatDrafter(Drafter):
 
     def plan(self, i, remaining, room):
         n = max(0, min(self.n, remaining - 1, room - 3))
-        return Plan([self.history[-1]] * n, [(0, 2)] if room >= n + 3 else [], source="repeat")
+        return DraftPlan([self.history[-1]] * n, [(0, 2)] if room >= n + 3 else [], source="repeat")
 
     def update(self, plan, result):
         self.calls += 1
@@ -57,7 +57,7 @@ def test_a_drafter_without_plan_or_update_fails_at_construction():
 
     class NoUpdate(Drafter):
         def plan(self, i, remaining, room):
-            return Plan([], [], burst=1)
+            return DraftPlan([], [], burst=1)
 
     with pytest.raises(TypeError, match="abstract method.*plan"):
         NoPlan()
@@ -67,12 +67,12 @@ def test_a_drafter_without_plan_or_update_fails_at_construction():
 
 
 def test_a_plan_is_frozen():
-    plan = Plan([1, 2], [(0, 2), [1, 3]], alts=[(7, 0)])
+    plan = DraftPlan([1, 2], [(0, 2), [1, 3]], alts=[(7, 0)])
     assert plan.drafts == (1, 2) and plan.branches == ((0, 2), (1, 3)) and plan.alts == ((7, 0),)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.source = "lookup"
     assert dataclasses.replace(plan, source="lookup").source == "lookup" and plan.source is None
-    assert plan.rows == 1 + 2 + 5 + 1 and hash(plan) == hash(Plan((1, 2), ((0, 2), (1, 3)), alts=((7, 0),)))
+    assert plan.rows == 1 + 2 + 5 + 1 and hash(plan) == hash(DraftPlan((1, 2), ((0, 2), (1, 3)), alts=((7, 0),)))
 
 
 def _private_reads(path: Path) -> list[str]:

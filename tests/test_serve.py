@@ -2,7 +2,7 @@
 adapter, talked to with the official ``openai`` client and raw HTTP. Chat and completions, streamed and not, give
 the text ``ptp-generate`` prints for the same seed and settings; usage carries the token counts and PTP's figures;
 stop strings cut the text (also across streamed blocks); every bad input gets its status and an OpenAI error body;
-lenient acceptance is opt-in and answered with its label. Queues and disconnects: ``test_serve_queue.py``; the
+lenient acceptance is opt-in and answered with its label. Queues and disconnects: ``test_serve_worker.py``; the
 command: ``test_serve_cli.py``."""
 
 import json

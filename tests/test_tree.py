@@ -3,14 +3,14 @@ alternative that landed."""
 
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
-from ptp_mlx.drafting.protocol import CallResult, Plan
+from ptp_mlx.drafting.protocol import CallResult, DraftPlan
 
 
 def test_drafts_after_an_alternative_come_from_its_branch():
     from ptp_mlx.drafting.tree import TreeDrafter
 
     d = TreeDrafter(Budget(CostCurve(), max_width=4))
-    plan = Plan([7, 8], [(0, 2), (2, 3)], alts=[(9, 0), (5, 3)])
+    plan = DraftPlan([7, 8], [(0, 2), (2, 3)], alts=[(9, 0), (5, 3)])
     aux = [10, 11, 20, 21, 22, 50, 51, 52]  # branch 0 | branch 2 | alternative 1's branch (alternative 0 has none)
     second = [(t + 100, 0.1) for t in aux]
     d.update(plan, CallResult([], 1, aux, [0.5] * 8, second, alt=1))

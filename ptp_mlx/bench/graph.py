@@ -47,7 +47,7 @@ def call_primitives(eng, ids: list[int], shapes, s, compiled: bool = True) -> di
     from ..decode.call import build_call
     from ..decode.fixed import bank_for
     from ..decode.session import DecodeSession
-    from ..drafting.protocol import Plan
+    from ..drafting.protocol import DraftPlan
     from ..generate import decoding_settings
     from ..sampler import UniformStream
 
@@ -75,7 +75,7 @@ def call_primitives(eng, ids: list[int], shapes, s, compiled: bool = True) -> di
     greedy_u = pm.config.greedy_u if s.greedy else None
     for n, branches in shapes:
         snap = cache.snapshot()
-        plan = Plan([int(t) for t in ids[:n]], [tuple(b) for b in branches])
+        plan = DraftPlan([int(t) for t in ids[:n]], [tuple(b) for b in branches])
         call = build_call(DecodeSession(pm, cache, UniformStream(s.seed), s, greedy_u, bank=bank), last, plan, 0)
         out[f"ptp {1 + n}+{plan.rows - 1 - n}"] = primitives(*call.arrays, *cache.arrays())
         mx.eval(call.arrays, cache.arrays())

@@ -41,7 +41,7 @@ import mlx.core as mx
 from ..decode.call import PhaseClock
 from ..decode.fixed import bank_for, compiled_by_default
 from ..drafting.policy import DraftingConfig
-from ..drafting.protocol import CallResult, Drafter, Guess, Plan
+from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from ..generate import DecodeOptions, decoding_settings, stream_generate
 from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick_with, resolve
 from .graph import call_primitives
@@ -91,24 +91,26 @@ class ShapeDrafter(Drafter):
         self.drafts: list[int] = []
         self.width = width
 
-    def plan(self, i: int, remaining: int, room: int) -> Plan:
+    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
         n = max(0, min(self.n, remaining - 1))
         # Short of drafts (a narrow branch was taken), pad with the last one: verification rejects what is
         # wrong, exactly as ever, and every call keeps the shape being profiled.
         drafts = (self.drafts + [self.drafts[-1] if self.drafts else 0] * n)[:n]
         branches = [(d, min(w, self.width)) for d, w in self.branches if d <= n]
-        return Plan(drafts, branches, source="ptp" if n else None)
+        return DraftPlan(drafts, branches, source="ptp" if n else None)
 
-    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         # The shape is fixed, so the next call is known before this one is read (queued as soon as it is).
         r, w = plan.branch_rows(accepted) or (0, 1)
         n = max(0, min(self.n, remaining - 1))
         if n and w < 2:
             return None  # no drafts in the branch: the padding is a constant the plan makes on the host
         branches = [(d, min(b, self.width)) for d, b in self.branches if d <= n]
-        return Guess(Plan([0] * n, branches, source="ptp" if n else None), [r + 1 + min(k, w - 2) for k in range(n)])
+        return Guess(
+            DraftPlan([0] * n, branches, source="ptp" if n else None), [r + 1 + min(k, w - 2) for k in range(n)]
+        )
 
-    def update(self, plan: Plan, result: CallResult) -> None:
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
         rows = plan.branch_rows(result.accepted, result.alt)
         self.drafts = result.aux_tokens[rows[0] + 1 : rows[0] + rows[1]] if rows else []
 

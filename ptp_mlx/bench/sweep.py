@@ -73,7 +73,7 @@ def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
     from ..decode.call import build_call, finish_call
     from ..decode.fixed import bank_for
     from ..decode.session import DecodeSession
-    from ..drafting.protocol import Plan
+    from ..drafting.protocol import DraftPlan
     from ..sampler import SamplingSettings, UniformStream
 
     bank = bank_for(pm, True)
@@ -90,7 +90,7 @@ def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
     out = {"step": _best_ms(step, repeats + 1)}
     sess = DecodeSession(pm, cache, u, s, 1.0, bank=bank)
     for rows, (n, branches) in CALLS.items():
-        plan = Plan([5] * n, branches)
+        plan = DraftPlan([5] * n, branches)
 
         def call(plan=plan):
             finish_call(cache, build_call(sess, 3, plan, 0))

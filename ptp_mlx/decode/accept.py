@@ -63,7 +63,7 @@ class AcceptRule:
 
     def for_source(self, source: str | None, strict: bool = False) -> AcceptRule:
         """The rule a call whose drafts come from ``source`` ("ptp", "lookup", ...) is verified under (the pivot
-        guard is kept for lookup chains only: ``guarded``). ``strict`` (``Plan.strict``): the drafts are a copy
+        guard is kept for lookup chains only: ``guarded``). ``strict`` (``DraftPlan.strict``): the drafts are a copy
         of an earlier turn of a chat, verified exactly under every rule (lookup offers the previous answer after
         the same template header, and the model's row finds it likely once the first words agree)."""
         if strict:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..drafting.protocol import CallResult, Plan
+from ..drafting.protocol import CallResult, DraftPlan
 from ..model.kv import KVState
 from ..model.shape import CallShape, Window, WindowShape
 from ..sampler import UNRESOLVED, SamplingSettings, resolve
@@ -63,7 +63,7 @@ class PendingCall:
     """A built PTP call: its plan, its position (``offset``: the cache length before it, where an abandoned call is
     trimmed back to), its shape and its outputs (lazy arrays until ``finish_call`` reads them)."""
 
-    plan: Plan
+    plan: DraftPlan
     offset: int | None  # None: a chained call, whose offset follows the read of the call before it
     i: int | None  # the generated position of its first exact token (None: a chained call, likewise)
     shape: CallShape
@@ -89,7 +89,7 @@ class ChainInputs:
     bound: int  # the largest value ``offset`` can take
 
 
-def call_shape(plan: Plan, runner_up: bool = False, reads_top_prob: bool = False) -> CallShape:
+def call_shape(plan: DraftPlan, runner_up: bool = False, reads_top_prob: bool = False) -> CallShape:
     """The shape of the call that runs ``plan``: token rows ``[last, drafts, alternatives]`` (alternatives follow
     ``last`` like ``q_1``), the chain's branches, then the alternatives' branches (each sees its strand)."""
     n, alts = len(plan.drafts), plan.alts
@@ -99,7 +99,7 @@ def call_shape(plan: Plan, runner_up: bool = False, reads_top_prob: bool = False
     return CallShape(parents, tuple(windows), runner_up and bool(windows), reads_top_prob and bool(windows))
 
 
-def call_uniforms(sess: DecodeSession, plan: Plan, i: int) -> tuple[np.ndarray, np.ndarray]:
+def call_uniforms(sess: DecodeSession, plan: DraftPlan, i: int) -> tuple[np.ndarray, np.ndarray]:
     """The uniforms of a call that runs ``plan`` from generated position ``i``: token rows (float32 [n_tok]) and
     auxiliary rows (float32 [n_aux]; the adapter's reserved one under greedy decoding)."""
     u, n, alts = sess.uniforms, len(plan.drafts), plan.alts
@@ -117,7 +117,7 @@ def call_uniforms(sess: DecodeSession, plan: Plan, i: int) -> tuple[np.ndarray, 
 def build_call(
     sess: DecodeSession,
     last: int | None,
-    plan: Plan,
+    plan: DraftPlan,
     i: int | None,
     tokens: mx.array | None = None,
     chain: ChainInputs | None = None,
@@ -217,7 +217,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     )
 
 
-def ptp_call(sess: DecodeSession, last: int, plan: Plan, i: int, clock=NO_CLOCK) -> CallResult:
+def ptp_call(sess: DecodeSession, last: int, plan: DraftPlan, i: int, clock=NO_CLOCK) -> CallResult:
     """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
     ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
     in the cache."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import numpy as np
 
-from ..drafting.protocol import CallResult, Drafter, Guess, Plan
+from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from .call import NO_CLOCK, ChainInputs, PendingCall, build_call, call_shape, call_uniforms, finish_call
 from .session import DecodeSession
 
@@ -45,9 +45,9 @@ class Chained:
 
 def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int) -> Chained | None:
     """Build the call after ``call`` (built, not read) for all its outcomes at once, or None where that does not
-    apply: the eager legacy pass, a logits hook, a token tree (a landed alternative moves K/V rows on the host),
-    or a drafter that cannot tell any outcome's next call. Where outcomes' next calls differ in shape, the build
-    serves the likeliest ones (``Drafter.likely``)."""
+    apply: the eager pass (``CallPlan``, no compile bank), a logits hook, a token tree (a landed alternative moves
+    K/V rows on the host), or a drafter that cannot tell any outcome's next call. Where outcomes' next calls differ
+    in shape, the build serves the likeliest ones (``Drafter.likely``)."""
     plan, cache = call.plan, sess.cache
     if sess.bank is None or sess.hook is not None or plan.alts:
         return None
@@ -115,7 +115,7 @@ def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i:
     return Chained(built, [Guess(plan, None)], before, call_shape(plan).rows, token)
 
 
-def confirm_after_burst(chained: Chained, plan: Plan | None, cache, last: int) -> PendingCall | None:
+def confirm_after_burst(chained: Chained, plan: DraftPlan | None, cache, last: int) -> PendingCall | None:
     """The call built after a burst, if ``plan`` (the drafter's real plan, the burst's tokens read) is the one it
     was built for and ``last`` (the burst's last token, as read) the token it was built on (not a token the host
     resolved: sampler.py, ``UNRESOLVED``); otherwise None, the call dropped and the cache back at the burst's end."""
@@ -131,7 +131,7 @@ def confirm_after_burst(chained: Chained, plan: Plan | None, cache, last: int) -
 
 
 def _kind(guess: Guess) -> tuple:
-    """What one build must share across outcomes: the shape, the acceptance rule (``Plan.strict``) and where the
+    """What one build must share across outcomes: the shape, the acceptance rule (``DraftPlan.strict``) and where the
     drafts come from (this call's rows, or tokens the host knows: not one gather)."""
     p = guess.plan
     return len(p.drafts), p.branches, p.strict, guess.draft_rows is None
@@ -152,7 +152,7 @@ def _likeliest_kind(guesses: list[Guess | None], likely: list[float] | None) -> 
     return [x if x is not None and _kind(x) == best else None for x in guesses]
 
 
-def confirm_chained(chained: Chained, result: CallResult, plan: Plan | None, i: int, cache) -> PendingCall | None:
+def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None, i: int, cache) -> PendingCall | None:
     """The chained call, if ``plan`` (the drafter's real next plan after ``result``, None: the answer ended) is
     the one guessed for the outcome that happened; it then starts at generated position ``i`` and the state
     before it is let go (its writes stay in place). None: the chained call is dropped, the cache is back at the
@@ -203,7 +203,7 @@ class CallQueue:
             return self.started.call.offset
         return cache.offset - (self.chained.rows if self.chained is not None else 0)
 
-    def build(self, last: int, plan: Plan, i: int) -> None:
+    def build(self, last: int, plan: DraftPlan, i: int) -> None:
         """Build the call that verifies ``plan`` after ``last`` (the next one to queue)."""
         self.running = build_call(self.sess, last, plan, i)
 
@@ -226,24 +226,24 @@ class CallQueue:
             self.started = build_after_burst(self.sess, self.drafter, token, i, self.max_new, self.ctx)
 
     @property
-    def started_plan(self) -> Plan | None:
+    def started_plan(self) -> DraftPlan | None:
         """The plan the call built after a burst was built for (None: none was)."""
         return None if self.started is None else self.started.guesses[0].plan
 
-    def chained_plan(self, result: CallResult) -> Plan | None:
+    def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
         if self.chained is None or result.alt is not None:
             return None
         guess = self.chained.guesses[result.accepted]
         return None if guess is None else guess.plan
 
-    def read(self, clock=NO_CLOCK) -> tuple[Plan, CallResult]:
+    def read(self, clock=NO_CLOCK) -> tuple[DraftPlan, CallResult]:
         """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""
         call, self.running = self.running, None
         then = 0 if self.chained is None else self.chained.rows
         return call.plan, finish_call(self.sess.cache, call, clock, then=then)
 
-    def confirm(self, result: CallResult, plan: Plan | None, i: int) -> bool:
+    def confirm(self, result: CallResult, plan: DraftPlan | None, i: int) -> bool:
         """After a read: the chained call becomes the running one if ``plan`` (None: the answer ended) is the one it
         was built for; otherwise it is dropped. True when a call is ready to submit."""
         if self.chained is not None:
@@ -251,7 +251,7 @@ class CallQueue:
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache)
         return self.running is not None
 
-    def confirm_start(self, plan: Plan | None, last: int) -> bool:
+    def confirm_start(self, plan: DraftPlan | None, last: int) -> bool:
         """After a burst: the call built on its last step becomes the running one if ``plan`` is its plan and
         ``last`` the token it was built on; otherwise it is dropped. True when a call is ready to submit."""
         started, self.started = self.started, None

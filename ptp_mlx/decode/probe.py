@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from ..drafting.cost import PROBE_WIDTHS, CostCurve, check_probe, extrapolate
 from ..drafting.learn import LearnedCost
-from ..drafting.protocol import Plan
+from ..drafting.protocol import DraftPlan
 from ..sampler import SamplingSettings, UniformStream
 from .ar import ar_calls
 from .call import ptp_call
@@ -57,7 +57,7 @@ def measure_cost_curve(
         for k in range(n + 1):
             t0 = time.perf_counter()
             if real:
-                ptp_call(sess, 0, Plan([], [(0, w - 1)]), 0)
+                ptp_call(sess, 0, DraftPlan([], [(0, w - 1)]), 0)
             else:
                 mx.eval(pm(mx.zeros((w,), dtype=mx.int32), cache=cache))  # sync: we are timing the pass
             if k:  # (the first call of a shape compiles it)

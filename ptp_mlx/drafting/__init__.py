@@ -2,8 +2,9 @@
 
 One protocol, one file per idea:
 
-- ``protocol``: ``Plan`` (the rows of one call, frozen), ``CallResult`` (what a call settled), ``DraftSession`` and
-  the abstract ``Drafter`` (``begin``, then ``plan`` / ``update`` per call, ``emitted`` per block, ``ready``);
+- ``protocol``: ``DraftPlan`` (the rows of one call, frozen), ``CallResult`` (what a call settled),
+  ``DraftSession`` and the abstract ``Drafter`` (``begin``, then ``plan`` / ``update`` per call, ``emitted`` per
+  block, ``ready``);
 - ``budget``: the ``BudgetPolicy`` interface (``rows_for``) and its two implementations, the adaptive ``Budget``
   and the ``FixedBudget`` of ``--num-draft-tokens``;
 - ``cost``: the cost curve of a call by rows, and the probe that measures it on this machine;

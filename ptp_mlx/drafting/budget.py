@@ -16,7 +16,7 @@ import numpy as np
 
 from .cost import CostCurve
 from .learn import PaceGuard
-from .protocol import Plan
+from .protocol import DraftPlan
 from .shapes import ShapeMemory
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
@@ -48,9 +48,9 @@ class BudgetPolicy(Protocol):
         room: int,
         step: str = "fused",
         second: tuple[int, float] | None = None,
-        pending: Plan | None = None,
+        pending: DraftPlan | None = None,
         preview: bool = False,
-    ) -> Plan:
+    ) -> DraftPlan:
         """The rows of the next call for ``drafts`` in hand with ``confidences`` (``pending``: the shape built ahead
         for it; ``preview``: the choice without side effects)."""
         ...
@@ -243,9 +243,9 @@ class Budget:
         room: int,
         step: str = "fused",
         second: tuple[int, float] | None = None,
-        pending: Plan | None = None,
+        pending: DraftPlan | None = None,
         preview: bool = False,
-    ) -> Plan:
+    ) -> DraftPlan:
         """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
 
         ``step="simple"`` alternates a drafting call (one branch) and a verifying call (no branch). ``second``:
@@ -257,7 +257,7 @@ class Budget:
         room = min(room, self.max_rows)
         burst = self._no_drafting()
         if burst:
-            return Plan([], [], burst=min(burst, remaining))
+            return DraftPlan([], [], burst=min(burst, remaining))
         if step == "simple":
             n, branches = simple_rows(drafts, self.max_width, remaining, room)
         else:
@@ -267,12 +267,12 @@ class Budget:
                 n, branches = self._known(n, branches, len(drafts), confidences, remaining, room, pending)
         if n == 0 and not branches:
             if preview:
-                return Plan([], [], burst=min(self.burst_len, remaining))
+                return DraftPlan([], [], burst=min(self.burst_len, remaining))
             explore = self._explore(drafts, confidences, remaining, room) if step == "fused" else None
             if explore is not None:
                 return explore
-            return Plan([], [], burst=min(self.burst_len, remaining))  # (only a calibrating budget backs off)
-        plan = Plan(drafts[:n], branches)
+            return DraftPlan([], [], burst=min(self.burst_len, remaining))  # (only a calibrating budget backs off)
+        plan = DraftPlan(drafts[:n], branches)
         if preview:
             return plan
         if step == "fused":
@@ -296,7 +296,7 @@ class Budget:
         guess ahead of the read prices drafts it has not seen by."""
         return [min(0.99, self._s(k + 1, 1.0) / max(self._s(k, 1.0), 1e-9)) for k in range(n)]
 
-    def _explore(self, drafts: list[int], confidences: list[float], remaining: int, room: int) -> Plan | None:
+    def _explore(self, drafts: list[int], confidences: list[float], remaining: int, room: int) -> DraftPlan | None:
         """Once per burst, the call the budget would make if the widths it has barely measured were cheap
         (``LearnedCost.optimistic``), when it uses such a width: measuring it corrects a curve that is too
         pessimistic, which would otherwise never be drafted against and never corrected."""
@@ -306,12 +306,12 @@ class Budget:
         self.explore_due = False
         n, branches = self.choose(confidences, room, cost=optimistic)
         n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
-        plan = Plan(drafts[:n], branches)
+        plan = DraftPlan(drafts[:n], branches)
         if (n or branches) and not self.curve.explored(plan.rows):
             return plan
         return None
 
-    def _alternative(self, plan: Plan, confidences: list[float], second: tuple[int, float], room: int):
+    def _alternative(self, plan: DraftPlan, confidences: list[float], second: tuple[int, float], room: int):
         """``[(token, width)]`` for the runner-up of the first draft, or ``[]`` when its rows do not pay."""
         r = self.ratio
         p1 = min(0.99, float(confidences[0]) * r)
@@ -391,16 +391,16 @@ class FixedBudget:
         room: int,
         step: str = "fused",
         second: tuple[int, float] | None = None,
-        pending: Plan | None = None,
+        pending: DraftPlan | None = None,
         preview: bool = False,
-    ) -> Plan:
+    ) -> DraftPlan:
         k = self.num_draft  # (the same rows every call: ``pending`` is always its shape, ``preview`` changes nothing)
         if step == "simple":
             n, branches = simple_rows(drafts, k + 1, remaining, room)
         else:
             n = min(k, len(drafts))
             n, branches = _fit(n, [(d, k + 1) for d in range(n + 1)], remaining, room, 2)
-        return Plan(drafts[:n], branches)
+        return DraftPlan(drafts[:n], branches)
 
     def observe(self, confidences: list[float], accepted: int) -> None:
         pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .budget import BudgetPolicy, Pace, reach, u_factor
-from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
+from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess
 
 
 def outcome_probs(confidences: list[float], ratio: float) -> list[float]:
@@ -31,7 +31,7 @@ class ChainDrafter(Drafter):
         self.uniforms = None
         self.top_prob: list[float] = []  # each draft's top probability at the decoding temperature
         self.planned: list[float] = []  # the confidences the last plan used (what the budget calibrates on)
-        self.pending: Plan | None = None  # the next call's plan as already built ahead (``chained``)
+        self.pending: DraftPlan | None = None  # the next call's plan as already built ahead (``chained``)
         self.fresh = False  # the drafts in hand follow the last block emitted (the call's own, not a burst's)
 
     def begin(self, session: DraftSession) -> None:
@@ -58,12 +58,12 @@ class ChainDrafter(Drafter):
     def _second(self) -> tuple[int, float] | None:
         return None  # a chain has no sibling strands (``TreeDrafter`` has)
 
-    def plan(self, i: int, remaining: int, room: int) -> Plan:
+    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
         conf = self.planned = self.confidences(i)
         if self.budget.calibrate and self.pace.behind():
             # Drafting calls delivered fewer tokens than plain steps would have in the same time: decode
             # plainly for a while, whatever the predictions say.
-            plan = Plan([], [], burst=min(self.budget.burst_len, remaining))
+            plan = DraftPlan([], [], burst=min(self.budget.burst_len, remaining))
         else:
             plan = self.budget.rows_for(
                 self.drafts, conf, remaining, room, self.step, second=self._second(), pending=self.pending
@@ -76,7 +76,7 @@ class ChainDrafter(Drafter):
             plan = replace(plan, source="ptp")
         return plan
 
-    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         """The next call if ``accepted`` drafts stand, before the read: its drafts are the branch of ``accepted``,
         slots 1.. (as ``update`` takes them). A budget whose rows depend only on the number of drafts
         (``FixedBudget``) knows it; the adaptive one guesses it from its prior confidences (``preview``), and
@@ -99,23 +99,23 @@ class ChainDrafter(Drafter):
             nxt = replace(nxt, source="ptp")
         return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))])
 
-    def chained(self, plan: Plan | None) -> None:
+    def chained(self, plan: DraftPlan | None) -> None:
         self.pending = plan
 
-    def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
+    def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         """After a burst no drafts are in hand (``emitted`` dropped them): the budget's priming call, as previewed."""
         if self.step != "fused" or (self.budget.calibrate and self.pace.behind()):
             return None
         nxt = self.budget.rows_for([], [], remaining, room, self.step, preview=True)
         return None if nxt.burst or nxt.drafts or nxt.alts or not nxt.branches else nxt
 
-    def likely(self, plan: Plan) -> list[float] | None:
+    def likely(self, plan: DraftPlan) -> list[float] | None:
         return outcome_probs(self.planned[: len(plan.drafts)], self.budget.ratio)
 
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
         self.budget.record(rows, tokens, seconds, cold)
 
-    def update(self, plan: Plan, result: CallResult) -> None:
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
         own = plan.source in (None, "ptp")  # the adapter's calls; another drafter's chain (lookup) is not evidence
         if own and result.alt is None:  # the budget calibrates on the adapter's own chain drafts only
             self.budget.observe(self.planned[: len(plan.drafts)], result.accepted)

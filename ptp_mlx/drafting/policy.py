@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 from .budget import BudgetPolicy
 from .chain import ChainDrafter, outcome_probs
 from .lookup import LookupOffer, LookupProposer
-from .protocol import CallResult, Drafter, DraftSession, Guess, Plan
+from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess
 
 
 class DraftPolicy(Drafter):
     """The adapter's chain drafter and, optionally, prompt lookup: per call the offer expected to land more
-    drafts is verified (``Plan.source`` says whose), and the call drafts the adapter's branches either way."""
+    drafts is verified (``DraftPlan.source`` says whose), and the call drafts the adapter's branches either way."""
 
     def __init__(self, budget: BudgetPolicy, chain: ChainDrafter, lookup: LookupProposer | None = None):
         self.budget, self.chain, self.lookup = budget, chain, lookup
@@ -37,7 +37,7 @@ class DraftPolicy(Drafter):
             self.lookup.begin(session)
         self.chain.begin(session)
 
-    def plan(self, i: int, remaining: int, room: int) -> Plan:
+    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
         offer = self.lookup.offer() if self.lookup is not None else None
         if offer is not None and offer.expected > self.chain.expected(i):
             plan = self._fit_lookup(offer, remaining, room)  # fitted to this machine's cost
@@ -47,7 +47,7 @@ class DraftPolicy(Drafter):
                 return plan
         return self.chain.plan(i, remaining, room)
 
-    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         # After a lookup chain, when all of it stands: the chain that continues the copied text (the policy's
         # choice between the peers needs the adapter's drafts, read only after the call: a guess the read may
         # not confirm). Otherwise (a lookup chain cut short, or the adapter's call) the adapter's next call from
@@ -58,11 +58,11 @@ class DraftPolicy(Drafter):
             return Guess(nxt, None) if nxt is not None else None
         return self.chain.guess(plan, accepted, i, remaining, room)
 
-    def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
+    def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         # (a lookup chain needs the burst's last token: if lookup wins after the read, the build is dropped)
         return self.chain.guess_start(i, remaining, room)
 
-    def likely(self, plan: Plan) -> list[float] | None:
+    def likely(self, plan: DraftPlan) -> list[float] | None:
         if self.lookup is not None and plan.source == self.lookup.source:
             return outcome_probs(self.lookup_conf[: len(plan.drafts)], self.budget.ratio)
         return self.chain.likely(plan)
@@ -70,17 +70,17 @@ class DraftPolicy(Drafter):
     def _lookup_conf(self, offer: LookupOffer) -> list[float]:
         return [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
 
-    def _fit_lookup(self, offer: LookupOffer, remaining: int, room: int) -> Plan | None:
+    def _fit_lookup(self, offer: LookupOffer, remaining: int, room: int) -> DraftPlan | None:
         """The budget's rows for a lookup chain (it sees the hit rate as confidences), or None without drafts."""
         plan = self.budget.rows_for(list(offer.drafts), self._lookup_conf(offer), remaining, room, self.chain.step)
         return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
 
-    def update(self, plan: Plan, result: CallResult) -> None:
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
         if self.lookup is not None and plan.source == self.lookup.source:
             self.lookup.observe(len(plan.drafts), result.accepted, self.budget.curve(plan.rows))
         self.chain.update(plan, result)
 
-    def chained(self, plan: Plan | None) -> None:
+    def chained(self, plan: DraftPlan | None) -> None:
         self.chain.chained(plan if plan is not None and plan.source != self.lookup_source else None)
 
     @property

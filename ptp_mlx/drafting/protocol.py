@@ -1,4 +1,4 @@
-"""The drafting protocol: a ``Plan`` per call, a ``CallResult`` back, and the ``Drafter`` lifecycle.
+"""The drafting protocol: a ``DraftPlan`` per call, a ``CallResult`` back, and the ``Drafter`` lifecycle.
 
 The lifecycle follows llama.cpp's speculative decoding: ``begin`` once per answer, then per PTP call ``plan``
 (what to verify and which auxiliary branches to draft) and ``update`` (learn from what the call settled), and
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Plan:
+class DraftPlan:
     """The rows of one PTP call: verify ``drafts`` (a prefix of those in hand) and draft ``branches``
     ``((d, width), ...)`` (branch d assumes d drafts accepted). ``burst > 0`` means: decode that many tokens
     autoregressively instead (drafting does not pay).
@@ -85,7 +85,7 @@ class Guess:
     drafts are then placeholders), or, with ``draft_rows`` None, the plan's own drafts (tokens the host already
     knows: a prompt-lookup continuation)."""
 
-    plan: Plan
+    plan: DraftPlan
     draft_rows: list[int] | None
 
     def drafts(self, aux_tokens: list[int]) -> tuple[int, ...]:
@@ -125,29 +125,29 @@ class Drafter(ABC):
         return None  # (optional: nothing to learn by default)
 
     @abstractmethod
-    def plan(self, i: int, remaining: int, room: int) -> Plan:
+    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
         """The next call's rows, for generated position ``i``, ``remaining`` tokens wanted and ``room`` rows
         left in the context."""
 
     @abstractmethod
-    def update(self, plan: Plan, result: CallResult) -> None:
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
         """Learn from the call that ran ``plan`` (the next drafts, acceptance statistics)."""
 
-    def guess(self, plan: Plan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (the next
         call then starts at generated position ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if
         it can tell before that call is read; None otherwise. Decoding builds the guessed call while the current
         one computes and queues it the moment the read confirms it (``ptp_mlx/decode/pipeline.py``)."""
         return None
 
-    def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
+    def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         """The plan of the call that follows an autoregressive burst (at generated position ``i``), told before
         the burst's last token is read, if this drafter can; None otherwise. It must need no token the host has
         not read (no drafts in hand: the burst moved past them). The call is built while that step computes and
         queued if ``plan`` then returns the same."""
         return None
 
-    def likely(self, plan: Plan) -> list[float] | None:
+    def likely(self, plan: DraftPlan) -> list[float] | None:
         """``P(c == g)`` for g = 0..len(plan.drafts): how likely the call running ``plan`` (the latest planned)
         accepts ``g`` drafts, as this drafter priced them; None: no idea. When the guessed next calls differ in
         shape by outcome, the one build ahead serves the likeliest shape."""
@@ -157,7 +157,7 @@ class Drafter(ABC):
         """Tokens the answer gained (every block, autoregressive bursts included)."""
         return None  # (optional: nothing to keep by default)
 
-    def chained(self, plan: Plan | None) -> None:
+    def chained(self, plan: DraftPlan | None) -> None:
         """The plan of the call already built for the outcome that happened (``decode/pipeline.py``; None: none):
         the next ``plan`` may prefer it, as it costs no host time on the path."""
         return None  # (optional: a drafter that cannot use it plans as ever)

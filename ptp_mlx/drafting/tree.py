@@ -9,7 +9,7 @@ from .protocol import CallResult
 
 class TreeDrafter(ChainDrafter):
     """The chain drafter that also keeps the auxiliary runner-up for the first draft and offers it to the
-    budget, which may verify it beside ``q_1`` (``Plan.alts``)."""
+    budget, which may verify it beside ``q_1`` (``DraftPlan.alts``)."""
 
     second: tuple[int, float] | None = None  # runner-up of the first draft and its confidence
 

@@ -8,7 +8,7 @@ arrays are immutable: a later write makes new ones).
 mlx-lm's attention talks to one ``LayerKV`` per layer (``state[i]``): ``offset``, ``update_and_fetch`` and
 ``make_mask``, as with its own ``KVCache``. Two kinds of pass run through them:
 
-- a **plain pass** (prefill, a replay, a legacy PTP pass with a ``CallPlan``): rows are written at the host offset and
+- a **plain pass** (prefill, a replay, an eager PTP pass with a ``CallPlan``): rows are written at the host offset and
   attention reads exactly ``offset + rows`` keys, as mlx-lm's ``KVCache`` does;
 - a **fixed pass** (``fixed(...)``: the compiled calls of ``ptp_mlx/decode/``): rows are written at an int32 *array*
   offset with ``mx.slice_update`` and attention reads a constant-shape view of ``bucket`` keys (a multiple of
@@ -89,7 +89,7 @@ class KVState(Sequence):
         self.values: list[mx.array | None] = [None] * n_layers
         self.offset = 0  # rows holding real tokens
         self.pass_: FixedPass | None = None
-        self._ctx = ctx  # the model's ``layers.PTPContext``: a legacy PTP pass's plan gives the mask
+        self._ctx = ctx  # the model's ``layers.PTPContext``: an eager PTP pass's plan gives the mask
         self._views = [LayerKV(self, i) for i in range(n_layers)]
         self._written = 0  # layers written in the current plain pass
 

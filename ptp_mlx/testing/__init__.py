@@ -12,7 +12,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..adapter import randomize_adapter
-from ..drafting.protocol import CallResult, Drafter, Plan
+from ..drafting.protocol import CallResult, Drafter, DraftPlan
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
@@ -158,9 +158,9 @@ class OracleDrafter(Drafter):
 
     def plan(self, i: int, remaining: int, room: int):
         n = max(0, min(self.width - 1, remaining - 1, room - 1))
-        return Plan(self.tokens[i : i + n], [])
+        return DraftPlan(self.tokens[i : i + n], [])
 
-    def update(self, plan: Plan, result: CallResult) -> None:
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
         pass
 
 
@@ -200,9 +200,9 @@ class RandomTreeDrafter(Drafter):
                     break
                 alts.append((self._token(i, rng.random() < 0.5), w))
                 rows += 1 + w
-        return Plan(drafts, branches, alts=alts)
+        return DraftPlan(drafts, branches, alts=alts)
 
-    def update(self, plan: Plan, result: CallResult) -> None:
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
         self.alt_hits += result.alt is not None
 
 

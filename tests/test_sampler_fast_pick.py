@@ -11,7 +11,7 @@ import ptp_mlx.decode.ar as ar_mod
 import ptp_mlx.decode.call as call_mod
 import ptp_mlx.decode.pipeline as pipeline
 from ptp_mlx import sampler
-from ptp_mlx.drafting.protocol import CallResult, Drafter, Plan
+from ptp_mlx.drafting.protocol import CallResult, Drafter, DraftPlan
 from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import UNRESOLVED, SamplingSettings, may_leave_unresolved, pick, resolve
@@ -149,15 +149,15 @@ class _Bursty(Drafter):
     def __init__(self):
         self.calls = 0
 
-    def plan(self, i: int, remaining: int, room: int) -> Plan:
+    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
         self.calls += 1
-        return Plan([], [], burst=min(2, remaining)) if self.calls % 2 else self.guess_start(i, remaining, room)
+        return DraftPlan([], [], burst=min(2, remaining)) if self.calls % 2 else self.guess_start(i, remaining, room)
 
-    def guess_start(self, i: int, remaining: int, room: int) -> Plan | None:
+    def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         w = min(2, remaining + 1, room - 1)
-        return Plan([], [(0, w)] if w >= 2 else [])
+        return DraftPlan([], [(0, w)] if w >= 2 else [])
 
-    def update(self, plan: Plan, result: CallResult) -> None:
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
         pass
 
 

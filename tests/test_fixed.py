@@ -1,10 +1,10 @@
 """The fixed-shape call (ptp_mlx/decode/fixed.py) and the K/V state it writes (ptp_mlx/model/kv.py).
 
-A compiled call equals the same call run eagerly, and both equal the eager pass of ``PTPModel.__call__`` (the
-legacy path: numpy mask over exactly ``offset + rows`` keys) to float32 rounding, on every shape the decoders use (chains, branches,
-token trees with sibling strands, no windows), in every attention bucket (offsets on both sides of a 256-row
-boundary) and while the buffers grow; the compile bank holds one entry per shape and bucket; buffers are written in
-place.
+A compiled call equals the same call run eagerly, and both equal the eager pass of ``PTPModel.__call__`` (a
+``CallPlan`` at the host offset: numpy mask over exactly ``offset + rows`` keys) to float32 rounding, on every shape
+the decoders use (chains, branches, token trees with sibling strands, no windows), in every attention bucket
+(offsets on both sides of a 256-row boundary) and while the buffers grow; the compile bank holds one entry per shape
+and bucket; buffers are written in place.
 """
 
 from dataclasses import replace
@@ -17,7 +17,7 @@ from ptp_mlx.decode.call import build_call, call_shape, finish_call
 from ptp_mlx.decode.fixed import bank_for
 from ptp_mlx.decode.session import DecodeSession
 from ptp_mlx.drafting.policy import DraftingConfig
-from ptp_mlx.drafting.protocol import Plan
+from ptp_mlx.drafting.protocol import DraftPlan
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.kv import CHUNK, KVState, round_up
@@ -25,11 +25,11 @@ from ptp_mlx.sampler import SamplingSettings, UniformStream
 from ptp_mlx.testing import make_tiny_model, save_random_adapter
 
 PLANS = {
-    "one-window": Plan([], [(0, 4)]),
-    "chain": Plan([7, 9], [(0, 2), (1, 2), (2, 3)]),
-    "partial-branches": Plan([7, 9, 11], [(1, 2), (3, 4)]),
-    "tree": Plan([7, 9], [(0, 2), (2, 3)], alts=[(12, 2), (13, 0)]),
-    "no-windows": Plan([7, 9, 11], []),
+    "one-window": DraftPlan([], [(0, 4)]),
+    "chain": DraftPlan([7, 9], [(0, 2), (1, 2), (2, 3)]),
+    "partial-branches": DraftPlan([7, 9, 11], [(1, 2), (3, 4)]),
+    "tree": DraftPlan([7, 9], [(0, 2), (2, 3)], alts=[(12, 2), (13, 0)]),
+    "no-windows": DraftPlan([7, 9, 11], []),
 }
 SETTINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
 
@@ -64,21 +64,21 @@ def run(pm, st, plan, s, bank):
 @pytest.mark.parametrize("sname", list(SETTINGS))
 @pytest.mark.parametrize("pname", list(PLANS))
 @pytest.mark.parametrize("offset", [20, CHUNK - 9, CHUNK - 3])  # the call's rows in one bucket, or across two
-def test_compiled_equals_eager_equals_legacy(engine, pname, sname, offset):
+def test_compiled_call_equals_eager_call_and_eager_pass(engine, pname, sname, offset):
     pm, plan, s = engine.pm, PLANS[pname], SETTINGS[sname]
     got = {}
-    for name, bank in (("legacy", None), ("eager", bank_for(pm, False)), ("compiled", bank_for(pm, True))):
+    for name, bank in (("pass", None), ("eager", bank_for(pm, False)), ("compiled", bank_for(pm, True))):
         got[name] = run(pm, prefilled(pm, offset), plan, s, bank)
     # Compiled and eager: the same function, bit for bit.
     (res, kv, off), (ref, ref_kv, ref_off) = got["compiled"], got["eager"]
     assert res == ref and off == ref_off and all(np.array_equal(a, b) for a, b in zip(kv, ref_kv, strict=True))
-    # Against the legacy pass: the same picks and drafts; attention over a padded bucket (the masked keys add exact
+    # Against the eager pass: the same picks and drafts; attention over a padded bucket (the masked keys add exact
     # zeros, but the sums are blocked differently) rounds its confidences and K/V at float32 level.
-    leg, leg_kv, leg_off = got["legacy"]
-    assert (res.block, res.accepted, res.alt, res.aux_tokens) == (leg.block, leg.accepted, leg.alt, leg.aux_tokens)
-    assert [t for t, _ in res.second] == [t for t, _ in leg.second] and off == leg_off
-    close = [(res.aux_conf, leg.aux_conf), ([c for _, c in res.second], [c for _, c in leg.second])]
-    close += [(res.aux_top_prob or [], leg.aux_top_prob or [])] + list(zip(kv, leg_kv, strict=True))
+    ps, ps_kv, ps_off = got["pass"]
+    assert (res.block, res.accepted, res.alt, res.aux_tokens) == (ps.block, ps.accepted, ps.alt, ps.aux_tokens)
+    assert [t for t, _ in res.second] == [t for t, _ in ps.second] and off == ps_off
+    close = [(res.aux_conf, ps.aux_conf), ([c for _, c in res.second], [c for _, c in ps.second])]
+    close += [(res.aux_top_prob or [], ps.aux_top_prob or [])] + list(zip(kv, ps_kv, strict=True))
     for a, b in close:
         assert np.allclose(a, b, rtol=1e-4, atol=1e-5)
     bank = bank_for(pm, True)
