@@ -17,7 +17,7 @@ from ptp_mlx.decode.call import build_call, call_shape, finish_call
 from ptp_mlx.decode.fixed import bank_for
 from ptp_mlx.decode.session import DecodeSession
 from ptp_mlx.drafting.policy import DraftingConfig
-from ptp_mlx.drafting.protocol import Plan
+from ptp_mlx.drafting.protocol import Plan, Strand
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.kv import CHUNK, KVState, round_up
@@ -28,7 +28,8 @@ PLANS = {
     "one-window": Plan([], [(0, 4)]),
     "chain": Plan([7, 9], [(0, 2), (1, 2), (2, 3)]),
     "partial-branches": Plan([7, 9, 11], [(1, 2), (3, 4)]),
-    "tree": Plan([7, 9], [(0, 2), (2, 3)], alts=[(12, 2), (13, 0)]),
+    "tree": Plan([7, 9], [(0, 2), (2, 3)], strands=[Strand(0, (12,), 2), Strand(0, (13,))]),
+    "deep-tree": Plan([7, 9, 11], [(0, 2)], strands=[Strand(1, (12, 14), 2), Strand(2, (13,)), Strand(3, (5, 6, 8), 3)]),
     "no-windows": Plan([7, 9, 11], []),
 }
 SETTINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
@@ -75,7 +76,7 @@ def test_compiled_equals_eager_equals_legacy(engine, pname, sname, offset):
     # Against the legacy pass: the same picks and drafts; attention over a padded bucket (the masked keys add exact
     # zeros, but the sums are blocked differently) rounds its confidences and K/V at float32 level.
     leg, leg_kv, leg_off = got["legacy"]
-    assert (res.block, res.accepted, res.alt, res.aux_tokens) == (leg.block, leg.accepted, leg.alt, leg.aux_tokens)
+    assert (res.block, res.accepted, res.strand, res.aux_tokens) == (leg.block, leg.accepted, leg.strand, leg.aux_tokens)
     assert [t for t, _ in res.second] == [t for t, _ in leg.second] and off == leg_off
     close = [(res.aux_conf, leg.aux_conf), ([c for _, c in res.second], [c for _, c in leg.second])]
     close += [(res.aux_top_prob or [], leg.aux_top_prob or [])] + list(zip(kv, leg_kv, strict=True))
@@ -193,7 +194,7 @@ def test_kv_state_verbs():
     assert st.offset == 1 + CHUNK and st.capacity == 2 * CHUNK  # grown by a whole chunk, old rows kept
     k, _ = st.contents()[0]
     assert float(k[..., 0, :].sum()) == 8 and float(k[..., 1:, :].sum()) == 5 * 8 * CHUNK
-    st.copy_row(0, 5)
+    st.copy_rows(0, 5)
     assert float(st.contents()[1][0][..., 5, :].sum()) == 8
     st.restore(snap)
     assert st.offset == 3 and float(st.contents()[0][0].sum()) == 3 * 8

@@ -109,7 +109,7 @@ class ShapeDrafter(Drafter):
         return Guess(Plan([0] * n, branches, source="ptp" if n else None), [r + 1 + min(k, w - 2) for k in range(n)])
 
     def update(self, plan: Plan, result: CallResult) -> None:
-        rows = plan.branch_rows(result.accepted, result.alt)
+        rows = plan.branch_rows(result.accepted, result.strand)
         self.drafts = result.aux_tokens[rows[0] + 1 : rows[0] + rows[1]] if rows else []
 
 
