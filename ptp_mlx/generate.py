@@ -44,7 +44,9 @@ class GenerationStep:
     prompt_time: float = 0.0  # seconds of prefill
     finish_reason: str | None = None  # "stop" (EOS), "length" (max tokens / context) or None
     peak_memory: float = 0.0  # GB
-    source: str | None = None  # who proposed the accepted drafts: "ptp" (chain), "alt" (sibling), "lookup"; None: none
+    source: str | None = (
+        None  # who proposed the accepted drafts: "ptp" (chain), "lookup", "ptp-strand" or "lookup-strand" (a tree strand of that source); None: none
+    )
     logprobs: list[TokenLogprob] | None = None  # one per token of ``tokens`` when the answer asked for them
     accept: str = "exact"  # the acceptance rule's label: "exact", or "lenient ..." (not the exact sample)
 

@@ -17,7 +17,7 @@ from ptp_mlx.decode.call import build_call, call_shape, finish_call
 from ptp_mlx.decode.fixed import bank_for
 from ptp_mlx.decode.session import DecodeSession
 from ptp_mlx.drafting.policy import DraftingConfig
-from ptp_mlx.drafting.protocol import DraftPlan
+from ptp_mlx.drafting.protocol import DraftPlan, Strand
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.kv import CHUNK, KVState, round_up
@@ -28,7 +28,10 @@ PLANS = {
     "one-window": DraftPlan([], [(0, 4)]),
     "chain": DraftPlan([7, 9], [(0, 2), (1, 2), (2, 3)]),
     "partial-branches": DraftPlan([7, 9, 11], [(1, 2), (3, 4)]),
-    "tree": DraftPlan([7, 9], [(0, 2), (2, 3)], alts=[(12, 2), (13, 0)]),
+    "tree": DraftPlan([7, 9], [(0, 2), (2, 3)], strands=[Strand(0, (12,), 2), Strand(0, (13,))]),
+    "deep-tree": DraftPlan(
+        [7, 9, 11], [(0, 2)], strands=[Strand(1, (12, 14), 2), Strand(2, (13,)), Strand(3, (5, 6, 8), 3)]
+    ),
     "no-windows": DraftPlan([7, 9, 11], []),
 }
 SETTINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
@@ -75,7 +78,7 @@ def test_compiled_call_equals_eager_call_and_eager_pass(engine, pname, sname, of
     # Against the eager pass: the same picks and drafts; attention over a padded bucket (the masked keys add exact
     # zeros, but the sums are blocked differently) rounds its confidences and K/V at float32 level.
     ps, ps_kv, ps_off = got["pass"]
-    assert (res.block, res.accepted, res.alt, res.aux_tokens) == (ps.block, ps.accepted, ps.alt, ps.aux_tokens)
+    assert (res.block, res.accepted, res.strand, res.aux_tokens) == (ps.block, ps.accepted, ps.strand, ps.aux_tokens)
     assert [t for t, _ in res.second] == [t for t, _ in ps.second] and off == ps_off
     close = [(res.aux_conf, ps.aux_conf), ([c for _, c in res.second], [c for _, c in ps.second])]
     close += [(res.aux_top_prob or [], ps.aux_top_prob or [])] + list(zip(kv, ps_kv, strict=True))
@@ -193,7 +196,7 @@ def test_kv_state_verbs():
     assert st.offset == 1 + CHUNK and st.capacity == 2 * CHUNK  # grown by a whole chunk, old rows kept
     k, _ = st.contents()[0]
     assert float(k[..., 0, :].sum()) == 8 and float(k[..., 1:, :].sum()) == 5 * 8 * CHUNK
-    st.copy_row(0, 5)
+    st.copy_rows(0, 5)
     assert float(st.contents()[1][0][..., 5, :].sum()) == 8
     st.restore(snap)
     assert st.offset == 3 and float(st.contents()[0][0].sum()) == 3 * 8

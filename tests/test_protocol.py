@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ptp_mlx.drafting.protocol import Drafter, DraftPlan
+from ptp_mlx.drafting.protocol import Drafter, DraftPlan, Strand
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, assert_same, with_seed
 
@@ -67,12 +67,14 @@ def test_a_drafter_without_plan_or_update_fails_at_construction():
 
 
 def test_a_plan_is_frozen():
-    plan = DraftPlan([1, 2], [(0, 2), [1, 3]], alts=[(7, 0)])
-    assert plan.drafts == (1, 2) and plan.branches == ((0, 2), (1, 3)) and plan.alts == ((7, 0),)
+    plan = DraftPlan([1, 2], [(0, 2), [1, 3]], strands=[Strand(0, [7])])
+    assert plan.drafts == (1, 2) and plan.branches == ((0, 2), (1, 3)) and plan.strands == (Strand(0, (7,)),)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.source = "lookup"
     assert dataclasses.replace(plan, source="lookup").source == "lookup" and plan.source is None
-    assert plan.rows == 1 + 2 + 5 + 1 and hash(plan) == hash(DraftPlan((1, 2), ((0, 2), (1, 3)), alts=((7, 0),)))
+    assert plan.rows == 1 + 2 + 5 + 1 and hash(plan) == hash(
+        DraftPlan((1, 2), ((0, 2), (1, 3)), strands=(Strand(0, (7,)),))
+    )
 
 
 def _private_reads(path: Path) -> list[str]:

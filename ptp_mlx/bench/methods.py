@@ -37,7 +37,9 @@ class Measured:
     peak_memory: float  # GB, MLX's peak since the call started
     finish_reason: str | None
     cpu_time: float = 0.0  # process CPU seconds (all threads): robust to other load on a CPU-only machine
-    by_source: dict[str, int] = field(default_factory=dict)  # accepted drafts per proposer ("ptp", "alt", "lookup")
+    by_source: dict[str, int] = field(
+        default_factory=dict
+    )  # accepted drafts per proposer ("ptp", "lookup", "ptp-strand", "lookup-strand")
 
 
 Runner = Callable[[list[int], int, SamplingSettings, int], Measured]  # ids, max tokens, sampling, turn start

@@ -111,7 +111,7 @@ class ShapeDrafter(Drafter):
         )
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
-        rows = plan.branch_rows(result.accepted, result.alt)
+        rows = plan.branch_rows(result.accepted, result.strand)
         self.drafts = result.aux_tokens[rows[0] + 1 : rows[0] + rows[1]] if rows else []
 
 

@@ -89,29 +89,54 @@ class ChainInputs:
     bound: int  # the largest value ``offset`` can take
 
 
+def tree_rows(plan: DraftPlan) -> list[tuple[int, int, int]]:
+    """``(row, parent row, depth)`` of every token row of ``plan``'s call after ``last`` and the chain: each strand's
+    tokens in order, the first following the chain's row ``at``."""
+    out, r = [], 1 + len(plan.drafts)
+    for st in plan.strands:
+        parent = st.at
+        for k in range(len(st.tokens)):
+            out.append((r, parent, st.at + 1 + k))
+            parent, r = r, r + 1
+    return out
+
+
 def call_shape(plan: DraftPlan, runner_up: bool = False, reads_top_prob: bool = False) -> CallShape:
-    """The shape of the call that runs ``plan``: token rows ``[last, drafts, alternatives]`` (alternatives follow
-    ``last`` like ``q_1``), the chain's branches, then the alternatives' branches (each sees its strand)."""
-    n, alts = len(plan.drafts), plan.alts
-    parents = tuple(range(-1, n)) + (0,) * len(alts)
+    """The shape of the call that runs ``plan``: token rows ``[last, drafts, strands...]`` (a strand's first token
+    follows the chain's row ``at``, each next one the one before), the chain's branches, then the strands' branches
+    (each sees its strand's path)."""
+    n = len(plan.drafts)
+    parents = tuple(range(-1, n)) + tuple(p for _, p, _ in tree_rows(plan))
     windows = [WindowShape(1 + d, w) for d, w in plan.branches]
-    windows += [WindowShape(2, w, via=n + 1 + k) for k, (_, w) in enumerate(alts) if w]
+    r = 1 + n
+    for st in plan.strands:
+        r += len(st.tokens)
+        if st.width:
+            windows.append(WindowShape(1 + st.depth, st.width, via=r - 1))
     return CallShape(parents, tuple(windows), runner_up and bool(windows), reads_top_prob and bool(windows))
 
 
 def call_uniforms(sess: DecodeSession, plan: DraftPlan, i: int) -> tuple[np.ndarray, np.ndarray]:
     """The uniforms of a call that runs ``plan`` from generated position ``i``: token rows (float32 [n_tok]) and
     auxiliary rows (float32 [n_aux]; the adapter's reserved one under greedy decoding)."""
-    u, n, alts = sess.uniforms, len(plan.drafts), plan.alts
-    widths = list(plan.branches) + [(1, w) for _, w in alts if w]  # (depth, rows) of each window
+    u, n = sess.uniforms, len(plan.drafts)
+    widths = list(plan.branches) + [(st.depth, st.width) for st in plan.strands if st.width]  # (depth, rows)
     if sess.greedy_u is not None:
         aux_u = np.full(sum(w for _, w in widths), sess.greedy_u, np.float32)
     else:
         aux_u = np.concatenate([u.take(i + d, w) for d, w in widths]) if widths else np.zeros(0, np.float32)
     row_u = u.take(i, n + 1)
-    if alts:  # a row's u is that of the position it predicts: an alternative predicts what q_1 would
-        row_u = np.concatenate([row_u, np.repeat(u.take(i + 1, 1), len(alts))])
+    if plan.strands:  # a row's u is that of the position it predicts: a strand row at depth e predicts i + e
+        row_u = np.concatenate([row_u, *(u.take(i + e, 1) for _, _, e in tree_rows(plan))])
     return row_u, aux_u
+
+
+def _prefixes(plan: DraftPlan) -> list[list[int]]:
+    """Per token row, the drafts on its path after ``last`` (what a logits hook counts for that row)."""
+    out = [list(plan.drafts[:j]) for j in range(len(plan.drafts) + 1)]
+    for st in plan.strands:
+        out += [list(plan.drafts[: st.at]) + list(st.tokens[: k + 1]) for k in range(len(st.tokens))]
+    return out
 
 
 def build_call(
@@ -123,8 +148,8 @@ def build_call(
     chain: ChainInputs | None = None,
 ) -> PendingCall:
     """The lazy graph of one fused PTP call (docs/method.md, section 5): token rows ``[last, plan.drafts,
-    alternatives]`` (or ``tokens``, the same row ids as an array the host has not read), then the auxiliary
-    windows of ``plan.branches`` and the alternatives' branches. The cache receives every row.
+    strands]`` (or ``tokens``, the same row ids as an array the host has not read), then the auxiliary
+    windows of ``plan.branches`` and the strands' branches. The cache receives every row.
 
     With the session's ``bank`` the call is the fixed-shape one of ``decode/fixed.py`` (eager under a logits hook);
     otherwise the pass of ``PTPModel.__call__`` (a model whose RoPE takes one offset per call): the same rows,
@@ -136,22 +161,21 @@ def build_call(
     rule = sess.rule.for_source(plan.source, plan.strict)  # (``lookup=0``: lookup chains verified exactly)
     offered = sess.context.array() if rule.guarded and sess.context is not None else None
     offset = cache.offset
-    n, alts = len(plan.drafts), plan.alts
     shape = call_shape(plan, sess.runner_up, sess.reads_top_prob)
     if chain is not None:
         inputs = CallInputs(chain.tokens, chain.row_u, chain.aux_u, offset=chain.offset, bound=chain.bound)
         out = sess.bank.call(cache, CallSpec(shape, s, rule), inputs)
         return PendingCall(plan, None, None, shape, out, row_u=chain.row_u, settings=s)
     if tokens is None:
-        tokens = mx.array([last, *plan.drafts, *(a for a, _ in alts)], dtype=mx.int32)
+        tokens = mx.array([last, *plan.drafts, *(t for st in plan.strands for t in st.tokens)], dtype=mx.int32)
     n_aux = shape.n_aux
     row_u, aux_u = (mx.array(x) for x in call_uniforms(sess, plan, i))
-    prefixes = [list(plan.drafts[:j]) for j in range(n + 1)] + [[a] for a, _ in alts] if hook is not None else None
+    prefixes = _prefixes(plan) if hook is not None else None
     inputs = CallInputs(tokens, row_u, aux_u, offered=offered, hook=hook, prefixes=prefixes)
     if sess.bank is not None:
         out = sess.bank.call(cache, CallSpec(shape, s, rule), inputs)
         return PendingCall(plan, offset, i, shape, out, hook, row_u, s)
-    # 1. One forward pass: token rows [last, q_1..q_n, alternatives], then the auxiliary windows (built lazily).
+    # 1. One forward pass: token rows [last, q_1..q_n, strands], then the auxiliary windows (built lazily).
     windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
     logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
     out = outputs_head(CallSpec(shape, s, rule), logits, inputs)
@@ -165,7 +189,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     # lenient rule, its row finds it likely enough); the first row that does not accept its draft emits its exact
     # token. Under the exact rule every emitted token is the autoregressive one.
     plan, offset, o = call.plan, call.offset, call.out
-    n, alts = len(plan.drafts), plan.alts
+    n = len(plan.drafts)
     mx.eval(*call.arrays)  # sync: one host read per call for targets and next drafts (and logprobs)
     clock.mark("compute")
     targets_l = o.targets.tolist()
@@ -181,17 +205,30 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
             settled.append(r)
         return targets_l[r]
 
-    # 2. Accept the leading drafts that equal the exact tokens; if the first draft fell, an alternative may stand.
-    c = int(o.accepted.item())
-    keep, block, alt = offset + 1 + c, list(plan.drafts[:c]) + [exact(c)], None
-    if c == 0 and alts:
-        hit = [k for k, (a, _) in enumerate(alts) if a == targets_l[0]]
-        if hit:
-            alt = hit[0]
-            block, keep = [targets_l[0], exact(n + 1 + alt)], offset + 2
-            # Compact: the alternative's K/V row moves next to ``last``; the other strands are trimmed below.
-            cache.copy_row(offset + n + 1 + alt, offset + 1)
-    # 3. Trim the cache back to the accepted path: [last, q_1..q_c] (or [last, alternative]) stay.
+    # 2. Accept the leading drafts that equal the exact tokens; where the chain stopped, a strand that follows its
+    # row and starts with the exact token there takes the path on, token by token.
+    # (the graph counts leading rows that each follow the row before: a strand hung after the chain's last draft
+    # continues that count; the host walks strands itself)
+    c = min(int(o.accepted.item()), n)
+    path, strand = list(range(c + 1)), None  # token rows on the accepted path, the last one emits its exact token
+    block = list(plan.drafts[:c])
+    if plan.strands:
+        t = exact(c)
+        rows = 1 + n
+        for k, st in enumerate(plan.strands):
+            if strand is None and st.at == c and st.tokens[0] == t:
+                strand, m = k, 1
+                while m < len(st.tokens) and st.tokens[m] == exact(rows + m - 1):
+                    m += 1
+                block += list(st.tokens[:m])
+                path += list(range(rows, rows + m))
+                # Compact: the strand's K/V rows that stood move next to the chain's; the rest is trimmed below.
+                if rows != 1 + c:
+                    cache.copy_rows(offset + rows, offset + 1 + c, m)
+            rows += len(st.tokens)
+    block.append(exact(path[-1]))
+    keep = offset + len(path)
+    # 3. Trim the cache back to the accepted path: [last, q_1..q_c, strand tokens that stood] stay.
     cache.trim_to(keep + then)
     clock.mark("read+trim")
 
@@ -202,15 +239,15 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     top_l = None if o.top_prob is None else o.top_prob.tolist()
     lps = None
     if o.scored is not None:
-        lps = call.hook.read(o.scored, list(range(c + 1)) if alt is None else [0, n + 1 + alt], block)
-    accepted = c if alt is None else 1
+        lps = call.hook.read(o.scored, path, block)
+    accepted = len(path) - 1
     return CallResult(
         block=block,
         accepted=accepted,
         aux_tokens=read(o.aux_top),
         aux_conf=read(o.aux_conf),
         second=second,
-        alt=alt,
+        strand=strand,
         aux_top_prob=top_l,
         logprobs=lps,
         resolved=bool(settled),
@@ -218,8 +255,8 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
 
 
 def ptp_call(sess: DecodeSession, last: int, plan: DraftPlan, i: int, clock=NO_CLOCK) -> CallResult:
-    """One fused PTP call: verify ``plan.drafts`` after ``last`` (and the alternatives to the first draft,
-    ``plan.alts``, as sibling strands: a token tree), draft ``plan.branches``, then keep only the accepted path
+    """One fused PTP call: verify ``plan.drafts`` after ``last`` (and ``plan.strands`` beside them: a token
+    tree), draft ``plan.branches``, then keep only the accepted path
     in the cache."""
     call = build_call(sess, last, plan, i)
     clock.mark("build")

@@ -49,7 +49,7 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     K/V rows on the host), or a drafter that cannot tell any outcome's next call. Where outcomes' next calls differ
     in shape, the build serves the likeliest ones (``Drafter.likely``)."""
     plan, cache = call.plan, sess.cache
-    if sess.bank is None or sess.hook is not None or plan.alts:
+    if sess.bank is None or sess.hook is not None or plan.strands:
         return None
     n = len(plan.drafts)
     guesses: list[Guess | None] = []
@@ -59,7 +59,7 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
             guesses.append(None)
             continue
         guess = drafter.guess(plan, g, i, max_new - i, ctx - (call.offset + 1 + g))
-        if guess is not None and (guess.plan.burst or guess.plan.alts):
+        if guess is not None and (guess.plan.burst or guess.plan.strands):
             guess = None
         # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
         guesses.append(guess)
@@ -108,7 +108,7 @@ def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i:
     if sess.bank is None or sess.hook is not None or i >= max_new:
         return None
     plan = drafter.guess_start(i, max_new - i, ctx - cache.offset)
-    if plan is None or plan.drafts or plan.alts or plan.burst:
+    if plan is None or plan.drafts or plan.strands or plan.burst:
         return None
     before = cache.snapshot()
     built = build_call(sess, None, plan, i, tokens=mx.maximum(token.reshape(1), 0).astype(mx.int32))
@@ -120,7 +120,7 @@ def confirm_after_burst(chained: Chained, plan: DraftPlan | None, cache, last: i
     was built for and ``last`` (the burst's last token, as read) the token it was built on (not a token the host
     resolved: sampler.py, ``UNRESOLVED``); otherwise None, the call dropped and the cache back at the burst's end."""
     guess = chained.guesses[0].plan
-    ok = plan is not None and not plan.burst and not plan.alts and not plan.drafts
+    ok = plan is not None and not plan.burst and not plan.strands and not plan.drafts
     ok = ok and int(chained.token.item()) == last  # (computed: the burst's last step was read)
     ok = ok and plan.branches == guess.branches and plan.source == guess.source and plan.strict == guess.strict
     if not ok:
@@ -157,9 +157,9 @@ def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None
     the one guessed for the outcome that happened; it then starts at generated position ``i`` and the state
     before it is let go (its writes stay in place). None: the chained call is dropped, the cache is back at the
     accepted path, and ``plan`` is built as usual."""
-    guess = chained.guesses[result.accepted] if result.alt is None else None
+    guess = chained.guesses[result.accepted] if result.strand is None else None
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the chained call's rows
-    ok = guess is not None and plan is not None and not plan.burst and not plan.alts and not result.resolved
+    ok = guess is not None and plan is not None and not plan.burst and not plan.strands and not result.resolved
     ok = ok and plan.branches == guess.plan.branches
     ok = ok and tuple(plan.drafts) == guess.drafts(result.aux_tokens) and plan.source == guess.plan.source
     ok = ok and plan.strict == guess.plan.strict
@@ -232,7 +232,7 @@ class CallQueue:
 
     def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
-        if self.chained is None or result.alt is not None:
+        if self.chained is None or result.strand is not None:
             return None
         guess = self.chained.guesses[result.accepted]
         return None if guess is None else guess.plan

@@ -81,8 +81,10 @@ def ptp_calls(
             if sess.context is not None:
                 sess.context.add(out.block)
             block, c, rows, last = out.block, out.accepted, plan.rows, out.block[-1]
-            n = len(plan.drafts) + len(plan.alts)
-            source = "alt" if out.alt is not None else plan.source if n else None
+            n = len(plan.drafts) + sum(len(st.tokens) for st in plan.strands)
+            source = (
+                plan.strands[out.strand].source + "-strand" if out.strand is not None else plan.source if n else None
+            )
             i += len(block)
             plan = None
             if i < max_new and not limits.eos.intersection(block):

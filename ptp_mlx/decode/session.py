@@ -103,5 +103,7 @@ class CallRecord:
     proposed: int = 0  # drafts verified (0 for an autoregressive step)
     accepted: int = 0  # drafts accepted
     rows: int = 1  # rows of the pass (token rows and auxiliaries)
-    source: str | None = None  # who proposed the accepted drafts ("ptp", "alt", "lookup"); None: none
+    source: str | None = (
+        None  # who proposed the accepted drafts ("ptp", "lookup", or "ptp-strand"/"lookup-strand": the path took a tree strand of that source); None: none
+    )
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them

@@ -9,6 +9,7 @@ are poor. ``FixedBudget`` (``--num-draft-tokens N``) spends the same rows every 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
@@ -17,7 +18,8 @@ import numpy as np
 from .cost import CostCurve
 from .learn import PaceGuard
 from .protocol import DraftPlan
-from .shapes import ShapeMemory
+from .shapes import ShapeMemory, shape_value
+from .strands import StrandOffer, TreeCosts, choose_strands
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
 MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
@@ -31,7 +33,7 @@ class BudgetPolicy(Protocol):
     curve: CostCurve  # relative cost of a call by rows
     calibrate: bool  # whether it learns from observed acceptance (and may turn to bursts)
     burst_len: int  # the next autoregressive burst's length
-    builds_trees: bool  # whether ``rows_for`` weighs a runner-up sibling (``second``)
+    builds_trees: bool  # whether ``rows_for`` weighs side strands (``offers``: a token tree)
     shape_only: bool  # whether ``rows_for`` depends only on how many drafts are in hand (not on their confidences)
     max_width: int
 
@@ -47,7 +49,7 @@ class BudgetPolicy(Protocol):
         remaining: int,
         room: int,
         step: str = "fused",
-        second: tuple[int, float] | None = None,
+        offers: Sequence[StrandOffer] = (),
         pending: DraftPlan | None = None,
         preview: bool = False,
     ) -> DraftPlan:
@@ -149,7 +151,7 @@ class Budget:
     expected: float = 0.0  # sum of those drafts' confidences
     burst_len: int = AR_BURST  # the next burst's length (calibrating budgets back off when probes fail)
     landed: bool = True  # some draft was accepted since the last burst
-    builds_trees: bool = True  # it weighs the runner-up of the first draft as a sibling strand (``second``)
+    builds_trees: bool = True  # it weighs the strands peers offer (``offers``) as a token tree
     shape_only: bool = False  # its rows follow the drafts' confidences
     guard: PaceGuard = field(default_factory=PaceGuard)  # PTP's measured pace against plain steps'
     behind_before: bool = False  # the last burst was the guard's, PTP measured slower than plain decoding
@@ -242,15 +244,15 @@ class Budget:
         remaining: int,
         room: int,
         step: str = "fused",
-        second: tuple[int, float] | None = None,
+        offers: Sequence[StrandOffer] = (),
         pending: DraftPlan | None = None,
         preview: bool = False,
     ) -> DraftPlan:
         """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
 
-        ``step="simple"`` alternates a drafting call (one branch) and a verifying call (no branch). ``second``:
-        the adapter's runner-up for the first draft and its confidence; verified as a sibling strand when the
-        expected tokens it adds are worth its rows at this machine's cost. ``pending``: the shape already built
+        ``step="simple"`` alternates a drafting call (one branch) and a verifying call (no branch). ``offers``:
+        side strands peers offer (``drafting/strands.py``), verified beside the chain as a token tree when the
+        expected tokens they add are worth their rows at this machine's cost. ``pending``: the shape already built
         for this call (a chained call, ``decode/pipeline.py``), preferred as a known shape that costs no host time.
         ``preview``: the choice only (no exploring call, nothing noted): what ``ChainDrafter.guess`` asks.
         """
@@ -278,8 +280,8 @@ class Budget:
         if step == "fused":
             self.shapes.note(n, branches)
         chained = pending is not None and (n, tuple(branches)) == (len(pending.drafts), pending.branches)
-        if second is not None and n >= 1 and step == "fused" and remaining >= 2 and not chained:
-            plan = replace(plan, alts=self._alternative(plan, confidences, second, room))
+        if offers and step == "fused" and remaining >= 2 and not chained:
+            plan = self._tree(plan, confidences, offers, remaining, room)
         return plan
 
     def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):
@@ -311,23 +313,19 @@ class Budget:
             return plan
         return None
 
-    def _alternative(self, plan: DraftPlan, confidences: list[float], second: tuple[int, float], room: int):
-        """``[(token, width)]`` for the runner-up of the first draft, or ``[]`` when its rows do not pay."""
-        r = self.ratio
-        p1 = min(0.99, float(confidences[0]) * r)
-        p_alt = min(1.0 - p1, float(second[1]) * r)  # the first draft wrong and its runner-up right
-        if second[0] == plan.drafts[0] or p_alt <= 0.0:
-            return []
-        p_reach = reach(confidences[: len(plan.drafts)], r)
-        value = 1.0 + float(p_reach[1:].sum())
-        rows = plan.rows
-        if rows + 1 > room or (value + p_alt) / self.curve(rows + 1) <= value / self.curve(rows):
-            return []
-        value, rows, width = value + p_alt, rows + 1, 0
-        gain = p_alt * self._s(1, r)  # a branch after it: drafts for the next call when it lands
-        if rows + 2 <= room and (value + gain) / self.curve(rows + 2) > value / self.curve(rows):
-            width = 2
-        return [(int(second[0]), width)]
+    def _tree(self, plan: DraftPlan, confidences: list[float], offers, remaining: int, room: int) -> DraftPlan:
+        """``plan`` with the offered strands whose rows pay (``strands.choose_strands``); a tree shape never used
+        before is taken only while fewer than ``MAX_TREE_SHAPES`` are known (the compile bank stays bounded)."""
+        n, r = len(plan.drafts), self.ratio
+        p = reach(confidences[:n], r)
+        value = shape_value(n, plan.branches, p, self._s)
+        window_sums = [0.0] + [sum(self._s(k, r) for k in range(1, w)) for w in range(1, self.max_width + 1)]
+        costs = TreeCosts(self.curve, lambda w: window_sums[w], self.max_width, min(room, self.max_rows), remaining)
+        strands = choose_strands(plan.drafts, p, value, plan.rows, offers, costs)
+        if not strands or not self.shapes.allows_tree(n, plan.branches, strands):
+            return plan
+        self.shapes.note_tree(n, plan.branches, strands)
+        return replace(plan, strands=strands)
 
     def choose(self, confidences: list[float], room: int, cost=None) -> tuple[int, list[tuple[int, int]]]:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total, at ``cost`` (a call's
@@ -390,7 +388,7 @@ class FixedBudget:
         remaining: int,
         room: int,
         step: str = "fused",
-        second: tuple[int, float] | None = None,
+        offers: Sequence[StrandOffer] = (),
         pending: DraftPlan | None = None,
         preview: bool = False,
     ) -> DraftPlan:

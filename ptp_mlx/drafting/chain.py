@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from .budget import BudgetPolicy, Pace, reach, u_factor
-from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess
+from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
+from .strands import StrandOffer
 
 
 def outcome_probs(confidences: list[float], ratio: float) -> list[float]:
@@ -55,10 +57,13 @@ class ChainDrafter(Drafter):
         """Expected accepted drafts of the chain in hand, for a call at generated position ``i``."""
         return float(reach(self.confidences(i), self.budget.ratio)[1:].sum())
 
-    def _second(self) -> tuple[int, float] | None:
-        return None  # a chain has no sibling strands (``TreeDrafter`` has)
+    def offers(self, i: int) -> list[StrandOffer]:
+        """Side strands this drafter offers for a call at generated position ``i`` (a chain: none;
+        ``TreeDrafter``: its runner-ups)."""
+        return []
 
-    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
+    def plan(self, i: int, remaining: int, room: int, offers: Sequence[StrandOffer] = ()) -> DraftPlan:
+        """The next call's rows (``offers``: side strands other peers offer beside this drafter's own)."""
         conf = self.planned = self.confidences(i)
         if self.budget.calibrate and self.pace.behind():
             # Drafting calls delivered fewer tokens than plain steps would have in the same time: decode
@@ -66,7 +71,7 @@ class ChainDrafter(Drafter):
             plan = DraftPlan([], [], burst=min(self.budget.burst_len, remaining))
         else:
             plan = self.budget.rows_for(
-                self.drafts, conf, remaining, room, self.step, second=self._second(), pending=self.pending
+                self.drafts, conf, remaining, room, self.step, [*self.offers(i), *offers], self.pending
             )
         self.pending = None
         if plan.burst:
@@ -93,7 +98,7 @@ class ChainDrafter(Drafter):
             nxt = self.budget.rows_for([0] * n, conf, remaining, room, self.step, preview=True)
         else:
             return None
-        if nxt.burst or nxt.alts:
+        if nxt.burst or nxt.strands:
             return None
         if nxt.drafts:
             nxt = replace(nxt, source="ptp")
@@ -107,7 +112,7 @@ class ChainDrafter(Drafter):
         if self.step != "fused" or (self.budget.calibrate and self.pace.behind()):
             return None
         nxt = self.budget.rows_for([], [], remaining, room, self.step, preview=True)
-        return None if nxt.burst or nxt.drafts or nxt.alts or not nxt.branches else nxt
+        return None if nxt.burst or nxt.drafts or nxt.strands or not nxt.branches else nxt
 
     def likely(self, plan: DraftPlan) -> list[float] | None:
         return outcome_probs(self.planned[: len(plan.drafts)], self.budget.ratio)
@@ -117,12 +122,12 @@ class ChainDrafter(Drafter):
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
         own = plan.source in (None, "ptp")  # the adapter's calls; another drafter's chain (lookup) is not evidence
-        if own and result.alt is None:  # the budget calibrates on the adapter's own chain drafts only
-            self.budget.observe(self.planned[: len(plan.drafts)], result.accepted)
+        if own:  # the budget calibrates on the adapter's own chain drafts only (a strand starts where the chain fell)
+            self.budget.observe(self.planned[: len(plan.drafts)], chain_accepted(plan, result))
         if own:  # the adapter's calls: their real pace
             self.pace.add(result.accepted + 1, self.budget.curve(plan.rows))
         self.drafts, self.conf, self.top_prob, self.planned = [], [], [], []
-        rows = plan.branch_rows(result.accepted, result.alt)
+        rows = plan.branch_rows(result.accepted, result.strand)
         if rows is not None:  # slot 0 predicts the exact token just emitted: the drafts start at slot 1
             r, w = rows
             self.drafts, self.conf = result.aux_tokens[r + 1 : r + w], result.aux_conf[r + 1 : r + w]

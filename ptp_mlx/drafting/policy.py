@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 from .budget import BudgetPolicy
 from .chain import ChainDrafter, outcome_probs
 from .lookup import LookupOffer, LookupProposer
-from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess
+from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
+from .strands import StrandOffer
 
 
 class DraftPolicy(Drafter):
@@ -38,14 +39,28 @@ class DraftPolicy(Drafter):
         self.chain.begin(session)
 
     def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
+        # The better offer is the chain; the other peer's drafts may stand beside it as a side strand of a token
+        # tree (where the budget builds trees and their rows pay).
         offer = self.lookup.offer() if self.lookup is not None else None
         if offer is not None and offer.expected > self.chain.expected(i):
-            plan = self._fit_lookup(offer, remaining, room)  # fitted to this machine's cost
+            beside = self._chain_strand(i) if self.budget.builds_trees else []
+            plan = self._fit_lookup(offer, remaining, room, beside)  # fitted to this machine's cost
             if plan is not None:
                 self.chain.chained(None)  # (what was built ahead for the adapter's call is dropped)
                 self.lookup_conf = self._lookup_conf(offer)
                 return plan
-        return self.chain.plan(i, remaining, room)
+        beside = []
+        if offer is not None and self.budget.builds_trees:  # (a strand is verified exactly under every rule)
+            beside = [StrandOffer(0, offer.drafts, (min(0.99, offer.rate),) * len(offer.drafts), "lookup")]
+        return self.chain.plan(i, remaining, room, beside)
+
+    def _chain_strand(self, i: int) -> list[StrandOffer]:
+        """The adapter's drafts in hand as a strand beside a lookup chain (and its runner-ups, for a tree drafter)."""
+        drafts, conf = self.chain.drafts, self.chain.confidences(i)
+        if not drafts:
+            return []
+        r = self.budget.ratio
+        return [StrandOffer(0, tuple(drafts), tuple(min(0.99, c * r) for c in conf), "ptp")]
 
     def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         # After a lookup chain, when all of it stands: the chain that continues the copied text (the policy's
@@ -70,14 +85,16 @@ class DraftPolicy(Drafter):
     def _lookup_conf(self, offer: LookupOffer) -> list[float]:
         return [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
 
-    def _fit_lookup(self, offer: LookupOffer, remaining: int, room: int) -> DraftPlan | None:
-        """The budget's rows for a lookup chain (it sees the hit rate as confidences), or None without drafts."""
-        plan = self.budget.rows_for(list(offer.drafts), self._lookup_conf(offer), remaining, room, self.chain.step)
+    def _fit_lookup(self, offer: LookupOffer, remaining: int, room: int, beside=()) -> DraftPlan | None:
+        """The budget's rows for a lookup chain (it sees the hit rate as confidences), with ``beside`` offered as
+        side strands, or None without drafts."""
+        conf = self._lookup_conf(offer)
+        plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step, beside)
         return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
         if self.lookup is not None and plan.source == self.lookup.source:
-            self.lookup.observe(len(plan.drafts), result.accepted, self.budget.curve(plan.rows))
+            self.lookup.observe(len(plan.drafts), chain_accepted(plan, result), self.budget.curve(plan.rows))
         self.chain.update(plan, result)
 
     def chained(self, plan: DraftPlan | None) -> None:

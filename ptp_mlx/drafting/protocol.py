@@ -17,6 +17,33 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Strand:
+    """A side strand of a token tree: ``tokens`` verified one after another, the first following the chain's row
+    ``at`` (0: the last accepted token, ``d``: draft ``q_d``) beside ``q_{at+1}``, each next one following the one
+    before; ``width`` auxiliary rows after its last token (0: none) draft the next call's tokens when all of it
+    stands. ``source``: who offered it ("ptp": the adapter's runner-up, "lookup": a prompt-lookup continuation)."""
+
+    at: int
+    tokens: tuple[int, ...]
+    width: int = 0
+    source: str = "ptp"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
+        if not self.tokens or self.at < 0 or self.width < 0:
+            raise ValueError("a strand has at least one token, at >= 0 and width >= 0")
+
+    @property
+    def rows(self) -> int:
+        return len(self.tokens) + self.width
+
+    @property
+    def depth(self) -> int:
+        """Chain drafts plus strand tokens on the path to its last token (its window's branch depth)."""
+        return self.at + len(self.tokens)
+
+
+@dataclass(frozen=True)
 class DraftPlan:
     """The rows of one PTP call: verify ``drafts`` (a prefix of those in hand) and draft ``branches``
     ``((d, width), ...)`` (branch d assumes d drafts accepted). ``burst > 0`` means: decode that many tokens
@@ -32,50 +59,63 @@ class DraftPlan:
     # True: the drafts are verified by the exact rule whatever the answer's rule (a lookup chain copied from an
     # earlier turn of a chat: a lenient rule would let the previous answer stand for this one's)
     strict: bool = False
-    # Token tree: alternatives to the first draft, verified as sibling strands in the same call, each
-    # ``(token, width)`` with an auxiliary branch of ``width`` rows (0: none) for the drafts after it.
-    alts: tuple[tuple[int, int], ...] = ()
+    # Token tree: side strands beside the chain (``Strand``), verified in the same call, each with its own
+    # auxiliary branch (or none) for the drafts after it.
+    strands: tuple[Strand, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "drafts", tuple(self.drafts))
         object.__setattr__(self, "branches", tuple((int(d), int(w)) for d, w in self.branches))
-        object.__setattr__(self, "alts", tuple((int(t), int(w)) for t, w in self.alts))
+        object.__setattr__(self, "strands", tuple(self.strands))
+        if any(st.at > len(self.drafts) for st in self.strands):
+            raise ValueError("a strand follows a row of the chain (at <= number of drafts)")
 
     @property
     def rows(self) -> int:
-        return 1 + len(self.drafts) + sum(w for _, w in self.branches) + len(self.alts) + sum(w for _, w in self.alts)
+        return 1 + len(self.drafts) + sum(w for _, w in self.branches) + sum(st.rows for st in self.strands)
 
-    def branch_rows(self, accepted: int, alt: int | None = None) -> tuple[int, int] | None:
-        """``(first auxiliary row, width)`` of the branch that follows the path that stood (``accepted`` chain
-        drafts, or the alternative ``alt``), or None when that path has no branch. Auxiliary rows are laid out
-        as the chain's branches in order, then each alternative's branch."""
+    @property
+    def tree(self) -> bool:
+        return bool(self.strands)
+
+    def branch_rows(self, accepted: int, strand: int | None = None) -> tuple[int, int] | None:
+        """``(first auxiliary row, width)`` of the branch that follows the path that stood (``accepted`` drafts of
+        the chain, or, with ``strand``, that many drafts on the path through that strand: its branch only when the
+        whole strand stood), or None when that path has no branch. Auxiliary rows are laid out as the chain's
+        branches in order, then each strand's branch."""
         r = 0
         for d, w in self.branches:
-            if d == accepted and alt is None:
+            if d == accepted and strand is None:
                 return r, w
             r += w
-        for k, (_, w) in enumerate(self.alts):
-            if k == alt and w:
-                return r, w
-            r += w
+        for k, st in enumerate(self.strands):
+            if k == strand and st.width and accepted == st.depth:
+                return r, st.width
+            r += st.width
         return None
 
 
 @dataclass
 class CallResult:
-    """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (the alternative counts as
-    one), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences, and the index of
-    the alternative strand that landed (None: the chain)."""
+    """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (on the path that stood: the
+    chain's, then a strand's), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences,
+    and the index of the strand the path took (None: the chain alone)."""
 
     block: list[int]
     accepted: int
     aux_tokens: list[int] = field(default_factory=list)
     aux_conf: list[float] = field(default_factory=list)
     second: list[tuple[int, float]] = field(default_factory=list)
-    alt: int | None = None
+    strand: int | None = None
     aux_top_prob: list[float] | None = None  # each row's top probability at the decoding temperature
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
     resolved: bool = False  # the emitted token was settled on the host (sampler.py ``resolve``), not in the call
+
+
+def chain_accepted(plan: DraftPlan, result: CallResult) -> int:
+    """How many of ``plan``'s chain drafts stood in ``result`` (a strand that took the path on starts where the
+    chain fell)."""
+    return result.accepted if result.strand is None else plan.strands[result.strand].at
 
 
 @dataclass

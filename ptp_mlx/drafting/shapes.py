@@ -17,6 +17,7 @@ import numpy as np
 NOVELTY = 0.5  # plain steps added to the price of a shape never used (a share of its eager call and tracing)
 CHAINED = 0.15  # plain steps a call built ahead saves (its plan, build and queueing are off the path: ~5 ms here)
 MAX_SHAPES = 48  # past this many, only known shapes (the compile bank keeps 256 entries across buckets)
+MAX_TREE_SHAPES = 24  # token-tree shapes (a chain shape with side strands); past this many, only known ones
 
 Shape = tuple[int, tuple[tuple[int, int], ...]]  # (drafts verified, ((depth, width), ...))
 
@@ -57,6 +58,20 @@ class ShapeMemory:
 
     def __init__(self) -> None:
         self.used: dict[Shape, int] = {}
+        self.trees: dict[tuple, int] = {}  # (drafts, branches, ((at, tokens, width), ...)) -> calls
+
+    @staticmethod
+    def _tree_key(n: int, branches, strands) -> tuple:
+        return n, tuple(tuple(b) for b in branches), tuple((st.at, len(st.tokens), st.width) for st in strands)
+
+    def allows_tree(self, n: int, branches, strands) -> bool:
+        """Whether a call of this tree shape may run: a shape used before, or a new one while fewer than
+        ``MAX_TREE_SHAPES`` are known (each is a compiled graph per attention bucket)."""
+        return self._tree_key(n, branches, strands) in self.trees or len(self.trees) < MAX_TREE_SHAPES
+
+    def note_tree(self, n: int, branches, strands) -> None:
+        key = self._tree_key(n, branches, strands)
+        self.trees[key] = self.trees.get(key, 0) + 1
 
     def note(self, n: int, branches) -> None:
         key = (n, tuple(tuple(b) for b in branches))

@@ -1,26 +1,29 @@
-"""Token trees from the adapter's drafts (docs/method.md, section 5, "Token trees"): the chain, plus the
-runner-up of its first draft as a sibling strand when the budget finds its row worth the cost."""
+"""Token trees from the adapter's drafts (docs/method.md, section 5, "Token trees"): the chain, plus the runner-up
+of each draft in hand as a one-token side strand at its slot, which the budget verifies where its row pays."""
 
 from __future__ import annotations
 
 from .chain import ChainDrafter
 from .protocol import CallResult
+from .strands import StrandOffer
 
 
 class TreeDrafter(ChainDrafter):
-    """The chain drafter that also keeps the auxiliary runner-up for the first draft and offers it to the
-    budget, which may verify it beside ``q_1`` (``DraftPlan.alts``)."""
+    """The chain drafter that also keeps the auxiliary runner-up of every draft in hand and offers each to the
+    budget (``StrandOffer``), which may verify it beside the draft it could replace (``DraftPlan.strands``)."""
 
-    second: tuple[int, float] | None = None  # runner-up of the first draft and its confidence
+    seconds: list[tuple[int, float]] = []  # runner-up of each draft in hand and its confidence
 
     @property
     def runner_up(self) -> bool:
         return True
 
-    def _second(self) -> tuple[int, float] | None:
-        return self.second
+    def offers(self, i: int) -> list[StrandOffer]:
+        r = self.budget.ratio
+        return [StrandOffer(d, (tok,), (min(0.99, conf * r),), "ptp") for d, (tok, conf) in enumerate(self.seconds)]
 
     def _took(self, result: CallResult, rows: tuple[int, int] | None) -> None:
-        self.second = None
+        self.seconds = []
         if rows is not None and result.second and rows[1] > 1:
-            self.second = result.second[rows[0] + 1]
+            r, w = rows
+            self.seconds = list(result.second[r + 1 : r + w])

@@ -170,12 +170,13 @@ class KVState(Sequence):
         self.offset -= n
         return n
 
-    def copy_row(self, src: int, dst: int) -> None:
-        """Row ``src`` of every layer's K/V to row ``dst`` (a landed tree alternative moves next to its parent)."""
+    def copy_rows(self, src: int, dst: int, n: int = 1) -> None:
+        """Rows ``src..src+n`` of every layer's K/V to rows ``dst..dst+n`` (a token tree's strand that stood moves
+        next to its parent; the rows are read before any is written, so the ranges may overlap)."""
         at = mx.array([dst], dtype=mx.int32)
         for i in range(len(self)):
             for bufs in (self.keys, self.values):
-                bufs[i] = mx.slice_update(bufs[i], bufs[i][..., src : src + 1, :], at, axes=(2,))
+                bufs[i] = mx.slice_update(bufs[i], bufs[i][..., src : src + n, :], at, axes=(2,))
 
     def snapshot(self) -> tuple:
         """The state by value (arrays are immutable: later writes make new ones)."""

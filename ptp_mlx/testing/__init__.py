@@ -12,7 +12,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from ..adapter import randomize_adapter
-from ..drafting.protocol import CallResult, Drafter, DraftPlan
+from ..drafting.protocol import CallResult, Drafter, DraftPlan, Strand
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
@@ -166,15 +166,16 @@ class OracleDrafter(Drafter):
 
 class RandomTreeDrafter(Drafter):
     """A test drafter of random token trees: each call verifies a random chain (each draft the teacher's own
-    token ``tokens[g]`` with probability ``p_right``, else a random one), random alternatives to its first draft
-    (sometimes the right token), and random auxiliary branches for the chain's outcomes and for each
-    alternative. Drafts ignore the auxiliary outputs; the rows still run, so masks, positions and the cache
-    compaction after an alternative lands are all exercised."""
+    token ``tokens[g]`` with probability ``p_right``, else a random one), random side strands at random rows of
+    the chain (one to three tokens, each sometimes the right one), and random auxiliary branches for the chain's
+    outcomes and for each strand. Drafts ignore the auxiliary outputs; the rows still run, so masks, positions and
+    the cache compaction after a strand lands are all exercised."""
 
     def __init__(self, tokens, width: int = 4, seed: int = 0, p_right: float = 0.5, vocab: int = 256):
         self.tokens, self.width, self.p_right, self.vocab = [int(t) for t in tokens], width, p_right, vocab
         self.rng = np.random.default_rng(seed)
-        self.alt_hits = 0
+        self.alt_hits = 0  # calls whose path took a strand
+        self.deep_hits = 0  # of those, a strand after a chain draft, or two tokens or more of one (rows moved)
 
     def _token(self, g: int, right: bool) -> int:
         if right and g < len(self.tokens):
@@ -192,18 +193,24 @@ class RandomTreeDrafter(Drafter):
             if w >= 2 and rows + w <= room:
                 branches.append((d, w))
                 rows += w
-        alts = []
-        if n >= 1 and remaining >= 2:
+        strands = []
+        if remaining >= 2:
             for _ in range(int(rng.integers(0, 3))):
+                at = int(rng.integers(0, n + 1))
+                k = int(rng.integers(1, 4))
                 w = int(rng.choice([0, 2, 3]))
-                if rows + 1 + w > room:
+                if rows + k + w > room:
                     break
-                alts.append((self._token(i, rng.random() < 0.5), w))
-                rows += 1 + w
-        return DraftPlan(drafts, branches, alts=alts)
+                toks = [self._token(i + at + j, rng.random() < 0.6) for j in range(k)]
+                strands.append(Strand(at, tuple(toks), w))
+                rows += k + w
+        return DraftPlan(drafts, branches, strands=strands)
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
-        self.alt_hits += result.alt is not None
+        if result.strand is not None:
+            at = plan.strands[result.strand].at
+            self.alt_hits += 1
+            self.deep_hits += at > 0 or result.accepted - at >= 2
 
 
 def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int = 0) -> Path:
