@@ -44,11 +44,12 @@ class GenerationStep:
     prompt_time: float = 0.0  # seconds of prefill
     finish_reason: str | None = None  # "stop" (EOS), "length" (max tokens / context) or None
     peak_memory: float = 0.0  # GB
-    source: str | None = (
-        None  # who proposed the accepted drafts: "ptp" (chain), "lookup", "ptp-strand" or "lookup-strand" (a tree strand of that source); None: none
-    )
+    # who proposed the accepted drafts: "ptp" (chain), "lookup"; "ptp-strand", "lookup-strand": the path took a token
+    # tree's side strand of that source; None: none
+    source: str | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token of ``tokens`` when the answer asked for them
     accept: str = "exact"  # the acceptance rule's label: "exact", or "lenient ..." (not the exact sample)
+    strand_rows: int = 0  # token rows of the call's side strands (a token tree; 0: a chain)
 
 
 @dataclass
@@ -165,6 +166,7 @@ def stream_generate(
                 finish_reason=finish or ("length" if generated >= max_new else None),
                 peak_memory=_peak_gb(),
                 source=info.source,
+                strand_rows=info.strand_rows,
                 logprobs=info.logprobs[: len(out)] if info.logprobs is not None else None,
                 accept=accept_label,
             )

@@ -8,6 +8,24 @@ from dataclasses import dataclass, field
 
 from .generate import GenerationStep
 
+TREE_SIZES = ((0, "chain"), (1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (10**9, "9+"))
+
+
+def tree_size(strand_rows: int) -> str:
+    """The bucket of a call's token tree by its side strands' token rows ("chain": none)."""
+    return next(name for top, name in TREE_SIZES if strand_rows <= top)
+
+
+def tree_line(method: str, trees: dict) -> str | None:
+    """One report line: tokens per call by tree size, and how deep paths through a strand went; None: no tree."""
+    calls, tokens = trees.get("calls", {}), trees.get("tokens", {})
+    if not any(k != "chain" for k in calls):
+        return None
+    sizes = [name for _, name in TREE_SIZES if calls.get(name)]
+    by_size = ", ".join(f"{k}: {tokens[k] / calls[k]:.2f} ({calls[k]} calls)" for k in sizes)
+    depth = " ".join(f"{k}:{v}" for k, v in trees.get("strand_depth", {}).items())
+    return f"{method} tokens per call by strand rows: {by_size} | paths through a strand by accepted drafts: {depth or '-'}"
+
 
 @dataclass
 class RunStats:
@@ -20,7 +38,10 @@ class RunStats:
     gen_time: float = 0.0
     peak_memory: float = 0.0
     histogram: Counter = field(default_factory=Counter)  # tokens emitted per call -> count
-    by_source: Counter = field(default_factory=Counter)  # accepted drafts per source ("ptp", "lookup")
+    by_source: Counter = field(default_factory=Counter)  # accepted drafts per source ("ptp", "lookup", ...-strand)
+    tree_calls: Counter = field(default_factory=Counter)  # PTP calls by tree size (``tree_size`` of strand rows)
+    tree_tokens: Counter = field(default_factory=Counter)  # tokens those calls settled
+    strand_depth: Counter = field(default_factory=Counter)  # accepted drafts of calls whose path took a strand
     proposed: int = 0  # drafts verified
     accepted: int = 0  # drafts accepted
 
@@ -32,6 +53,12 @@ class RunStats:
         self.histogram[step.accepted + 1] += 1
         if step.source:
             self.by_source[step.source] += step.accepted
+        if step.proposed or step.rows > 1:  # a PTP call (not a plain step)
+            size = tree_size(step.strand_rows)
+            self.tree_calls[size] += 1
+            self.tree_tokens[size] += step.accepted + 1
+            if step.source and step.source.endswith("-strand"):
+                self.strand_depth[step.accepted] += 1
         self.peak_memory = max(self.peak_memory, step.peak_memory)
         if final:
             self.prompt_tokens += step.prompt_tokens
@@ -48,6 +75,14 @@ class RunStats:
             yield st
         if last is not None:
             self.add(last, final=True)
+
+    def tree_dict(self) -> dict:
+        """The token-tree figures (JSON-ready): PTP calls and tokens by tree size, accepted depth through strands."""
+        return {
+            "calls": dict(self.tree_calls),
+            "tokens": dict(self.tree_tokens),
+            "strand_depth": {str(k): v for k, v in sorted(self.strand_depth.items())},
+        }
 
     @property
     def mean_accepted(self) -> float:

@@ -107,7 +107,7 @@ class _AlwaysBurst(ChainDrafter):
     def __init__(self, width):
         super().__init__(Budget(CostCurve(), max_width=width))
 
-    def plan(self, i, remaining, room):
+    def plan(self, i, remaining, room, offers=()):
         return DraftPlan([], [], burst=min(16, remaining))
 
     def update(self, plan, result):
@@ -186,3 +186,14 @@ def test_a_burst_ended_early_keeps_the_step_it_had_queued(varied, pm_sticky, mon
         # (one step past the answer's end may have been queued, as in any pipelined decoding)
         assert len(steps_run) <= sum(1 for st in steps if st.rows == 1) + 1, (len(steps_run), ends)
     assert interrupted > 0  # bursts were ended early
+
+
+def test_lookup_offers_other_continuations_of_the_same_words():
+    # "1 2 3" was followed by 9 ..., then by 7 ...; the chain in hand continues the latest (7), the alternative the
+    # other (9), and a third occurrence followed by 7 again replaces the older 7 rather than adding one.
+    h = [1, 2, 3, 9, 10, 11, 12, 5, 1, 2, 3, 7, 20, 21, 22, 6, 1, 2, 3, 7, 30, 31, 32, 4, 1, 2, 3]
+    lookup = LookupProposer(h, max_draft=3)
+    assert lookup.offer().drafts == (7, 30, 31)
+    alts = lookup.alternatives()
+    assert [a.drafts for a in alts] == [(9, 10, 11)]
+    assert LookupProposer([1, 2, 3, 9, 10, 11, 12, 1, 2, 3], max_draft=3).alternatives() == []

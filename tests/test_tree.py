@@ -89,3 +89,23 @@ def test_the_budget_bounds_the_tree_shapes_it_uses():
         plan = b.rows_for([7, 8, 9], [0.9, 0.5 + 0.01 * k, 0.3], 100, 64, offers=offers)
         seen.add(tuple((s.at, len(s.tokens), s.width) for s in plan.strands) + (len(plan.drafts), plan.branches))
     assert len(b.shapes.trees) <= shapes.MAX_TREE_SHAPES and len(b.shapes.trees) >= 2
+
+
+def test_run_stats_count_tokens_per_call_by_tree_size_and_strand_depth():
+    from ptp_mlx.generate import GenerationStep
+    from ptp_mlx.stats import RunStats, tree_line
+
+    stats = RunStats()
+    steps = [
+        GenerationStep([1, 2], "", proposed=2, accepted=1, rows=5, source="ptp"),
+        GenerationStep([1, 2, 3], "", proposed=3, accepted=2, rows=8, source="lookup-strand", strand_rows=2),
+        GenerationStep([1], "", proposed=3, accepted=0, rows=8, source=None, strand_rows=6),
+        GenerationStep([1], ""),  # a plain step of a burst: not a PTP call
+    ]
+    for st in steps:
+        stats.add(st, final=False)
+    t = stats.tree_dict()
+    assert t == {"calls": {"chain": 1, "2": 1, "5-8": 1}, "tokens": {"chain": 2, "2": 3, "5-8": 1}, "strand_depth": {"2": 1}}
+    line = tree_line("ptp", t)
+    assert "chain: 2.00 (1 calls)" in line and "2: 3.00 (1 calls)" in line and "accepted drafts: 2:1" in line
+    assert tree_line("ptp-chain", {"calls": {"chain": 4}, "tokens": {"chain": 6}}) is None

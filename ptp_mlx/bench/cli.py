@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 
 from ..cli_common import add_model_flags, add_sampling_flags, run_cli, sampling_from_args
@@ -306,13 +305,10 @@ def run(args: argparse.Namespace) -> int:
     doc = report.build_json(
         settings, report.environment(eng, draft, args.draft_model), prompts, bench, summary, check_docs, cost
     )
-    sources: dict[str, Counter] = {}  # accepted drafts per method and proposer, timed answers only
-    for r in bench.records:
-        sources.setdefault(r.method, Counter()).update(r.m.by_source)
-    doc["draft_sources"] = {m: dict(c) for m, c in sources.items() if c}
+    doc["draft_sources"], doc["trees"] = report.draft_figures(bench.records)
     print(report.table(doc))
-    for n, src in doc["draft_sources"].items():
-        print(f"{n} accepted drafts by source: " + ", ".join(f"{k} {v}" for k, v in sorted(src.items())))
+    for line in report.draft_lines(doc):
+        print(line)
     if eng.budget is not None:
         print(curve_line(eng.budget.curve))  # (after the run: what every call's measured time made of the curve)
     if "ptp-lenient" in methods and bench.records:

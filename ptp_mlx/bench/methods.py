@@ -37,9 +37,9 @@ class Measured:
     peak_memory: float  # GB, MLX's peak since the call started
     finish_reason: str | None
     cpu_time: float = 0.0  # process CPU seconds (all threads): robust to other load on a CPU-only machine
-    by_source: dict[str, int] = field(
-        default_factory=dict
-    )  # accepted drafts per proposer ("ptp", "lookup", "ptp-strand", "lookup-strand")
+    # accepted drafts per proposer ("ptp", "lookup"; "ptp-strand", "lookup-strand": through a token tree's strand)
+    by_source: dict[str, int] = field(default_factory=dict)
+    trees: dict = field(default_factory=dict)  # ``RunStats.tree_dict``: calls and tokens by tree size, strand depths
 
 
 Runner = Callable[[list[int], int, SamplingSettings, int], Measured]  # ids, max tokens, sampling, turn start
@@ -96,7 +96,9 @@ class EngineRunner:
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
         acc = sum(k * v for k, v in stats.histogram.items())  # tokens settled: accepted drafts + 1 per call
         by_source = dict(stats.by_source)
-        return Measured(toks, stats.calls, acc, wall, first_time, first_tokens, peak, finish, cpu, by_source)
+        return Measured(
+            toks, stats.calls, acc, wall, first_time, first_tokens, peak, finish, cpu, by_source, stats.tree_dict()
+        )
 
 
 class MlxLmRunner:

@@ -45,8 +45,8 @@ from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from ..generate import DecodeOptions, decoding_settings, stream_generate
 from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick_with, resolve
 from .graph import call_primitives
+from .profile_tables import PHASES, primitives_table, profile_table, tree_menu
 
-PHASES = ("plan", "build", "queue", "chain", "compute", "read+trim", "update")
 # The host phases on the critical path of a call (see above): nothing is queued on the device while they run.
 ON_PATH = ("plan", "build", "read+trim", "update")
 # (drafts verified, [(branch, width), ...]): 3+7 is the issue's reference shape (2 drafts, 7 auxiliaries).
@@ -320,28 +320,6 @@ def profile_default(
     return row
 
 
-def profile_table(rows: list[ProfileRow], ar_ms: float, header: str) -> str:
-    """The fixed-format table: one line per kind of call, milliseconds per call, and the ratio to an AR step."""
-    cols = ["call", "rows", "calls"] + list(PHASES) + ["host on path", "wall - compute", "total ms", "x ar step"]
-    cols += ["tokens/call"]
-    lines = [header, "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        ph = [f"{r.phases[k]:.2f}" if k in r.phases else "" for k in PHASES]
-        if "compute" not in r.phases:  # pipelined steps: compute measured with the steps queued back to back
-            ph[PHASES.index("compute")] = f"({r.compute:.2f})"
-        ph += [f"{r.host_on_path:.2f}", f"{r.wall_minus_compute:.2f}"]
-        lines.append(
-            "| "
-            + " | ".join(
-                [r.name, str(r.rows), str(r.calls)]
-                + ph
-                + [f"{r.total:.2f}", f"{r.total / ar_ms:.2f}", f"{r.tokens_per_call:.2f}"]
-            )
-            + " |"
-        )
-    return "\n".join(lines)
-
-
 def run_profile(
     eng, ids: list[int], max_tokens: int, s: SamplingSettings, rounds: int = 2, compiled: bool | None = None
 ) -> tuple[str, dict]:
@@ -383,24 +361,10 @@ def run_profile(
             f"\nptp default: {d.calls} PTP calls (bursts aside), {d.chained} of them chained; rows and phases are "
             "medians over its calls, whose shapes vary"
         )
+        text += "\n" + tree_menu(getattr(eng.budget_for(s), "shapes", None))
     host = {r.name: round(r.host_on_path, 3) for r in rows}
     entries = 0 if bank is None else len(bank.entries)
     prims = call_primitives(eng, ids, SHAPES, s, compiled)
     text += "\n" + primitives_table(prims, len(eng.pm.base.layers), compiled, entries)
     doc = {"ar_step_ms": ar_ms, "rows": [r.to_json() for r in rows], "diverged": diverged, "host_on_path": host}
     return text, {**doc, "compiled": compiled, "primitives": prims, "compile_bank_entries": entries}
-
-
-def primitives_table(prims: dict[str, tuple[int, int]], layers: int, compiled: bool, entries: int) -> str:
-    """Compute primitives and views in one call's graph per kind of call, and the PTP calls' excess per layer
-    over our autoregressive step."""
-    base = prims.get("ar", prims["mlx-lm"])[0]
-    kind = "compiled" if compiled else "eager"
-    lines = [
-        f"primitives per call ({kind}; {layers} layers; compile bank after the profile: {entries} entries)",
-        "| call | compute primitives | views | more per layer than our ar step |",
-        "|---|---|---|---|",
-    ]
-    for name, (comp, views) in prims.items():
-        lines.append(f"| {name} | {comp} | {views} | {(comp - base) / layers:+.1f} |")
-    return "\n".join(lines)

@@ -9,15 +9,42 @@ import json
 import os
 import platform
 import subprocess
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
 from .. import __version__, blas
 from ..paths import atomic_write_bytes
+from ..stats import tree_line
 from .metrics import ALL
 from .run import BenchRun, Divergence
 
 SCHEMA = "ptp-bench/1"
+
+
+def draft_figures(records) -> tuple[dict, dict]:
+    """Per method, over the timed answers: accepted drafts by proposer, and the token-tree figures (calls and
+    tokens by tree size, accepted depth of paths through a strand; ``RunStats.tree_dict``)."""
+    sources: dict[str, Counter] = {}
+    trees: dict[str, dict[str, Counter]] = {}
+    for r in records:
+        sources.setdefault(r.method, Counter()).update(r.m.by_source)
+        for k, v in r.m.trees.items():
+            trees.setdefault(r.method, {}).setdefault(k, Counter()).update(v)
+    return (
+        {m: dict(c) for m, c in sources.items() if c},
+        {m: {k: dict(c) for k, c in t.items()} for m, t in trees.items()},
+    )
+
+
+def draft_lines(doc: dict) -> list[str]:
+    """The report's lines on drafts: accepted drafts by source, and tokens per call by tree size."""
+    lines = [
+        f"{n} accepted drafts by source: " + ", ".join(f"{k} {v}" for k, v in sorted(src.items()))
+        for n, src in doc.get("draft_sources", {}).items()
+    ]
+    lines += [line for n, t in doc.get("trees", {}).items() if (line := tree_line(n, t))]
+    return lines
 
 
 def cpu_name() -> str:

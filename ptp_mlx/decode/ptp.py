@@ -81,7 +81,8 @@ def ptp_calls(
             if sess.context is not None:
                 sess.context.add(out.block)
             block, c, rows, last = out.block, out.accepted, plan.rows, out.block[-1]
-            n = len(plan.drafts) + sum(len(st.tokens) for st in plan.strands)
+            strand_rows = sum(len(st.tokens) for st in plan.strands)
+            n = len(plan.drafts) + strand_rows
             source = (
                 plan.strands[out.strand].source + "-strand" if out.strand is not None else plan.source if n else None
             )
@@ -106,7 +107,7 @@ def ptp_calls(
             # shape ran uncompiled in this call or the one built before it.
             drafter.timed(rows, len(block), t, cold=_cold(sess.bank) != cold_before)
             cold_before = cold_start
-            yield block, CallRecord(t, n, c, rows, source, out.logprobs)
+            yield block, CallRecord(t, n, c, rows, source, out.logprobs, strand_rows)
     finally:
         queue.abandon()
 

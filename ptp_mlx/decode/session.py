@@ -103,7 +103,8 @@ class CallRecord:
     proposed: int = 0  # drafts verified (0 for an autoregressive step)
     accepted: int = 0  # drafts accepted
     rows: int = 1  # rows of the pass (token rows and auxiliaries)
-    source: str | None = (
-        None  # who proposed the accepted drafts ("ptp", "lookup", or "ptp-strand"/"lookup-strand": the path took a tree strand of that source); None: none
-    )
+    # who proposed the accepted drafts ("ptp", "lookup"; "ptp-strand", "lookup-strand": the path took a token
+    # tree's side strand of that source); None: none
+    source: str | None = None
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
+    strand_rows: int = 0  # token rows of the call's side strands (a token tree; 0: a chain)

@@ -16,6 +16,7 @@ from .budget import Pace
 from .protocol import DraftSession
 
 NGRAMS = (4, 3, 2)
+ALTERNATIVES = 3  # continuations kept per n-gram, each with a different next token (side strands of a tree)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class LookupProposer:
         # n-gram -> latest start among n-grams followed by at least max_draft tokens (a match right behind the
         # current position would offer only a stub of a continuation and hide the earlier, longer one)
         self._index: dict[tuple[int, ...], int] = {}
+        # n-gram -> the latest starts whose continuations begin with different tokens (most recent first)
+        self._alts: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
         self.pace = Pace()  # what lookup calls delivered in this answer (discarded burst steps charged too)
         self.turn_start = 0  # history before this position is an earlier turn (its copies are offered ``earlier``)
@@ -55,7 +58,7 @@ class LookupProposer:
     def begin(self, session: DraftSession) -> None:
         self.turn_start = session.turn_start
         if not self._own_history:
-            self.history, self._index, self._indexed = list(session.prompt), {}, 0
+            self.history, self._index, self._alts, self._indexed = list(session.prompt), {}, {}, 0
 
     @property
     def rate(self) -> float:
@@ -68,7 +71,10 @@ class LookupProposer:
         for end in range(self._indexed, upto):  # n-grams h[end-n:end], each followed by h[end:end+max_draft]
             for n in NGRAMS:
                 if end >= n:
-                    self._index[tuple(h[end - n : end])] = end - n
+                    key = tuple(h[end - n : end])
+                    self._index[key] = end - n
+                    starts = [s for s in self._alts.get(key, []) if h[s + n] != h[end]]
+                    self._alts[key] = [end - n, *starts][:ALTERNATIVES]
         self._indexed = max(self._indexed, upto)
 
     def candidates(self) -> list[int]:
@@ -117,6 +123,23 @@ class LookupProposer:
         if at is None:
             return None
         return LookupOffer(tuple(self.history[at : at + self.max_draft]), self.rate, at < self.turn_start)
+
+    def alternatives(self) -> list[LookupOffer]:
+        """Other continuations of the n-gram the chain in hand was matched on, each starting with a token of its own
+        (the text continued the same words differently elsewhere): side strands for a token tree, at half the hit
+        rate for their first token's."""
+        self._reindex()
+        h, out = self.history, []
+        for n in NGRAMS:
+            starts = self._alts.get(tuple(h[-n:])) if len(h) > n else None
+            if starts:
+                main = self._match(h)
+                for s in starts:
+                    if s + n != main and s + n < len(h):
+                        cont = tuple(h[s + n : s + n + self.max_draft])
+                        out.append(LookupOffer(cont, self.rate, s < self.turn_start))
+                break
+        return out
 
     def ready(self, worth: float = 0.9) -> bool:
         """A lookup chain expected to land at least ``worth`` drafts is in hand: reason to end an autoregressive

@@ -39,20 +39,31 @@ class DraftPolicy(Drafter):
         self.chain.begin(session)
 
     def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
-        # The better offer is the chain; the other peer's drafts may stand beside it as a side strand of a token
-        # tree (where the budget builds trees and their rows pay).
+        # The better offer is the chain; the other peer's drafts, and lookup's other continuations, may stand beside
+        # it as side strands of a token tree (where the budget builds trees and their rows pay).
         offer = self.lookup.offer() if self.lookup is not None else None
+        trees = offer is not None and self.budget.builds_trees
+        others = self._lookup_strands(self.lookup.alternatives(), 0.5) if trees else []
         if offer is not None and offer.expected > self.chain.expected(i):
-            beside = self._chain_strand(i) if self.budget.builds_trees else []
+            beside = self._chain_strand(i) + others if trees else []
             plan = self._fit_lookup(offer, remaining, room, beside)  # fitted to this machine's cost
             if plan is not None:
                 self.chain.chained(None)  # (what was built ahead for the adapter's call is dropped)
                 self.lookup_conf = self._lookup_conf(offer)
                 return plan
-        beside = []
-        if offer is not None and self.budget.builds_trees:  # (a strand is verified exactly under every rule)
-            beside = [StrandOffer(0, offer.drafts, (min(0.99, offer.rate),) * len(offer.drafts), "lookup")]
+        beside = self._lookup_strands([offer], 1.0) + others if trees else []
         return self.chain.plan(i, remaining, room, beside)
+
+    @staticmethod
+    def _lookup_strands(offers: list[LookupOffer], first: float) -> list[StrandOffer]:
+        """Lookup continuations as strands (a strand is verified exactly under every rule), each token at the hit
+        rate (its first at ``first`` times it: another continuation than the one the text repeated last)."""
+        return [
+            StrandOffer(
+                0, o.drafts, (min(0.99, o.rate * first),) + (min(0.99, o.rate),) * (len(o.drafts) - 1), "lookup"
+            )
+            for o in offers
+        ]
 
     def _chain_strand(self, i: int) -> list[StrandOffer]:
         """The adapter's drafts in hand as a strand beside a lookup chain (and its runner-ups, for a tree drafter)."""
