@@ -105,7 +105,11 @@ def test_run_stats_count_tokens_per_call_by_tree_size_and_strand_depth():
     for st in steps:
         stats.add(st, final=False)
     t = stats.tree_dict()
-    assert t == {"calls": {"chain": 1, "2": 1, "5-8": 1}, "tokens": {"chain": 2, "2": 3, "5-8": 1}, "strand_depth": {"2": 1}}
+    assert t == {
+        "calls": {"chain": 1, "2": 1, "5-8": 1},
+        "tokens": {"chain": 2, "2": 3, "5-8": 1},
+        "strand_depth": {"2": 1},
+    }
     line = tree_line("ptp", t)
     assert "chain: 2.00 (1 calls)" in line and "2: 3.00 (1 calls)" in line and "accepted drafts: 2:1" in line
     assert tree_line("ptp-chain", {"calls": {"chain": 4}, "tokens": {"chain": 6}}) is None
