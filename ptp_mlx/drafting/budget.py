@@ -286,7 +286,12 @@ class Budget:
 
     def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):
         def fits(k: int, br) -> bool:
-            return k <= in_hand and _fit(k, list(br), remaining, room, 2) == (k, list(br))
+            if k > in_hand:
+                return False
+            widths = [w for _, w in br]
+            if k < remaining and 1 + k + sum(widths) <= room and max(widths, default=0) <= remaining - k + 1:
+                return True  # (what ``_fit`` would leave unchanged, told without building its lists)
+            return _fit(k, list(br), remaining, room, 2) == (k, list(br))
 
         built = (len(pending.drafts), tuple(pending.branches)) if pending is not None else None
         p = reach(confidences, self.ratio)
@@ -339,8 +344,19 @@ class Budget:
             n = max(0, room - 1)
             rows = 1 + n
         value = 1.0 + float(p_reach[1 : n + 1].sum())
-        p_end = [p_reach[d] - (p_reach[d + 1] if d < n else 0.0) for d in range(n + 1)]  # P(c == d)
+        # (plain floats and tables made once: this runs after every read, on the host's critical path)
+        p = [float(x) for x in p_reach[: n + 1]]
+        p_end = [p[d] - (p[d + 1] if d < n else 0.0) for d in range(n + 1)]  # P(c == d)
+        s_tab = [self._s(k, r) for k in range(self.max_width + 1)]
         widths = [0] * (n + 1)
+        top = min(room, self.max_rows)
+        prices: dict[int, float] = {}
+
+        def price(x: int) -> float:
+            if x not in prices:
+                prices[x] = cost(x)
+            return prices[x]
+
         # Greedy allocation: add the row with the best marginal value while it improves value per cost.
         while True:
             best, best_d, best_add = 0.0, -1, 0
@@ -348,14 +364,14 @@ class Budget:
                 w = widths[d]
                 if w >= self.max_width:
                     continue
-                add = 2 if w == 0 else 1  # a branch's first slot is the exact token: it needs two rows to draft
-                gain = p_end[d] * (self._s(w + add - 1, r) if w == 0 else self._s(w, r))
-                if gain / add > best:
-                    best, best_d, best_add = gain / add, d, add
-            if best_d < 0 or rows + best_add > min(room, self.max_rows):
+                # a branch's first slot is the exact token: it needs two rows to draft
+                per_row = p_end[d] * s_tab[1] / 2 if w == 0 else p_end[d] * s_tab[w]
+                if per_row > best:
+                    best, best_d, best_add = per_row, d, 2 if w == 0 else 1
+            if best_d < 0 or rows + best_add > top:
                 break
             new_value = value + best * best_add
-            if new_value / cost(rows + best_add) < value / cost(rows):
+            if new_value / price(rows + best_add) < value / price(rows):
                 break
             widths[best_d] += best_add
             rows += best_add

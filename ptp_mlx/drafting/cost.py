@@ -20,9 +20,15 @@ class CostCurve:
 
     widths: list[int] = field(default_factory=lambda: [1, 64])
     rel: list[float] = field(default_factory=lambda: [1.0, 1.0])
+    # rows -> price, filled on use (the budget prices many widths after every read, on the host's critical path);
+    # a curve's points are set when it is made, never changed after
+    _prices: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __call__(self, rows: int) -> float:
-        return float(np.interp(rows, self.widths, self.rel))
+        price = self._prices.get(rows)
+        if price is None:
+            price = self._prices[rows] = float(np.interp(rows, self.widths, self.rel))
+        return price
 
     def to_dict(self) -> dict:
         return {"widths": list(self.widths), "relative": list(self.rel)}
