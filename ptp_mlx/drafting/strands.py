@@ -101,6 +101,10 @@ def _best_strand(o: StrandOffer, p_first: float, value: float, rows: int, c: Tre
     when no length beats the call without it."""
     best, best_score = None, value / c.cost(rows)
     most = min(len(o.tokens), MAX_STRAND_TOKENS, c.remaining - 1 - o.at, c.room - rows)
+    # No length pays when even every token standing, with the widest window, at one more row's price does not
+    # (prices never fall with rows): the common case where rows are dear, told in one comparison.
+    if most < 1 or (value + p_first * (most + c.window(c.max_width))) / c.cost(rows + 1) <= best_score:
+        return None
     p_all, gain = p_first, 0.0
     for k in range(1, most + 1):
         if k > 1:
