@@ -23,7 +23,7 @@ def tree_line(method: str, trees: dict) -> str | None:
         return None
     sizes = [name for _, name in TREE_SIZES if calls.get(name)]
     by_size = ", ".join(f"{k}: {tokens[k] / calls[k]:.2f} ({calls[k]} calls)" for k in sizes)
-    depth = " ".join(f"{k}:{v}" for k, v in trees.get("strand_depth", {}).items())
+    depth = " ".join(f"{k}:{v}" for k, v in sorted(trees.get("strand_depth", {}).items(), key=lambda kv: int(kv[0])))
     return f"{method} tokens per call by strand rows: {by_size} | paths through a strand by accepted drafts: {depth or '-'}"
 
 
