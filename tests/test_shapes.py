@@ -16,7 +16,7 @@ def test_shape_value_is_what_choose_counts():
         p = reach(conf, b.ratio)
         v = shape_value(n, branches, p, b._s)
         # choose's own running value: 1 + reach of the verified drafts + each branch's added rows' gains
-        want = 1.0 + float(p[1 : n + 1].sum())
+        want = 1.0 + sum(p[1 : n + 1])
         for d, w in branches:
             p_end = p[d] - (p[d + 1] if d < n else 0.0)
             want += p_end * sum(b._s(k) for k in range(1, w))

@@ -101,9 +101,13 @@ def u_factor(u: float, mode: float) -> float:
     return 0.6 if u < 2 * mode else 0.1
 
 
-def reach(confidences: list[float], ratio: float = 1.0) -> np.ndarray:
-    """P(at least m drafts accepted), m = 0..n, from the drafts' confidences scaled by ``ratio``."""
-    return np.cumprod([1.0] + [min(0.99, float(c) * ratio) for c in confidences])
+def reach(confidences: list[float], ratio: float = 1.0) -> list[float]:
+    """P(at least m drafts accepted), m = 0..n, from the drafts' confidences scaled by ``ratio`` (plain floats: a
+    few per call, priced after every read on the host's critical path)."""
+    out = [1.0]
+    for c in confidences:
+        out.append(out[-1] * min(0.99, float(c) * ratio))
+    return out
 
 
 def _fit(n: int, branches: list[tuple[int, int]], remaining: int, room: int, min_width: int):
@@ -338,14 +342,14 @@ class Budget:
         cost = cost or self.curve
         r = self.ratio
         p_reach = reach(confidences, r)
-        n = int(np.sum(p_reach[1:] >= self.min_prob))
+        n = sum(1 for x in p_reach[1:] if x >= self.min_prob)
         rows = 1 + n
         if rows > room:
             n = max(0, room - 1)
             rows = 1 + n
-        value = 1.0 + float(p_reach[1 : n + 1].sum())
+        value = 1.0 + sum(p_reach[1 : n + 1])
         # (plain floats and tables made once: this runs after every read, on the host's critical path)
-        p = [float(x) for x in p_reach[: n + 1]]
+        p = p_reach[: n + 1]
         p_end = [p[d] - (p[d + 1] if d < n else 0.0) for d in range(n + 1)]  # P(c == d)
         s_tab = [self._s(k, r) for k in range(self.max_width + 1)]
         widths = [0] * (n + 1)

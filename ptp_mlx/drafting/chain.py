@@ -55,7 +55,7 @@ class ChainDrafter(Drafter):
 
     def expected(self, i: int) -> float:
         """Expected accepted drafts of the chain in hand, for a call at generated position ``i``."""
-        return float(reach(self.confidences(i), self.budget.ratio)[1:].sum())
+        return sum(reach(self.confidences(i), self.budget.ratio)[1:])
 
     def offers(self, i: int) -> list[StrandOffer]:
         """Side strands this drafter offers for a call at generated position ``i`` (a chain: none;

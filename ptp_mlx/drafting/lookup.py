@@ -54,11 +54,13 @@ class LookupProposer:
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
         self.pace = Pace()  # what lookup calls delivered in this answer (discarded burst steps charged too)
         self.turn_start = 0  # history before this position is an earlier turn (its copies are offered ``earlier``)
+        self._matched: tuple[int, int | None] | None = None  # (history length, ``_match`` of it)
 
     def begin(self, session: DraftSession) -> None:
         self.turn_start = session.turn_start
         if not self._own_history:
             self.history, self._index, self._alts, self._indexed = list(session.prompt), {}, {}, 0
+            self._matched = None
 
     @property
     def rate(self) -> float:
@@ -116,10 +118,17 @@ class LookupProposer:
         rate = (self.hits + len(drafts)) / (self.hits + self.misses + len(drafts))
         return LookupOffer(tuple(ext[nxt : nxt + self.max_draft]), rate, nxt < self.turn_start)
 
+    def _current(self) -> int | None:
+        """``_match`` of the history as it is (kept until the history grows: the policy asks more than once per
+        plan, after every read, on the host's critical path)."""
+        if self._matched is None or self._matched[0] != len(self.history):
+            self._reindex()
+            self._matched = (len(self.history), self._match(self.history))
+        return self._matched[1]
+
     def offer(self) -> LookupOffer | None:
         """The lookup chain in hand for the next call, or None."""
-        self._reindex()
-        at = self._match(self.history)
+        at = self._current()
         if at is None:
             return None
         return LookupOffer(tuple(self.history[at : at + self.max_draft]), self.rate, at < self.turn_start)
@@ -128,12 +137,11 @@ class LookupProposer:
         """Other continuations of the n-gram the chain in hand was matched on, each starting with a token of its own
         (the text continued the same words differently elsewhere): side strands for a token tree, at half the hit
         rate for their first token's."""
-        self._reindex()
+        main = self._current()
         h, out = self.history, []
         for n in NGRAMS:
             starts = self._alts.get(tuple(h[-n:])) if len(h) > n else None
             if starts:
-                main = self._match(h)
                 for s in starts:
                     if s + n != main and s + n < len(h):
                         cont = tuple(h[s + n : s + n + self.max_draft])

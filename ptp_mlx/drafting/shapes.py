@@ -10,9 +10,7 @@ far; the budget then takes the best of them unless the new one is worth more tha
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import numpy as np
+from collections.abc import Callable, Sequence
 
 NOVELTY = 0.5  # plain steps added to the price of a shape never used (a share of its eager call and tracing)
 CHAINED = 0.15  # plain steps a call built ahead saves (its plan, build and queueing are off the path: ~5 ms here)
@@ -22,7 +20,7 @@ MAX_TREE_SHAPES = 24  # token-tree shapes (a chain shape with side strands); pas
 Shape = tuple[int, tuple[tuple[int, int], ...]]  # (drafts verified, ((depth, width), ...))
 
 
-def shape_value(n: int, branches, p_reach: np.ndarray, survival: Callable[[int], float]) -> float:
+def shape_value(n: int, branches, p_reach: Sequence[float], survival: Callable[[int], float]) -> float:
     """Expected tokens of a call verifying ``n`` drafts (``p_reach[m]``: P(at least m stand)) with ``branches``
     ``[(d, w)]``: the tokens it emits, plus each branch's drafts for the next call weighed by the chance the path
     ends at ``d`` and that they stand (``survival(k)``: P(k drafts of a fresh branch stand)); as ``Budget.choose``
@@ -34,7 +32,7 @@ class _Values:
     """``shape_value`` of many shapes under one ``p_reach`` (``ShapeMemory.prefer`` scores every known shape on the
     host path after a read): the prefix sums and each width's survival sum are computed once, in plain floats."""
 
-    def __init__(self, p_reach: np.ndarray, survival: Callable[[int], float]):
+    def __init__(self, p_reach: Sequence[float], survival: Callable[[int], float]):
         self.p = [float(x) for x in p_reach]
         self.cum = [0.0]
         for x in self.p[1:]:
