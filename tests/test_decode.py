@@ -22,7 +22,7 @@ from ptp_mlx.generate import ContextFull, DecodeOptions, stream_generate
 from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import SamplingSettings
-from ptp_mlx.testing import RandomTreeDrafter
+from ptp_mlx.testing import ChainingTreeDrafter, RandomTreeDrafter
 from ptp_mlx.testing.decoding import BUDGETS, PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
 
@@ -268,6 +268,30 @@ def test_random_token_trees_are_exact(varied, pm_sticky, pm_random, name):
                 hits += drafter.alt_hits
                 deep += drafter.deep_hits
     assert hits >= 5 and deep >= 3  # strands really landed (and the K/V compaction after them was exercised)
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+def test_calls_chained_on_token_trees_are_exact(varied, pm_sticky, name, monkeypatch):
+    """A call built ahead on a tree call's chain outcomes runs when the chain decides, and is dropped, before the
+    strand's K/V rows move, when a strand stands; token for token against autoregressive decoding."""
+    from ptp_mlx.decode import pipeline
+
+    dropped = []
+    drop = pipeline.drop_chained
+    monkeypatch.setattr(
+        pipeline, "drop_chained", lambda ch, cache, keep=None: (dropped.append(keep is None), drop(ch, cache, keep))
+    )
+    _, tok = varied
+    hits = 0
+    for k, prompt in enumerate(PROMPTS[:3]):
+        s = with_seed(SETTINGS[name], 21 + k)
+        ids = encode_prompt(tok, prompt)
+        want = ar(pm_sticky, tok, ids, s, 32)
+        for seed in range(3):
+            drafter = ChainingTreeDrafter(want[0], width=WINDOW, seed=seed, p_right=0.6)
+            assert_same(pm_sticky, tok, ids, s, 32, {"drafter": drafter}, want=want)
+            hits += drafter.alt_hits
+    assert hits >= 3 and sum(dropped) >= 1, (hits, sum(dropped))  # strands stood after calls chained on trees
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3])

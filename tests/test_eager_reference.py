@@ -16,6 +16,8 @@ LOSSLESS = [
     "test_cdf_order.py",
     "test_pipeline.py",
     "test_fixed.py",
+    "test_budget.py",
+    "test_lookup.py",
 ]
 
 

@@ -197,3 +197,21 @@ def test_lookup_offers_other_continuations_of_the_same_words():
     alts = lookup.alternatives()
     assert [a.drafts for a in alts] == [(9, 10, 11)]
     assert LookupProposer([1, 2, 3, 9, 10, 11, 12, 1, 2, 3], max_draft=3).alternatives() == []
+
+
+def test_lookup_strands_beside_the_adapters_chain_are_exact(varied, pm_sticky):
+    """Free rows, a repetitive prompt: lookup's continuations hang beside the adapter's chain (and the adapter's
+    chain beside lookup's) as strands of a token tree; the answer is plain decoding's, token for token."""
+    _, tok = varied
+    landed = Counter()
+    for name in ("greedy", "T1.0"):
+        s = with_seed(SETTINGS[name], 7)
+        trees = 0
+        for prompt in PROMPTS:
+            ids = encode_prompt(tok, prompt * 6)
+            budget = Budget(CostCurve([1, 64], [1.0, 1.0]), max_width=WINDOW)
+            steps = assert_same(pm_sticky, tok, ids, s, 48, {"budget": budget})
+            trees += sum(st.strand_rows > 0 for st in steps)
+            landed.update(st.source for st in steps if str(st.source).endswith("-strand"))
+        assert trees >= 5, (name, trees)
+    assert landed["lookup-strand"] + landed["ptp-strand"] >= 1, landed

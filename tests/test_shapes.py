@@ -77,3 +77,20 @@ def test_the_pace_guard_counts_cold_calls_and_the_curve_takes_them_as_bounds_onl
     for _ in range(3):
         b.record(4, 4, 0.5)  # a warm call this slow is a spike: capped at 3x its expected time
     assert Learning.seen == [4, 4, 4] and not b.behind()
+
+
+def test_a_known_priming_shape_never_replaces_verifying_the_drafts_in_hand():
+    # Measured on held-out prompts: with this machine's learnt curve (3 rows 1.28 steps, 6 rows 1.73), the priming
+    # shape (no draft, one 2-row branch) was the only known one and outscored every new shape (novelty, chained);
+    # its branch's value is the next call's verifying, which again preferred it: no draft was ever verified.
+    from ptp_mlx.drafting.protocol import DraftPlan
+
+    curve = CostCurve([1, 2, 3, 4, 6, 8, 64], [1.0, 1.28, 1.28, 1.57, 1.73, 2.2, 12.0])
+    b = Budget.from_histogram(curve, [3, 3, 2, 1, 1], max_width=8)
+    b.shapes.note(0, [(0, 2)])
+    pending = DraftPlan((), ((0, 2),))
+    for drafts, conf in (([5, 6, 7], [0.5] * 3), ([5], [0.89])):
+        plan = b.rows_for(drafts, conf, 100, 1000, pending=pending)
+        assert plan.drafts, plan
+        plan = b.rows_for(drafts, conf, 100, 1000)
+        assert plan.drafts, plan

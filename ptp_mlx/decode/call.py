@@ -182,9 +182,11 @@ def build_call(
     return PendingCall(plan, offset, i, shape, out, hook, row_u, s)
 
 
-def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0) -> CallResult:
+def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0, on_strand=None) -> CallResult:
     """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path (plus the
-    ``then`` rows of a chained call built on it, which start right after that path)."""
+    ``then`` rows of a chained call built on it, which start right after that path). ``on_strand``: called when a
+    strand of a token tree stands, before its K/V rows move; it returns the ``then`` that still applies (a call
+    chained on the chain's outcomes is dropped: ``CallQueue.read``)."""
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position (or, under an opt-in
     # lenient rule, its row finds it likely enough); the first row that does not accept its draft emits its exact
     # token. Under the exact rule every emitted token is the autoregressive one.
@@ -218,6 +220,8 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
         for k, st in enumerate(plan.strands):
             if strand is None and st.at == c and st.tokens[0] == t:
                 strand, m = k, 1
+                if on_strand is not None:
+                    then = on_strand()
                 while m < len(st.tokens) and st.tokens[m] == exact(rows + m - 1):
                     m += 1
                 block += list(st.tokens[:m])

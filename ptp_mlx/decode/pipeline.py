@@ -45,11 +45,12 @@ class Chained:
 
 def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int) -> Chained | None:
     """Build the call after ``call`` (built, not read) for all its outcomes at once, or None where that does not
-    apply: the eager pass (``CallPlan``, no compile bank), a logits hook, a token tree (a landed alternative moves
-    K/V rows on the host), or a drafter that cannot tell any outcome's next call. Where outcomes' next calls differ
-    in shape, the build serves the likeliest ones (``Drafter.likely``)."""
+    apply: the eager pass (``CallPlan``, no compile bank), a logits hook, or a drafter that cannot tell any
+    outcome's next call. Where outcomes' next calls differ in shape, the build serves the likeliest ones
+    (``Drafter.likely``). After a token tree, it is built for the chain's outcomes; a strand that stands drops it
+    (``CallQueue.read``: its K/V rows move on the host, in the state before this build)."""
     plan, cache = call.plan, sess.cache
-    if sess.bank is None or sess.hook is not None or plan.strands:
+    if sess.bank is None or sess.hook is not None:
         return None
     n = len(plan.drafts)
     guesses: list[Guess | None] = []
@@ -170,12 +171,13 @@ def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None
     return replace(chained.call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
 
 
-def drop_chained(chained: Chained, cache, keep: int) -> None:
-    """Give the cache back its state before the chained build, trimmed to ``keep`` rows."""
+def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:
+    """Give the cache back its state before the chained build, trimmed to ``keep`` rows (None: as it was then)."""
     if chained.before is not None:
         cache.restore(chained.before)
         chained.before = None
-    cache.trim_to(keep)
+    if keep is not None:
+        cache.trim_to(keep)
 
 
 class CallQueue:
@@ -241,7 +243,16 @@ class CallQueue:
         """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""
         call, self.running = self.running, None
         then = 0 if self.chained is None else self.chained.rows
-        return call.plan, finish_call(self.sess.cache, call, clock, then=then)
+
+        def unchain() -> int:
+            # A strand of this token tree stood: the call chained on the chain's outcomes cannot run, and the
+            # strand's K/V rows move in the state before that call was built (its writes are let go).
+            chained, self.chained = self.chained, None
+            if chained is not None:
+                drop_chained(chained, self.sess.cache)
+            return 0
+
+        return call.plan, finish_call(self.sess.cache, call, clock, then=then, on_strand=unchain)
 
     def confirm(self, result: CallResult, plan: DraftPlan | None, i: int) -> bool:
         """After a read: the chained call becomes the running one if ``plan`` (None: the answer ended) is the one it

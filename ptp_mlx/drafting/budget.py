@@ -290,7 +290,10 @@ class Budget:
 
     def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):
         def fits(k: int, br) -> bool:
-            if k > in_hand:
+            # A known shape that verifies none of the drafts worth verifying (a priming call) is no substitute: its
+            # branch's value is the next call's verifying, which would again prefer the known priming shape, and
+            # drafts were never verified (measured: an answer of priming calls only, at plain decoding's pace).
+            if k > in_hand or (n >= 1 and k == 0):
                 return False
             widths = [w for _, w in br]
             if k < remaining and 1 + k + sum(widths) <= room and max(widths, default=0) <= remaining - k + 1:

@@ -213,6 +213,33 @@ class RandomTreeDrafter(Drafter):
             self.deep_hits += at > 0 or result.accepted - at >= 2
 
 
+class ChainingTreeDrafter(RandomTreeDrafter):
+    """``RandomTreeDrafter`` whose calls are also built ahead (``decode/pipeline.py``): for every outcome of a call
+    it guesses a chain of known tokens with one fixed shape (``guess``), and half the time its next plan is that
+    guess (the chained call runs), otherwise a random tree (the chained call is dropped). A strand that stands in a
+    tree call with a call chained on it drops that call before the strand's K/V rows move."""
+
+    def __init__(self, tokens, width: int = 4, seed: int = 0, p_right: float = 0.5, vocab: int = 256):
+        super().__init__(tokens, width, seed, p_right, vocab)
+        self.guessed: dict[int, DraftPlan] = {}
+
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int):
+        from ..drafting.protocol import Guess
+
+        n = max(0, min(2, remaining - 1, room - 1))
+        drafts = [self._token(i + k, self.rng.random() < self.p_right) for k in range(n)]
+        w = min(3, remaining - n + 1, room - 1 - n)
+        nxt = DraftPlan(drafts, [(n, w)] if w >= 2 else [])
+        self.guessed[i] = nxt
+        return Guess(nxt, None)
+
+    def plan(self, i: int, remaining: int, room: int):
+        guessed, self.guessed = self.guessed.get(i), {}
+        if guessed is not None and self.rng.random() < 0.5:
+            return guessed
+        return super().plan(i, remaining, room)
+
+
 def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int = 0) -> Path:
     """A rank-4 adapter with random ``B`` (drafts are verified, some accepted) for the model in ``model_dir``,
     saved as an adapter folder at ``out`` (tests only)."""
