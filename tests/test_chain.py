@@ -1,9 +1,10 @@
 """The adapter's chain drafter (``ptp_mlx/drafting/chain.py``): its drafts come from the branch that stood, and
 drafting that delivers less than plain steps gives way to an autoregressive burst."""
 
-from ptp_mlx.drafting.budget import Budget, FixedBudget
+from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.chain import ChainDrafter
 from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.fixed_budget import FixedBudget
 from ptp_mlx.drafting.protocol import CallResult, DraftPlan
 
 

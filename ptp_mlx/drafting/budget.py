@@ -18,7 +18,7 @@ import numpy as np
 from .cost import CostCurve
 from .learn import PaceGuard
 from .protocol import DraftPlan
-from .shapes import ShapeMemory, shape_value
+from .shapes import ShapeMemory, Values
 from .strands import StrandOffer, TreeCosts, choose_strands
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
@@ -110,7 +110,7 @@ def reach(confidences: list[float], ratio: float = 1.0) -> list[float]:
     return out
 
 
-def _fit(n: int, branches: list[tuple[int, int]], remaining: int, room: int, min_width: int):
+def fit_rows(n: int, branches: list[tuple[int, int]], remaining: int, room: int, min_width: int):
     """Clip a choice to the tokens still wanted and the rows the context has left."""
     n = max(0, min(n, remaining - 1, room - 1))
     used = 1 + n
@@ -129,7 +129,7 @@ def simple_rows(drafts: list[int], width: int, remaining: int, room: int) -> tup
     """The rows of a ``step="simple"`` call, for either budget: a verifying call of the drafts in hand (no branch),
     or, without drafts, a drafting call of one ``width``-row branch."""
     n, branches = (len(drafts), []) if drafts else (0, [(0, width)])
-    return _fit(n, branches, remaining, room, 1)
+    return fit_rows(n, branches, remaining, room, 1)
 
 
 @dataclass
@@ -268,7 +268,7 @@ class Budget:
             n, branches = simple_rows(drafts, self.max_width, remaining, room)
         else:
             n, branches = self.choose(confidences, room)
-            n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
+            n, branches = fit_rows(min(n, len(drafts)), branches, remaining, room, 2)
             if n or branches or pending is not None:  # a shape used before, unless a new one is worth its tracing
                 n, branches = self._known(n, branches, len(drafts), confidences, remaining, room, pending)
         if n == 0 and not branches:
@@ -297,8 +297,8 @@ class Budget:
                 return False
             widths = [w for _, w in br]
             if k < remaining and 1 + k + sum(widths) <= room and max(widths, default=0) <= remaining - k + 1:
-                return True  # (what ``_fit`` would leave unchanged, told without building its lists)
-            return _fit(k, list(br), remaining, room, 2) == (k, list(br))
+                return True  # (what ``fit_rows`` would leave unchanged, told without building its lists)
+            return fit_rows(k, list(br), remaining, room, 2) == (k, list(br))
 
         built = (len(pending.drafts), tuple(pending.branches)) if pending is not None else None
         p = reach(confidences, self.ratio)
@@ -319,7 +319,7 @@ class Budget:
             return None
         self.explore_due = False
         n, branches = self.choose(confidences, room, cost=optimistic)
-        n, branches = _fit(min(n, len(drafts)), branches, remaining, room, 2)
+        n, branches = fit_rows(min(n, len(drafts)), branches, remaining, room, 2)
         plan = DraftPlan(drafts[:n], branches)
         if (n or branches) and not self.curve.explored(plan.rows):
             return plan
@@ -328,12 +328,11 @@ class Budget:
     def _tree(self, plan: DraftPlan, confidences: list[float], offers, remaining: int, room: int) -> DraftPlan:
         """``plan`` with the offered strands whose rows pay (``strands.choose_strands``); a tree shape never used
         before is taken only while fewer than ``MAX_TREE_SHAPES`` are known (the compile bank stays bounded)."""
-        n, r = len(plan.drafts), self.ratio
-        p = reach(confidences[:n], r)
-        value = shape_value(n, plan.branches, p, self._s)
-        window_sums = [0.0] + [sum(self._s(k, r) for k in range(1, w)) for w in range(1, self.max_width + 1)]
-        costs = TreeCosts(self.curve, lambda w: window_sums[w], self.max_width, min(room, self.max_rows), remaining)
-        strands = choose_strands(plan.drafts, p, value, plan.rows, offers, costs)
+        n = len(plan.drafts)
+        p = reach(confidences[:n], self.ratio)
+        values = Values(p, self._s)
+        costs = TreeCosts(self.curve, values.window, self.max_width, min(room, self.max_rows), remaining)
+        strands = choose_strands(plan.drafts, p, values(n, plan.branches), plan.rows, offers, costs)
         if not strands or not self.shapes.allows_tree(n, plan.branches, strands):
             return plan
         self.shapes.note_tree(n, plan.branches, strands)
@@ -357,13 +356,6 @@ class Budget:
         s_tab = [self._s(k, r) for k in range(self.max_width + 1)]
         widths = [0] * (n + 1)
         top = min(room, self.max_rows)
-        prices: dict[int, float] = {}
-
-        def price(x: int) -> float:
-            if x not in prices:
-                prices[x] = cost(x)
-            return prices[x]
-
         # Greedy allocation: add the row with the best marginal value while it improves value per cost.
         while True:
             best, best_d, best_add = 0.0, -1, 0
@@ -378,56 +370,9 @@ class Budget:
             if best_d < 0 or rows + best_add > top:
                 break
             new_value = value + best * best_add
-            if new_value / price(rows + best_add) < value / price(rows):
+            if new_value / cost(rows + best_add) < value / cost(rows):
                 break
             widths[best_d] += best_add
             rows += best_add
             value = new_value
         return n, [(d, w) for d, w in enumerate(widths) if w > 0]
-
-
-@dataclass
-class FixedBudget:
-    """``--num-draft-tokens N``: every call verifies up to ``N`` drafts and drafts ``N`` more for each possible
-    outcome, so the next call has ``N`` drafts whatever is accepted. It never decodes autoregressive bursts."""
-
-    num_draft: int
-    max_width: int = 8
-    curve: CostCurve = field(default_factory=CostCurve)  # (flat: a fixed budget does not weigh rows)
-    calibrate: bool = False
-    ratio: float = 1.0
-    burst_len: int = 0
-    builds_trees: bool = False
-    shape_only: bool = True  # the same rows whatever the drafts' confidences
-
-    def __post_init__(self):
-        if not 1 <= self.num_draft <= self.max_width - 1:
-            raise ValueError(f"--num-draft-tokens must be between 1 and {self.max_width - 1} for this adapter")
-
-    def rows_for(
-        self,
-        drafts: list[int],
-        confidences: list[float],
-        remaining: int,
-        room: int,
-        step: str = "fused",
-        offers: Sequence[StrandOffer] = (),
-        pending: DraftPlan | None = None,
-        preview: bool = False,
-    ) -> DraftPlan:
-        k = self.num_draft  # (the same rows every call: ``pending`` is always its shape, ``preview`` changes nothing)
-        if step == "simple":
-            n, branches = simple_rows(drafts, k + 1, remaining, room)
-        else:
-            n = min(k, len(drafts))
-            n, branches = _fit(n, [(d, k + 1) for d in range(n + 1)], remaining, room, 2)
-        return DraftPlan(drafts[:n], branches)
-
-    def observe(self, confidences: list[float], accepted: int) -> None:
-        pass
-
-    def relax(self, keep: float = 0.5) -> None:
-        pass
-
-    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
-        pass  # (a fixed budget does not weigh rows)

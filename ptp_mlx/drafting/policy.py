@@ -66,7 +66,7 @@ class DraftPolicy(Drafter):
         ]
 
     def _chain_strand(self, i: int) -> list[StrandOffer]:
-        """The adapter's drafts in hand as a strand beside a lookup chain (and its runner-ups, for a tree drafter)."""
+        """The adapter's drafts in hand as a strand beside a lookup chain."""
         drafts, conf = self.chain.drafts, self.chain.confidences(i)
         if not drafts:
             return []
@@ -152,8 +152,9 @@ class DraftingConfig:
 
 def make_drafter(config: DraftingConfig, width: int) -> Drafter:
     """The default drafter of an adapter with ``width``-row windows, composed from ``config``."""
-    from .budget import Budget, FixedBudget
+    from .budget import Budget
     from .cost import CostCurve
+    from .fixed_budget import FixedBudget
     from .tree import TreeDrafter
 
     if config.num_draft_tokens:

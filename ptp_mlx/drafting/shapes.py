@@ -25,10 +25,10 @@ def shape_value(n: int, branches, p_reach: Sequence[float], survival: Callable[[
     ``[(d, w)]``: the tokens it emits, plus each branch's drafts for the next call weighed by the chance the path
     ends at ``d`` and that they stand (``survival(k)``: P(k drafts of a fresh branch stand)); as ``Budget.choose``
     counts it, row by row."""
-    return _Values(p_reach, survival)(n, branches)
+    return Values(p_reach, survival)(n, branches)
 
 
-class _Values:
+class Values:
     """``shape_value`` of many shapes under one ``p_reach`` (``ShapeMemory.prefer`` scores every known shape on the
     host path after a read): the prefix sums and each width's survival sum are computed once, in plain floats."""
 
@@ -43,12 +43,15 @@ class _Values:
         p = self.p
         value = 1.0 + self.cum[min(n, len(self.cum) - 1)]
         for d, w in branches:
-            p_end = p[d] - (p[d + 1] if d < n else 0.0)
-            s = self.sums.get(w)
-            if s is None:
-                s = self.sums[w] = sum(self.survival(k) for k in range(1, w))
-            value += p_end * s
+            value += (p[d] - (p[d + 1] if d < n else 0.0)) * self.window(w)
         return value
+
+    def window(self, w: int) -> float:
+        """Expected accepted drafts of a fresh ``w``-row window (its first row is the exact token)."""
+        s = self.sums.get(w)
+        if s is None:
+            s = self.sums[w] = sum(self.survival(k) for k in range(1, w))
+        return s
 
 
 class ShapeMemory:
@@ -84,7 +87,7 @@ class ShapeMemory:
         if built is None and ((n, branches) in self.used or not self.used):
             return n, branches
 
-        value = _Values(p_reach, survival)
+        value = Values(p_reach, survival)
 
         def score(shape: Shape, extra: float = 0.0) -> float:
             k, br = shape
