@@ -190,16 +190,21 @@ static T512 void nt_512(int M, int n0, int n1, int K, const float *A, long lda, 
     for (; n < n1; n++) rows_nt_512(MR512, 1, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, 0);
 }
 
-/* C = A B for columns [n0, n1): MR rows x NV 16-lane vectors of columns, the last vector of a row masked. */
-INLINE T512 void tile_nn_512(const int MR, const int NV, int K, const float *A, long lda, const float *B,
-                             long ldb, int beta1, float *C, long ldc, __mmask16 last) {
-    __m512 acc[4][4];
+/* An MR x NV tile of C = A B (NV vectors of 16 columns; the last one `last` columns wide, masked when `last` <
+ * 16; MR, NV and FULL compile-time constants after inlining, so acc lives in registers). Every element is one FMA
+ * chain over k in order from zero: the tile shape only decides how many chains run side by side (enough to cover
+ * the FMA latency: a lone row takes 8 vectors of columns at once), as in the AVX2 path below. */
+INLINE T512 void tile_nn_512(const int MR, const int NV, const int FULL, int K, const float *A, long lda,
+                             const float *B, long ldb, int beta1, float *C, long ldc, int last) {
+    __m512 acc[4][8];
+    __mmask16 mk = (__mmask16)((1u << last) - 1);
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
     for (int k = 0; k < K; k++) {
-        __m512 b[4];
+        __m512 b[8];
+        const float *bk = B + k * ldb;
         for (int v = 0; v < NV; v++)
-            b[v] = _mm512_maskz_loadu_ps(v == NV - 1 ? last : (__mmask16)0xFFFF, B + k * ldb + 16 * v);
+            b[v] = FULL || v < NV - 1 ? _mm512_loadu_ps(bk + 16 * v) : _mm512_maskz_loadu_ps(mk, bk + 16 * v);
         for (int i = 0; i < MR; i++) {
             __m512 a = _mm512_set1_ps(A[i * lda + k]);
             for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(a, b[v], acc[i][v]);
@@ -207,29 +212,48 @@ INLINE T512 void tile_nn_512(const int MR, const int NV, int K, const float *A, 
     }
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < NV; v++) {
-            __mmask16 mk = v == NV - 1 ? last : (__mmask16)0xFFFF;
             float *c = C + i * ldc + 16 * v;
             __m512 r = acc[i][v];
-            if (beta1) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, c), r);
-            _mm512_mask_storeu_ps(c, mk, r);
+            if (FULL || v < NV - 1) {
+                if (beta1) r = _mm512_add_ps(_mm512_loadu_ps(c), r);
+                _mm512_storeu_ps(c, r);
+            } else {
+                if (beta1) r = _mm512_add_ps(_mm512_maskz_loadu_ps(mk, c), r);
+                _mm512_mask_storeu_ps(c, mk, r);
+            }
         }
 }
 
-INLINE T512 void rows_nn_512(const int NV, int M, int K, const float *A, long lda, const float *B, long ldb,
-                             int beta1, float *C, long ldc, __mmask16 last) {
-    int m = 0;
-    for (; m + 4 <= M; m += 4) tile_nn_512(4, NV, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, last);
-    for (; m < M; m++) tile_nn_512(1, NV, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, last);
+/* Columns [n0, n1) of MR rows: tiles of NV vectors, then the rest (a partial last vector masked). */
+INLINE T512 void cols_nn_512(const int MR, const int NV, int n0, int n1, int K, const float *A, long lda,
+                             const float *B, long ldb, int beta1, float *C, long ldc) {
+    int n = n0;
+    for (; n + 16 * NV <= n1; n += 16 * NV) tile_nn_512(MR, NV, 1, K, A, lda, B + n, ldb, beta1, C + n, ldc, 16);
+    int rest = n1 - n, nv = (rest + 15) / 16, last = rest - 16 * (nv - 1);
+#define REST(k)                                                                                                    \
+    case k:                                                                                                        \
+        if (last == 16)                                                                                            \
+            tile_nn_512(MR, k < NV ? k : NV, 1, K, A, lda, B + n, ldb, beta1, C + n, ldc, 16);                     \
+        else                                                                                                       \
+            tile_nn_512(MR, k < NV ? k : NV, 0, K, A, lda, B + n, ldb, beta1, C + n, ldc, last);                   \
+        break;
+    switch (nv) {
+        REST(1) REST(2) REST(3) REST(4) REST(5) REST(6) REST(7) REST(8)
+    default:
+        break;
+    }
+#undef REST
 }
 
+/* C = A B for columns [n0, n1): rows in tiles of 4 x 6 vectors (24 accumulators), the last 1-3 rows together
+ * (3 x 8, 2 x 8, 1 x 8), so a block of B is loaded once for all the rows of a tile. */
 static T512 void nn_512(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
                         int beta1, float *C, long ldc) {
-    int n = n0;
-    for (; n + 64 <= n1; n += 64) rows_nn_512(4, M, K, A, lda, B + n, ldb, beta1, C + n, ldc, 0xFFFF);
-    for (; n < n1; n += 16) {
-        int w = n1 - n < 16 ? n1 - n : 16;
-        rows_nn_512(1, M, K, A, lda, B + n, ldb, beta1, C + n, ldc, (__mmask16)((1u << w) - 1));
-    }
+    int m = 0;
+    for (; m + 4 <= M; m += 4) cols_nn_512(4, 6, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    if (M - m == 3) cols_nn_512(3, 8, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    if (M - m == 2) cols_nn_512(2, 8, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    if (M - m == 1) cols_nn_512(1, 8, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
 }
 
 /* ---- AVX2 + FMA: the same design with 8 lanes ---- */
