@@ -66,14 +66,14 @@ def _best_ms(fn, repeats: int) -> float:
     return 1000.0 * best
 
 
-def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
-    """Milliseconds of a plain step and of a PTP call of each ``CALLS`` width (best of ``repeats``, after one
-    untimed warm-up that builds the compiled graph), each on a cache of ``context`` tokens."""
+def call_timers(pm, context: int = 128):
+    """A plain step and, per ``DraftPlan``, a PTP call, each a synchronised function that runs once on a cache of
+    ``context`` tokens and trims it back (fixed-shape and compiled, as the compile bank runs them; the first run of
+    each builds its graph)."""
     from ..decode.ar import prefill
     from ..decode.call import build_call, finish_call
     from ..decode.fixed import bank_for
     from ..decode.session import DecodeSession
-    from ..drafting.protocol import DraftPlan
     from ..sampler import SamplingSettings, UniformStream
 
     bank = bank_for(pm, True)
@@ -87,16 +87,27 @@ def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
         mx.eval(t, cache.arrays())  # sync: we are timing the step
         cache.trim_to(context)
 
-    out = {"step": _best_ms(step, repeats + 1)}
     sess = DecodeSession(pm, cache, u, s, 1.0, bank=bank)
-    for rows, (n, branches) in CALLS.items():
-        plan = DraftPlan([5] * n, branches)
 
-        def call(plan=plan):
-            finish_call(cache, build_call(sess, 3, plan, 0))
+    def call_for(plan):
+        def call():
+            finish_call(cache, build_call(sess, 3, plan, 0))  # (finish_call reads the outputs: a sync)
             cache.trim_to(context)
 
-        out[f"ptp {rows}"] = _best_ms(call, repeats + 1)
+        return call
+
+    return step, call_for
+
+
+def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
+    """Milliseconds of a plain step and of a PTP call of each ``CALLS`` width (best of ``repeats``, after one
+    untimed warm-up that builds the compiled graph), each on a cache of ``context`` tokens."""
+    from ..drafting.protocol import DraftPlan
+
+    step, call_for = call_timers(pm, context)
+    out = {"step": _best_ms(step, repeats + 1)}
+    for rows, (n, branches) in CALLS.items():
+        out[f"ptp {rows}"] = _best_ms(call_for(DraftPlan([5] * n, branches)), repeats + 1)
     return out
 
 

@@ -14,19 +14,9 @@ from __future__ import annotations
 import argparse
 import time
 
-import ptp_mlx  # noqa: F401  (loads the BLAS and ptp-sgemm before MLX)
-
-# isort: split
-import mlx.core as mx
-
-from ptp_mlx.bench.sweep import random_model
-from ptp_mlx.decode.ar import prefill
-from ptp_mlx.decode.call import build_call, finish_call
-from ptp_mlx.decode.fixed import bank_for
-from ptp_mlx.decode.session import DecodeSession
+from ptp_mlx.bench.sweep import call_timers, random_model
 from ptp_mlx.drafting.protocol import DraftPlan
 from ptp_mlx.model import ptp as model_ptp
-from ptp_mlx.sampler import SamplingSettings, UniformStream
 
 # name -> (drafts, branches): token rows are 1 + drafts, auxiliary rows the branches' widths
 SHAPES = {
@@ -46,26 +36,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.no_lora:
         model_ptp.PTPModel.lora_for = lambda self, gate, adapter=None: None
-    pm = random_model("135m")
-    bank, s, context = bank_for(pm, True), SamplingSettings(), 128
-    cache = pm.make_cache()
-    prefill(pm.base, [1 + i % 500 for i in range(context)], cache)
-    mx.eval(cache.arrays())
-    sess = DecodeSession(pm, cache, UniformStream(0), s, 1.0, bank=bank)
-
-    def step():
-        t = bank.ar_step(cache, s, mx.array([3], dtype=mx.int32), mx.array([0.5], dtype=mx.float32))
-        mx.eval(t, cache.arrays())  # sync: we are timing the step
-        cache.trim_to(context)
-
-    def call(plan: DraftPlan):
-        def run():
-            finish_call(cache, build_call(sess, 3, plan, 0))  # (finish_call reads the outputs: a sync)
-            cache.trim_to(context)
-
-        return run
-
-    cases = {"plain step": step, **{k: call(DraftPlan([5] * n, br)) for k, (n, br) in SHAPES.items()}}
+    step, call_for = call_timers(random_model("135m"))
+    cases = {"plain step": step, **{k: call_for(DraftPlan([5] * n, br)) for k, (n, br) in SHAPES.items()}}
     for fn in cases.values():
         fn(), fn()  # compile and warm
     times: dict[str, list[float]] = {k: [] for k in cases}
