@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import __version__, blas
+from ..kernels.extension import gated_state
 from ..paths import atomic_write_bytes
 from ..stats import tree_line
 from .metrics import ALL
@@ -118,6 +119,7 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
         "device": device_name(),
         "device_info": info,
         "blas": blas.state["blas"],
+        "gated_linear": gated_state(),
         "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "model": engine.model_path,
         "model_hash": model_fingerprint(engine.pm.base),
@@ -127,6 +129,11 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
         "draft_model": draft_path,
         "draft_model_hash": model_fingerprint(draft_model) if draft_model else None,
     }
+
+
+def _gated_tag(env: dict) -> str:
+    """The header's note of the one-primitive LoRA (kernels/gated_linear.cpp) where it serves the run."""
+    return " + gated-linear" if env.get("gated_linear") == "in use" else ""
 
 
 def check_doc(
@@ -188,7 +195,7 @@ def table(doc: dict) -> str:
     samp = "greedy" if s["greedy"] else f"temp {s['temp']} top-k {s['top_k']} top-p {s['top_p']} seed {s['seed']}"
     lines = [
         f"ptp-bench | {Path(str(env['model'])).name} ({env['dtype']}) | {env['device']} | blas "
-        f"{env['blas'].split(':')[0]} | {samp} | max {s['max_tokens']} tokens | "
+        f"{env['blas'].split(':')[0]}{_gated_tag(env)} | {samp} | max {s['max_tokens']} tokens | "
         f"{len(doc['prompts_complete'])} prompts x "
         + (f"{s['seeds']} seeds" if s.get("seeds") else f"{s['repeats']} repeat(s)")
         + (" | INTERRUPTED" if doc["interrupted"] else ""),
@@ -264,7 +271,7 @@ def write_plot(path: str | Path, doc: dict) -> None:
     env = doc["environment"]
     fig.suptitle(
         f"{Path(str(env['model'])).name} ({env['dtype']}) on {env['cpu']} | {env['device']} | "
-        f"blas {env['blas'].split(':')[0]}" + (" | interrupted" if doc["interrupted"] else ""),
+        f"blas {env['blas'].split(':')[0]}{_gated_tag(env)}" + (" | interrupted" if doc["interrupted"] else ""),
         fontsize=10,
     )
     handles, labels = axes[0].get_legend_handles_labels()

@@ -1,9 +1,17 @@
-"""``python -m ptp_mlx.kernels [--force]``: build ptp-sgemm (again, with ``--force``) and print its path, or why not."""
+"""``python -m ptp_mlx.kernels [--force]``: build ptp-sgemm and ptp-gated-linear (again, with ``--force``) and
+print their paths, or why not. The exit status is ptp-sgemm's: the gated-linear module is an extra on top."""
 
 import sys
 
 from . import build
 
-path, why = build(force="--force" in sys.argv)
+force = "--force" in sys.argv
+path, why = build(force=force)
 print(path or why)
+import ptp_mlx  # noqa: E402,F401  (loads the sgemm just built before MLX, as every start does)
+
+from .extension import build as build_gated  # noqa: E402
+
+gated, gated_why = build_gated(force=force)
+print(gated or f"ptp-gated-linear not built: {gated_why}")
 sys.exit(0 if path else 1)

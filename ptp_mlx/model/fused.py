@@ -75,6 +75,10 @@ class FusedGroup:
         col = dict(zip(names, np.concatenate([[0], np.cumsum(outs)[:-1]]), strict=True))
         self.B = block_diagonal_b([loras[n] for n in with_a], [col[n] for n in with_a], self.out, dtype)
         self.bias_full = None if self.bias is None else mx.concatenate([self.bias, mx.zeros((sum(ranks),), dtype)])
+        # On the CPU a float32 group and its LoRA can be one primitive (kernels/gated_linear.cpp): B's non-zero
+        # columns per rank row tell it where the block-diagonal delta lands.
+        self.gated = gated_module() if self.B is not None and dtype == mx.float32 else None
+        self.spans = _spans(self.B) if self.gated is not None else None
         self.base_W = self.W[: self.out]
         # The transposed views the matmuls read, made once: evaluated views of the same memory (no copy), so a
         # call's graph has no transpose node per projection and the matmul sees the very strides ``W.T`` gives.
@@ -105,7 +109,10 @@ class FusedGroup:
             if not self._memo:
                 self._x = None
             return y
-        if gate is not None and self.B is not None:
+        if gate is not None and self.gated is not None and mx.default_device() == mx.cpu:
+            rows = gate.gate.reshape(-1) if gate.gate is not None else mx.ones((x.size // x.shape[-1],))
+            y = self.gated.gated_linear(x, self.W, self.B, rows, self.spans, self.out, self.bias)
+        elif gate is not None and self.B is not None:
             z, a = mx.split(self._matmul(x, self.Wt, self.bias_full), [self.out], axis=-1)  # one node, two views
             if gate.gate is not None:  # zero rows in rank space: token rows then add an exact zero
                 a = a * gate.gate.astype(a.dtype)
@@ -117,6 +124,29 @@ class FusedGroup:
         out = mine.pop(name)
         self._x, self._memo = (x, mine) if mine else (None, {})
         return out
+
+
+def gated_module():
+    """The one-primitive form of a group and its LoRA (``kernels/extension.py``), or None where MLX runs
+    elsewhere or it cannot be built."""
+    if mx.default_device() != mx.cpu:
+        return None
+    from ..kernels.extension import module
+
+    return module()
+
+
+def _spans(B: mx.array) -> mx.array:
+    """int32 [rank, 2]: the columns ``[lo, hi)`` outside which row k of the block-diagonal ``B`` is zero."""
+    nz = np.array(B.astype(mx.float32)) != 0
+    spans = np.zeros((nz.shape[0], 2), dtype=np.int32)
+    for k, row in enumerate(nz):
+        cols = np.flatnonzero(row)
+        if cols.size:
+            spans[k] = (cols[0], cols[-1] + 1)
+    out = mx.array(spans)
+    mx.eval(out)
+    return out
 
 
 def fuse_projections(blocks: list[list[dict]], adapter, dtype, owner: int) -> bool:

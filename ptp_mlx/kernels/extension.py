@@ -1,0 +1,180 @@
+"""ptp-gated-linear: a fused projection group and its gated LoRA as one MLX primitive on the CPU.
+
+``gated_linear.cpp`` says why. It is an MLX C++ extension, built at first use with CMake and nanobind (the
+nanobind whose internals MLX's own bindings were built with, so arrays pass between the two) into
+``<PTP_MLX_HOME>/kernels/gated_linear-<hash>-<cpu>.so``; the hash covers the source, MLX's and nanobind's
+versions and the Python, the CPU key what ``-march=native`` targets. Only Linux (where MLX runs on the CPU and
+``ptp_mlx/blas.py`` placed the sgemm both use); with no compiler, CMake or nanobind, or where the built module
+does not pass its own check, decoding keeps the graph form with one notice (``PTP_MLX_GATED=0`` skips it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import _shared_copy, cpu_key, kernel_dir
+
+SOURCE = Path(__file__).with_name("gated_linear.cpp")
+MODULE = "_ptp_gated_linear"
+FLAGS = ["-O3", "-march=native"]
+CMAKE = """cmake_minimum_required(VERSION 3.18)
+project(ptp_gated_linear LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+set(CMAKE_CXX_STANDARD_REQUIRED ON)
+find_package(Python 3.10 COMPONENTS Interpreter Development.Module REQUIRED)
+find_package(nanobind CONFIG REQUIRED)
+find_package(MLX CONFIG REQUIRED)
+nanobind_add_module({module} NB_STATIC NOMINSIZE NB_DOMAIN mlx "{source}")
+target_link_libraries({module} PRIVATE mlx)
+target_compile_options({module} PRIVATE {flags})
+set_target_properties({module} PROPERTIES BUILD_RPATH "{mlx_lib}")
+"""
+
+_state: dict = {"module": None, "tried": False, "why": ""}
+
+
+def _versions() -> tuple[str, str] | None:
+    try:
+        import mlx.core as mx
+        import nanobind
+    except ImportError:
+        return None
+    return mx.__version__, nanobind.__version__
+
+
+def library_name() -> str | None:
+    versions = _versions()
+    if versions is None:
+        return None
+    tag = "|".join([*versions, sys.version, " ".join(FLAGS)])
+    digest = hashlib.sha256(SOURCE.read_bytes() + tag.encode()).hexdigest()[:12]
+    return f"gated_linear-{digest}-{cpu_key()}.so"
+
+
+def _run(cmd: list[str], cwd: Path) -> str:
+    """Run a build step; "" or a one-line reason."""
+    try:
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"{Path(cmd[0]).name} failed to run: {type(e).__name__}"
+    if r.returncode == 0:
+        return ""
+    text = (r.stderr + "\n" + r.stdout).splitlines()
+    first = next((x for x in text if "error" in x.lower()), "") or (text[0] if text else "")
+    return f"{Path(cmd[0]).name} failed: {first.strip()[:200]}"
+
+
+def build(force: bool = False) -> tuple[str | None, str]:
+    """The path of the built module, building it if needed, and ""; or None and a one-line reason.
+
+    The build happens in a private temporary folder and the module is renamed into place, so a reader only
+    ever sees a complete one; a failed toolchain is recorded beside it and not retried at every start."""
+    if not sys.platform.startswith("linux"):
+        return None, "built on Linux only (elsewhere MLX runs on its GPU)"
+    if not SOURCE.is_file():
+        return None, f"{SOURCE.name} is missing from the installed package"
+    name = library_name()
+    if name is None:
+        return None, "nanobind is not installed"
+    target = kernel_dir() / name
+    if not force:
+        for path in (target, _shared_copy(name)):
+            if path is not None and path.is_file():
+                return str(path), ""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        return None, "no cmake found"
+    failed = target.with_suffix(".failed")
+    if failed.is_file() and not force:
+        return None, failed.read_text(errors="replace").strip()
+    import mlx
+    import nanobind
+
+    mlx_root = Path(mlx.__path__[0])
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=target.parent))
+    except OSError as e:
+        return None, f"cannot write {target.parent}: {e.strerror or type(e).__name__}"
+    try:
+        (work / "CMakeLists.txt").write_text(
+            CMAKE.format(module=MODULE, source=SOURCE.resolve(), flags=" ".join(FLAGS), mlx_lib=mlx_root / "lib")
+        )
+        configure = [
+            cmake, "-S", str(work), "-B", str(work / "build"), "-DCMAKE_BUILD_TYPE=Release",
+            f"-DPython_EXECUTABLE={sys.executable}", f"-Dnanobind_ROOT={nanobind.cmake_dir()}",
+            f"-DMLX_ROOT={mlx_root}",
+        ]  # fmt: skip
+        reason = _run(configure, work) or _run([cmake, "--build", str(work / "build"), "-j", "2"], work)
+        built = sorted((work / "build").glob(f"{MODULE}*.so")) if not reason else []
+        if not reason and not built:
+            reason = "cmake built no module"
+        if reason:
+            try:
+                failed.write_text(reason + "\n")
+            except OSError:
+                pass
+            return None, reason
+        tmp = target.with_name(f".{name}.tmp-{os.getpid()}")
+        shutil.copyfile(built[0], tmp)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+        return str(target), ""
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _self_check(mod) -> str:
+    """The module's own check against the graph form on a small case: "" or why it cannot be used."""
+    import mlx.core as mx
+
+    x = mx.arange(24, dtype=mx.float32).reshape(1, 3, 8) / 7
+    W = mx.cos(mx.arange(6 * 8, dtype=mx.float32)).reshape(6, 8)
+    B = mx.sin(mx.arange(2 * 4, dtype=mx.float32)).reshape(2, 4)
+    gate = mx.array([0.0, 1.0, 1.0])
+    spans = mx.array([[0, 4], [0, 4]], dtype=mx.int32)
+    want = x @ W[:4].T + ((x @ W[4:].T) * gate[None, :, None]) @ B
+    got = mod.gated_linear(x, W, B, gate, spans, 4)
+    if not mx.allclose(got, want, atol=1e-5).item():  # a sync, once per process
+        return "its self-check disagreed with the graph form"
+    return ""
+
+
+def module():
+    """The loaded extension (``gated_linear(x, W, B, gate, spans, out, bias=None)``), or None, with one notice
+    the first time it cannot be had."""
+    if _state["tried"]:
+        return _state["module"]
+    _state["tried"] = True
+    if os.environ.get("PTP_MLX_GATED", "").strip().lower() in ("0", "off", "no", "false"):
+        return None
+    why = ""
+    try:  # never required: any failure is the notice, and decoding keeps the graph form
+        path, why = build()
+        if path is not None:
+            spec = importlib.util.spec_from_file_location(MODULE, path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            why = _self_check(mod)
+            if not why:
+                _state["module"] = mod
+                return mod
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    _state["why"] = why
+    print(f"notice: ptp-gated-linear not built ({why}); the adapter's LoRA runs as graph nodes", file=sys.stderr)
+    return None
+
+
+def gated_state() -> str:
+    """``"in use"``, ``"off (<why>)"`` or ``"not tried"``: what a report records."""
+    if not _state["tried"]:
+        return "not tried"
+    return "in use" if _state["module"] is not None else f"off ({_state['why'] or 'PTP_MLX_GATED=0'})"

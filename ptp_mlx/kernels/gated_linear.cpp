@@ -1,0 +1,186 @@
+// ptp-gated-linear: a fused projection group and its gated LoRA as one MLX primitive on the CPU (issue 41).
+//
+// A drafting call on a small model costs what its primitives cost: the adapter's LoRA adds a split, a gate
+// multiply and an addmm to each of the default model's 120 fused projection groups, and those 240+ small nodes
+// made a 1-token + 3-auxiliary-row call cost 1.3 plain steps where the same call without the LoRA costs 1.05
+// (docs/results/kernel/rows-2026-12-04.md). This primitive computes one group in one node:
+//
+//   y[:, :]  = x @ W[:N]^T (+ bias)             the very cblas_sgemm call MLX makes for a plain pass's
+//                                               `x @ W[:N].T` (same operands, strides and beta), so every row
+//                                               is bit for bit the plain product, whatever BLAS serves it
+//   a        = x @ W[N:]^T                      the adapter's stacked A rows (rank R), a second sgemm
+//   y[i, :] += sum_k (a[i, k] * gate[i]) B[k, :]   only on rows whose gate is not zero, only over the
+//                                               columns where B's row k is not zero (B is block-diagonal
+//                                               over the group's projections: spans[k] = [lo, hi))
+//
+// Token rows (gate 0) are never touched after the base product, so they stay exactly a plain pass's rows.
+// Only float32 on the CPU stream; Python uses the graph form everywhere else (ptp_mlx/model/fused.py).
+// cblas_sgemm is resolved in the process's global scope, where ptp_mlx/blas.py placed ptp-sgemm (or MKL)
+// before MLX loaded: the same function MLX's own matmuls call.
+
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+#include "mlx/stream.h"
+
+namespace mx = mlx::core;
+namespace nb = nanobind;
+
+namespace {
+
+enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
+                         float*, int);
+
+sgemm_fn blas_sgemm() {
+  static sgemm_fn fn = reinterpret_cast<sgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
+  if (fn == nullptr) throw std::runtime_error("ptp-gated-linear: no cblas_sgemm in the process");
+  return fn;
+}
+
+// Copies a strided float32 array into a dense row-major buffer (the rare input that is a view).
+void gather(const mx::array& a, float* dst) {
+  const float* src = a.data<float>();
+  const auto& shape = a.shape();
+  const auto& strides = a.strides();
+  const int nd = static_cast<int>(shape.size());
+  std::vector<int64_t> idx(nd, 0);
+  for (size_t n = 0; n < a.size(); ++n) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += idx[d] * strides[d];
+    dst[n] = src[off];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+class GatedLinear : public mx::Primitive {
+ public:
+  GatedLinear(mx::Stream stream, int out, bool has_bias) : mx::Primitive(stream), out_(out), bias_(has_bias) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("ptp-gated-linear runs on the CPU stream only");
+  }
+  const char* name() const override { return "PTPGatedLinear"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const GatedLinear&>(other);
+    return out_ == o.out_ && bias_ == o.bias_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = out_;
+    return {shape};
+  }
+
+ private:
+  int out_;
+  bool bias_;
+};
+
+void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& x = inputs[0];      // [..., K]
+  const mx::array& W = inputs[1];      // [N + R, K], row-contiguous
+  const mx::array& B = inputs[2];      // [R, N], row-contiguous, scale folded in
+  const mx::array& gate = inputs[3];   // M floats
+  const mx::array& spans = inputs[4];  // [R, 2] int32: B row k is zero outside [lo, hi)
+  mx::array& y = outputs[0];
+  y.set_data(mx::allocator::malloc(y.nbytes()));
+
+  const int K = x.shape(-1), N = out_, R = B.shape(0);
+  const int M = static_cast<int>(x.size() / K);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(x);
+  encoder.set_output_array(y);
+
+  // The constants (W, B, spans, bias) are the group's own evaluated matrices; x and gate come from the graph
+  // and are gathered when they are views.
+  for (size_t n = 1; n < inputs.size(); ++n)
+    if (n != 3 && !inputs[n].flags().row_contiguous)
+      throw std::invalid_argument("gated_linear: W, B, spans and bias must be row-contiguous");
+  const float* bias = bias_ ? inputs[5].data<float>() : nullptr;
+  encoder.dispatch([x = mx::array::unsafe_weak_copy(x), gate = mx::array::unsafe_weak_copy(gate),
+                    Wp = W.data<float>(), Bp = B.data<float>(), sp = spans.data<int32_t>(), bias,
+                    yp = y.data<float>(), M, N, K, R]() {
+    thread_local std::vector<float> xbuf, gbuf, abuf;
+    const float* xs = x.data<float>();
+    if (!x.flags().row_contiguous) {
+      xbuf.resize(static_cast<size_t>(M) * K);
+      gather(x, xbuf.data());
+      xs = xbuf.data();
+    }
+    const float* gp = gate.data<float>();
+    if (!gate.flags().row_contiguous) {
+      gbuf.resize(M);
+      gather(gate, gbuf.data());
+      gp = gbuf.data();
+    }
+    sgemm_fn sgemm = blas_sgemm();
+    if (bias != nullptr)
+      for (int i = 0; i < M; ++i) std::memcpy(yp + static_cast<size_t>(i) * N, bias, sizeof(float) * N);
+    // Exactly MLX's call for a plain pass's `x @ W[:N].T` (or addmm with the bias copied into the output).
+    sgemm(RowMajor, NoTrans, Trans, M, N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, yp, N);
+    bool any = false;
+    for (int i = 0; i < M && !any; ++i) any = gp[i] != 0.0f;
+    if (!any || R == 0) return;
+    abuf.resize(static_cast<size_t>(M) * R);
+    sgemm(RowMajor, NoTrans, Trans, M, R, K, 1.0f, xs, K, Wp + static_cast<size_t>(N) * K, K, 0.0f, abuf.data(), R);
+    for (int i = 0; i < M; ++i) {
+      const float g = gp[i];
+      if (g == 0.0f) continue;  // a token row: the plain product, untouched
+      float* yr = yp + static_cast<size_t>(i) * N;
+      const float* ar = abuf.data() + static_cast<size_t>(i) * R;
+      for (int k = 0; k < R; ++k) {
+        const float s = ar[k] * g;
+        const float* br = Bp + static_cast<size_t>(k) * N;
+        for (int j = sp[2 * k]; j < sp[2 * k + 1]; ++j) yr[j] += s * br[j];
+      }
+    }
+  });
+}
+
+mx::array gated_linear(const mx::array& x, const mx::array& W, const mx::array& B, const mx::array& gate,
+                       const mx::array& spans, int out, std::optional<mx::array> bias) {
+  auto check = [](bool ok, const char* what) {
+    if (!ok) throw std::invalid_argument(std::string("gated_linear: ") + what);
+  };
+  const int K = x.shape(-1);
+  check(x.dtype() == mx::float32 && W.dtype() == mx::float32 && B.dtype() == mx::float32 &&
+            gate.dtype() == mx::float32 && spans.dtype() == mx::int32,
+        "float32 operands and int32 spans");
+  check(W.ndim() == 2 && W.shape(1) == K && W.shape(0) >= out, "W is [out + rank, in]");
+  check(B.ndim() == 2 && B.shape(1) == out && W.shape(0) == out + B.shape(0), "B is [rank, out]");
+  check(static_cast<int64_t>(gate.size()) * K == static_cast<int64_t>(x.size()), "one gate per row of x");
+  check(spans.size() == 2 * static_cast<size_t>(B.shape(0)), "spans is [rank, 2]");
+  if (bias) check(bias->dtype() == mx::float32 && bias->size() == static_cast<size_t>(out), "bias is [out]");
+  auto stream = mx::default_stream(mx::Device::cpu);
+  auto shape = x.shape();
+  shape.back() = out;
+  std::vector<mx::array> inputs = {x, W, B, gate, spans};
+  if (bias) inputs.push_back(*bias);
+  return mx::array(shape, mx::float32, std::make_shared<GatedLinear>(stream, out, bias.has_value()),
+                   std::move(inputs));
+}
+
+}  // namespace
+
+NB_MODULE(_ptp_gated_linear, m) {
+  m.doc() = "ptp-gated-linear: a fused projection group with its gated LoRA as one MLX CPU primitive";
+  m.def("gated_linear", &gated_linear, nb::arg("x"), nb::arg("W"), nb::arg("B"), nb::arg("gate"),
+        nb::arg("spans"), nb::arg("out"), nb::arg("bias") = nb::none(),
+        "y = x @ W[:out].T (+ bias), plus (x @ W[out:].T * gate) @ B on rows whose gate is not zero.");
+}

@@ -1,0 +1,120 @@
+"""ptp-gated-linear (ptp_mlx/kernels/gated_linear.cpp): a fused group and its gated LoRA in one primitive.
+
+Token rows must be bit for bit the plain product (MLX's own ``x @ W[:N].T``, or ``addmm`` with a bias), auxiliary
+rows the graph form's delta to rounding, in eager and compiled calls; the fused model uses it; and where it
+cannot be built, decoding keeps the graph form with one notice."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import ptp_mlx  # noqa: F401  (the sgemm before MLX)
+
+# isort: split
+import mlx.core as mx
+
+from ptp_mlx.kernels import extension
+from ptp_mlx.model.fused import _spans
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built on Linux only")
+
+
+@pytest.fixture(scope="module")
+def gl():
+    mod = extension.module()
+    if mod is None:
+        pytest.skip(f"ptp-gated-linear not available here: {extension._state['why']}")
+    return mod
+
+
+def _group(rng, k_in: int, outs: list[int], rank: int):
+    """A fused matrix [sum(outs) + R, in] and its block-diagonal B [R, sum(outs)] (rank per projection)."""
+    n = sum(outs)
+    W = rng.standard_normal((n + rank * len(outs), k_in)).astype(np.float32) * 0.05
+    B = np.zeros((rank * len(outs), n), np.float32)
+    col = 0
+    for p, o in enumerate(outs):
+        B[p * rank : (p + 1) * rank, col : col + o] = rng.standard_normal((rank, o)) * 0.05
+        col += o
+    return mx.array(W), mx.array(B), n
+
+
+@linux
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, rows, with_bias):
+    rng = np.random.default_rng(rows)
+    W, B, n = _group(rng, 96, [40, 24, 24], 8)
+    bias = mx.array(rng.standard_normal(n).astype(np.float32)) if with_bias else None
+    x = mx.array(rng.standard_normal((1, rows, 96)).astype(np.float32))
+    gate = mx.array([0.0 if i % 3 == 0 else 1.0 for i in range(rows)])
+    plain = x @ W[:n].T if bias is None else mx.addmm(bias, x, W[:n].T)
+    z, a = mx.split(x @ W.T, [n], axis=-1)
+    graph = (z if bias is None else z + bias) + (a * gate[None, :, None]) @ B
+    for run in (gl.gated_linear, mx.compile(gl.gated_linear)):
+        y = run(x, W, B, gate, _spans(B), n, bias)
+        assert y.shape == (1, rows, n)
+        for i in range(rows):
+            if gate[i].item() == 0:
+                assert mx.array_equal(y[0, i], plain[0, i]).item(), f"token row {i} is not the plain product"
+            else:
+                assert mx.allclose(y[0, i], graph[0, i], atol=1e-5, rtol=1e-5).item()
+                assert not mx.array_equal(y[0, i], plain[0, i]).item()  # the delta is there
+
+
+@linux
+def test_a_strided_input_and_a_fractional_gate(gl):
+    rng = np.random.default_rng(7)
+    W, B, n = _group(rng, 32, [16, 16], 4)
+    xt = mx.array(rng.standard_normal((32, 4)).astype(np.float32)).T[None]  # a transposed view, [1, 4, 32]
+    gate = mx.array([0.0, 0.5, 1.0, 2.0])
+    y = gl.gated_linear(xt, W, B, gate, _spans(B), n)
+    z, a = mx.split(xt @ W.T, [n], axis=-1)
+    assert mx.allclose(y, z + (a * gate[None, :, None]) @ B, atol=1e-5).item()
+
+
+@linux
+def test_bad_operands_are_one_clear_error(gl):
+    W, B, n = _group(np.random.default_rng(0), 16, [8], 2)
+    with pytest.raises(ValueError, match="one gate per row"):
+        gl.gated_linear(mx.zeros((1, 3, 16)), W, B, mx.zeros((2,)), _spans(B), n)
+    with pytest.raises(ValueError, match="float32"):
+        gl.gated_linear(mx.zeros((1, 3, 16), mx.float16), W, B, mx.zeros((3,)), _spans(B), n)
+
+
+def test_spans_mark_where_each_rank_row_is_not_zero():
+    B = np.zeros((3, 10), np.float32)
+    B[0, 2:5] = 1
+    B[1, 7] = -1  # row 2 stays zero
+    assert np.array(_spans(mx.array(B))).tolist() == [[2, 5], [7, 8], [0, 0]]
+
+
+@linux
+def test_without_cmake_decoding_keeps_the_graph_form_with_one_notice(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(extension, "_shared_copy", lambda name: None)
+    monkeypatch.setattr(extension.shutil, "which", lambda name: None)
+    monkeypatch.setattr(extension, "_state", {"module": None, "tried": False, "why": ""})
+    assert extension.build() == (None, "no cmake found")
+    assert extension.module() is None and extension.module() is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["notice: ptp-gated-linear not built (no cmake found); the adapter's LoRA runs as graph nodes"]
+    assert extension.gated_state() == "off (no cmake found)"
+
+
+@linux
+def test_the_fused_default_model_runs_its_groups_as_one_primitive(gl, default_model_dir):
+    from ptp_mlx.engine import Engine
+
+    engine = Engine.load(measure_cost=False)  # the default model with its shipped adapter
+    groups = {m.group for layer in engine.pm.base.layers for m in _patched(layer)}
+    assert groups and all(g.gated is gl for g in groups if g is not None)
+
+
+def _patched(layer):
+    from ptp_mlx.model.layers import projection_modules
+
+    return [m for mods in projection_modules(layer) for m in mods.values()]
