@@ -120,6 +120,7 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
         "device_info": info,
         "blas": blas.state["blas"],
         "gated_linear": gated_state(),
+        "malloc": blas.state["malloc"],
         "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "model": engine.model_path,
         "model_hash": model_fingerprint(engine.pm.base),
