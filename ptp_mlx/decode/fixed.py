@@ -81,11 +81,12 @@ def outputs_head(spec: CallSpec, logits: mx.array, inputs: CallInputs) -> CallOu
         top = mx.argmax(aux, axis=-1)
         best = mx.max(aux, axis=-1)
         # (the drafts' confidences only price rows: the CPU's exp is dear, the fused one is close enough)
-        lse = cpu_math.logsumexp(aux, axis=-1) if cpu_math.enabled() else mx.logsumexp(aux, axis=-1)
+        logsumexp = cpu_math.logsumexp if cpu_math.enabled() else mx.logsumexp
+        lse = logsumexp(aux, axis=-1)
         out.aux_top, out.aux_conf = top, mx.exp(best - lse)
         if shape.reads_top_prob:  # the adapter's top probability at the sampler's temperature
             t = s.temperature
-            out.top_prob = mx.exp(best / t - mx.logsumexp(aux / t, axis=-1))
+            out.top_prob = mx.exp(best / t - logsumexp(aux / t, axis=-1))
         if shape.runner_up:
             rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
             out.second, out.second_conf = mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)
