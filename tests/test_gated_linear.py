@@ -45,12 +45,16 @@ def _group(rng, k_in: int, outs: list[int], rank: int):
 @linux
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 16])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, rows, with_bias):
+@pytest.mark.parametrize("layout", ["tokens first", "interleaved"])
+def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, rows, with_bias, layout):
+    """Both ways the delta runs: auxiliary rows together after the token rows (one sgemm per block of B), and
+    rows in any order (a row at a time)."""
     rng = np.random.default_rng(rows)
     W, B, n = _group(rng, 96, [40, 24, 24], 8)
     bias = mx.array(rng.standard_normal(n).astype(np.float32)) if with_bias else None
     x = mx.array(rng.standard_normal((1, rows, 96)).astype(np.float32))
-    gate = mx.array([0.0 if i % 3 == 0 else 1.0 for i in range(rows)])
+    tokens = (lambda i: i < (rows + 1) // 2) if layout == "tokens first" else (lambda i: i % 3 == 0)
+    gate = mx.array([0.0 if tokens(i) else 1.0 for i in range(rows)])
     plain = x @ W[:n].T if bias is None else mx.addmm(bias, x, W[:n].T)
     z, a = mx.split(x @ W.T, [n], axis=-1)
     graph = (z if bias is None else z + bias) + (a * gate[None, :, None]) @ B
@@ -61,7 +65,7 @@ def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, rows,
             if gate[i].item() == 0:
                 assert mx.array_equal(y[0, i], plain[0, i]).item(), f"token row {i} is not the plain product"
             else:
-                assert mx.allclose(y[0, i], graph[0, i], atol=1e-5, rtol=1e-5).item()
+                assert mx.allclose(y[0, i], graph[0, i], atol=1e-5, rtol=1e-5).item(), f"aux row {i}"
                 assert not mx.array_equal(y[0, i], plain[0, i]).item()  # the delta is there
 
 

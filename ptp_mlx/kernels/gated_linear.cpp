@@ -139,6 +139,28 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     if (!any || R == 0) return;
     abuf.resize(static_cast<size_t>(M) * R);
     sgemm(RowMajor, NoTrans, Trans, M, R, K, 1.0f, xs, K, Wp + static_cast<size_t>(N) * K, K, 0.0f, abuf.data(), R);
+    // The auxiliary rows (gate not zero) usually sit together after the token rows: then the delta is one
+    // sgemm per projection block of B (C = S B + C, S the gated rank-space rows), which streams each block of
+    // B once for all rows. Elsewhere a row at a time.
+    int i0 = 0;
+    while (i0 < M && gp[i0] == 0.0f) ++i0;
+    int i1 = i0;
+    while (i1 < M && gp[i1] != 0.0f) ++i1;
+    bool together = true;
+    for (int i = i1; i < M && together; ++i) together = gp[i] == 0.0f;
+    if (together) {
+      for (int i = i0; i < i1; ++i)
+        for (int k = 0; k < R; ++k) abuf[static_cast<size_t>(i) * R + k] *= gp[i];
+      for (int k0 = 0, k1; k0 < R; k0 = k1) {  // blocks of rank rows with the same column span
+        const int lo = sp[2 * k0], hi = sp[2 * k0 + 1];
+        for (k1 = k0 + 1; k1 < R && sp[2 * k1] == lo && sp[2 * k1 + 1] == hi; ++k1) {
+        }
+        if (hi > lo)
+          sgemm(RowMajor, NoTrans, NoTrans, i1 - i0, hi - lo, k1 - k0, 1.0f, abuf.data() + static_cast<size_t>(i0) * R + k0,
+                R, Bp + static_cast<size_t>(k0) * N + lo, N, 1.0f, yp + static_cast<size_t>(i0) * N + lo, N);
+      }
+      return;
+    }
     for (int i = 0; i < M; ++i) {
       const float g = gp[i];
       if (g == 0.0f) continue;  // a token row: the plain product, untouched
