@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from .fused_exp import exp as fused_exp
+
 CDF_ORDERS = ("id", "prob")
 
 
@@ -59,17 +61,58 @@ def _work_dtype():
     return mx.float64 if mx.default_device() == mx.cpu else mx.float32
 
 
+# Below this, a token's tempered logit is that far under the row's maximum that it gets probability 0 (e^-700 is
+# far above float64's smallest number, so every token above it has a positive probability: "p > 0" is this test).
+_CUTOFF = -700.0
+
+
+def _tempered(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array, mx.array]:
+    """The logits at temperature T in the work dtype, their row maximum and the softmax normaliser ``Z``.
+
+    ``Z`` sums ``e^(x - max)`` over the vocabulary in float64, each term by the fused float32 exp
+    (``fused_exp.py``): about 1e-7 relative, against a float32 sum's 1e-4, for a fifth of the float64 exp's cost
+    (MLX's CPU backend computes that one element at a time). Only the tokens a pick needs then get the float64
+    exp of their own (``_probs_at``)."""
+    x = logits.astype(mx.float32).astype(_work_dtype())
+    if s.temperature not in (0, 1):
+        x = x / s.temperature
+    m = mx.max(x, axis=-1, keepdims=True)
+    z = mx.sum(fused_exp((x - m).astype(mx.float32)).astype(x.dtype), axis=-1, keepdims=True)
+    return x, m, z
+
+
+def _probs_at(x: mx.array, m: mx.array, z: mx.array) -> mx.array:
+    """The probabilities of the tokens whose tempered logits are ``x`` (any subset of a row's): ``e^(x - m) / Z``,
+    0 below the cutoff. The same function of a token's logit whichever tokens it is computed with."""
+    d = x - m
+    return mx.where(d > _CUTOFF, mx.exp(d) / z, mx.array(0.0, x.dtype))
+
+
 def tempered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
     """Step 1: softmax at temperature T, in float64 on the CPU.
 
     In float32 the softmax of a 49,152-token vocabulary misplaces the cumulative distribution by up to about
-    1e-4 (its normaliser's rounding, measured on the default model), which moves every bin edge near the top of
-    the CDF by that much; in float64 the CDF is within about 1e-8 of exact. The logits themselves are float32
-    (the model's), converted exactly."""
-    x = logits.astype(mx.float32).astype(_work_dtype())
-    if s.temperature not in (0, 1):
-        x = x / s.temperature
-    return mx.softmax(x, axis=-1, precise=True)
+    1e-4 (its normaliser's rounding, measured on the default model); here each probability is a float64 exp over
+    a normaliser within about 1e-7 (``_tempered``). The rows need not sum to 1 exactly: the last kept CDF edge is
+    1 by definition. The logits themselves are float32 (the model's), converted exactly. On a device without
+    float64, MLX's softmax in float32."""
+    if _work_dtype() != mx.float64:
+        x = logits.astype(mx.float32)
+        return mx.softmax(x / s.temperature if s.temperature not in (0, 1) else x, axis=-1, precise=True)
+    x, m, z = _tempered(logits, s)
+    return _probs_at(x, m, z)
+
+
+def _head_probs(logits: mx.array, s: SamplingSettings):
+    """``probs_at(ids)``: ``tempered_probs`` at the token ids ``ids`` (bit for bit), with the float64 exp taken for
+    those tokens only; and the number of tokens with a positive probability per row."""
+    if _work_dtype() != mx.float64:
+        p = tempered_probs(logits, s)
+        return (lambda ids: mx.take_along_axis(p, ids, axis=-1)), mx.sum(p > 0, axis=-1, keepdims=True)
+    x, m, z = _tempered(logits, s)
+    return (lambda ids: _probs_at(mx.take_along_axis(x, ids, axis=-1), m, z)), mx.sum(
+        x - m > _CUTOFF, axis=-1, keepdims=True
+    )
 
 
 def _top_k(p: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
@@ -163,7 +206,9 @@ def prob_sorted(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.arr
     ps = mx.take_along_axis(p, rank, axis=-1)
     if s.top_p < 1.0:
         ps = mx.where((mx.cumsum(ps, axis=-1) - ps) <= s.top_p, ps, 0.0)  # masses of the full vocabulary
-    qs = ps / ps.sum(axis=-1, keepdims=True)
+        qs = ps / ps.sum(axis=-1, keepdims=True)
+    else:  # the whole vocabulary, normalised by Z already (as the fast pick, which sees only its head, uses it)
+        qs = ps
     return rank, _sorted_edges(qs), qs
 
 
@@ -190,13 +235,13 @@ CANDIDATES = 1024  # the likeliest tokens a fast pick sorts
 UNRESOLVED = -2  # a fast pick's answer for a row that needs the full sort (``resolve``)
 
 
-def _head(logits: mx.array, p: mx.array, c: int) -> tuple[mx.array, mx.array, mx.array]:
+def _head(logits: mx.array, probs_at, c: int) -> tuple[mx.array, mx.array, mx.array]:
     """The ``c`` likeliest tokens in the full sort's order (descending probability, ties by id): their ids, their
-    probabilities, and how many lead surely as in the full sort (``exact``: those strictly likelier than the
-    least likely candidate; a token left out may tie with that one)."""
+    probabilities (``probs_at(ids)``), and how many lead surely as in the full sort (``exact``: those strictly
+    likelier than the least likely candidate; a token left out may tie with that one)."""
     part = mx.argpartition(-logits, kth=c - 1, axis=-1)[..., :c]  # (temperature and softmax keep the order)
     ids = mx.sort(part.astype(mx.int32), axis=-1)  # id order first: the stable sort below then breaks ties by id
-    pc = mx.take_along_axis(p, ids, axis=-1)
+    pc = probs_at(ids)
     rank = mx.argsort(-pc, axis=-1)
     ps = mx.take_along_axis(pc, rank, axis=-1)
     exact = mx.sum(ps > ps[..., -1:], axis=-1, keepdims=True)
@@ -212,18 +257,17 @@ def _nucleus(ps: mx.array, exact: mx.array, top_p: float) -> tuple[mx.array, mx.
 
 def _fast_prob(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
     """``_pick_prob`` from the sorted head (``UNRESOLVED`` where the head cannot tell)."""
-    p = tempered_probs(logits, s)
+    probs_at, positive = _head_probs(logits, s)
     c = CANDIDATES  # (fewer than the vocabulary: ``may_leave_unresolved``)
-    ids, ps, exact = _head(logits, p, c)
+    ids, ps, exact = _head(logits, probs_at, c)
     known = None  # without top-p every token is kept: the nucleus is the whole row, known
     if s.top_p < 1.0:
         keep, known = _nucleus(ps, exact, s.top_p)
         ps = mx.where(keep, ps, 0.0)
         qs = ps / ps.sum(axis=-1, keepdims=True)
         n_kept = mx.sum(keep, axis=-1, keepdims=True)
-    else:  # the normaliser is the whole row's
-        qs = ps / p.sum(axis=-1, keepdims=True)
-        n_kept = mx.sum(p > 0, axis=-1, keepdims=True)
+    else:  # normalised by the whole row's Z already (``prob_sorted``)
+        qs, n_kept = ps, positive
     edges = mx.where(mx.arange(c) >= n_kept - 1, 1.0, accurate_cumsum(qs))
     u = mx.expand_dims(mx.array(u, dtype=mx.float32).astype(edges.dtype), -1)
     j = mx.minimum(mx.sum(edges <= u, axis=-1, keepdims=True), c - 1)
@@ -237,11 +281,11 @@ def _fast_prob(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.a
 def _fast_id(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:
     """``pick`` in vocabulary-id order under top-p: the nucleus from the sorted head (``UNRESOLVED`` where it
     reaches past the head's exact part), then the same id-order CDF as ``filtered_probs``."""
-    p = tempered_probs(logits, s)
-    ids, ps, exact = _head(logits, p, CANDIDATES)
+    probs_at, _ = _head_probs(logits, s)
+    ids, ps, exact = _head(logits, probs_at, CANDIDATES)
     keep, known = _nucleus(ps, exact, s.top_p)
-    kept = mx.put_along_axis(mx.zeros(p.shape, dtype=mx.bool_), ids, keep, axis=-1)
-    q = mx.where(kept, p, 0.0)
+    # the kept probabilities scattered into id order: the very array ``filtered_probs`` renormalises
+    q = mx.put_along_axis(mx.zeros(logits.shape, dtype=ps.dtype), ids, mx.where(keep, ps, 0.0), axis=-1)
     q = q / q.sum(axis=-1, keepdims=True)
     edges = id_sorted_edges(q)
     u = mx.array(u, dtype=mx.float32).astype(edges.dtype)
