@@ -57,15 +57,6 @@ def random_model(size: str, dtype=mx.float32):
     return PTPModel(model, adapter, {"window": 8}, fuse=True)
 
 
-def _best_ms(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return 1000.0 * best
-
-
 def call_timers(pm, context: int = 128):
     """A plain step and, per ``DraftPlan``, a PTP call, each a synchronised function that runs once on a cache of
     ``context`` tokens and trims it back (fixed-shape and compiled, as the compile bank runs them; the first run of
@@ -100,15 +91,22 @@ def call_timers(pm, context: int = 128):
 
 
 def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
-    """Milliseconds of a plain step and of a PTP call of each ``CALLS`` width (best of ``repeats``, after one
-    untimed warm-up that builds the compiled graph), each on a cache of ``context`` tokens."""
+    """Milliseconds of a plain step and of a PTP call of each ``CALLS`` width, each on a cache of ``context``
+    tokens: the best of ``repeats`` rounds, each round timing the step and every width back to back (after one
+    untimed warm-up that builds the compiled graphs), so a shared machine's slow phase meets them all alike."""
     from ..drafting.protocol import DraftPlan
 
     step, call_for = call_timers(pm, context)
-    out = {"step": _best_ms(step, repeats + 1)}
-    for rows, (n, branches) in CALLS.items():
-        out[f"ptp {rows}"] = _best_ms(call_for(DraftPlan([5] * n, branches)), repeats + 1)
-    return out
+    fns = {"step": step, **{f"ptp {rows}": call_for(DraftPlan([5] * n, br)) for rows, (n, br) in CALLS.items()}}
+    for fn in fns.values():
+        fn()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t0)
+    return {name: 1000.0 * sec for name, sec in best.items()}
 
 
 def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=print) -> tuple[str, dict]:
@@ -129,5 +127,5 @@ def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=prin
         lines.append("| " + " | ".join([size, f"{n_params / 1e6:.0f}M", f"{ms['step']:.1f}", *cells]) + " |")
         del pm
         mx.clear_cache()
-    text = f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32, context {context}, best of {repeats}\n"
+    text = f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32, context {context}, best of {repeats} interleaved rounds\n"
     return text + "\n".join(lines), doc
