@@ -100,7 +100,7 @@ def test_spans_mark_where_each_rank_row_is_not_zero():
 def test_without_cmake_decoding_keeps_the_graph_form_with_one_notice(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(extension, "_shared_copy", lambda name: None)
-    monkeypatch.setattr(extension.shutil, "which", lambda name: None)
+    monkeypatch.setattr(extension, "_cmake", lambda: None)
     monkeypatch.setattr(extension, "_state", {"module": None, "tried": False, "why": ""})
     assert extension.build() == (None, "no cmake found")
     assert extension.module() is None and extension.module() is None
@@ -122,3 +122,11 @@ def _patched(layer):
     from ptp_mlx.model.layers import projection_modules
 
     return [m for mods in projection_modules(layer) for m in mods.values()]
+
+
+@linux
+def test_cmake_comes_from_the_wheel_where_the_system_has_none(monkeypatch):
+    pytest.importorskip("cmake")
+    monkeypatch.setattr(extension.shutil, "which", lambda name: None)
+    path = extension._cmake()
+    assert path is not None and path.endswith("cmake")

@@ -58,6 +58,19 @@ def library_name() -> str | None:
     return f"gated_linear-{digest}-{cpu_key()}.so"
 
 
+def _cmake() -> str | None:
+    """The system's cmake, else the one the ``cmake`` wheel (a Linux dependency) brings."""
+    found = shutil.which("cmake")
+    if found:
+        return found
+    try:
+        from cmake import CMAKE_BIN_DIR
+    except ImportError:
+        return None
+    path = Path(CMAKE_BIN_DIR) / "cmake"
+    return str(path) if path.is_file() else None
+
+
 def _default_copy(name: str) -> Path | None:
     """Where the default cache root keeps this build, when this process has its own ``PTP_MLX_HOME``."""
     if not os.environ.get("PTP_MLX_HOME"):
@@ -106,7 +119,7 @@ def build(force: bool = False) -> tuple[str | None, str]:
     default = _default_copy(name)
     if default is not None:
         target = default
-    cmake = shutil.which("cmake")
+    cmake = _cmake()
     if cmake is None:
         return None, "no cmake found"
     failed = target.with_suffix(".failed")
