@@ -137,3 +137,52 @@ def test_a_burst_drops_the_adapter_drafts_in_hand():
     chain.emitted([5])  # a burst's token
     assert chain.drafts == [] and chain.conf == []
     assert chain.plan(2, 20, 100).drafts == ()
+
+
+class StoppedDrafter(BurstyDrafter):
+    """Bursts of 6 plain steps that a chain in hand ends after 2 (``ready``, as a prompt-lookup match does), then
+    that chain's call: the plain answer's next tokens (``answer``) as drafts, told ahead on the burst's last token
+    before it is read (``guess_start``, as ``DraftPolicy`` guesses a lookup chain); every ``wrong``-th guess drafts
+    another first token, so the read drops its build."""
+
+    def __init__(self, answer: list[int], wrong: int = 0):
+        super().__init__(6, 3, wrong)
+        self.answer, self.since_burst = answer, 0
+
+    def _chain(self, i: int, remaining: int) -> DraftPlan:
+        return DraftPlan(list(self.answer[i : i + min(2, max(0, remaining - 1))]), [], source="lookup")
+
+    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
+        self.calls += 1
+        if self.calls % 2:
+            self.since_burst = 0
+            return DraftPlan([], [], burst=min(6, remaining))
+        return self._chain(i, remaining)
+
+    def emitted(self, tokens: list[int]) -> None:
+        self.since_burst += len(tokens)
+
+    def ready(self) -> bool:
+        return self.since_burst >= 2
+
+    def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
+        self.guesses += 1
+        plan = self._chain(i, remaining)
+        if self.wrong and self.guesses % self.wrong == 0 and plan.drafts:
+            plan = DraftPlan([plan.drafts[0] + 1, *plan.drafts[1:]], [], source="lookup")
+        return plan
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+@pytest.mark.parametrize("wrong", [0, 2])
+def test_a_chain_that_ends_a_burst_is_built_on_its_last_token(pm_sticky, varied, spy, name, wrong):
+    """The burst stopped early: the call after it, with drafts guessed before the last token is read, is built
+    while that step computes, queued when the read confirms the guess, dropped otherwise; the answer stays the
+    plain one."""
+    tok = varied[1]
+    s = with_seed(SETTINGS[name], 7)
+    ids = encode_prompt(tok, PROMPTS[0])
+    answer = ar(pm_sticky, tok, ids, s, 24, eos=set())[0]
+    assert_same(pm_sticky, tok, ids, s, 24, {"drafter": StoppedDrafter(answer, wrong)}, eos=set())
+    assert spy["hit"] >= 1, spy
+    assert (spy["miss"] >= 1) == bool(wrong), spy

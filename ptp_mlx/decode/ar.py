@@ -42,7 +42,8 @@ def ar_calls(
     ``decode/fixed.py`` (run eagerly under a hook, which processes the logits). ``then``: called once with
     the last step's token (lazy int32 [1]) as soon as that step is queued, before any of it is read (a PTP call
     after a burst is built on it meanwhile: ``decode/pipeline.py``). ``stop()``: asked before each next step is
-    queued; once True, the step already queued is read and the loop ends (a burst ended early keeps that token).
+    queued; once True, the step already queued is read and the loop ends (a burst ended early keeps that token),
+    and ``then`` is called with that step's token.
 
     A step's token may read ``UNRESOLVED`` (sampler.py: its ``u`` lies beyond the likeliest tokens the step sorts);
     the host then settles it from the step's logits, and the step queued on it runs again on the exact token."""
@@ -71,17 +72,22 @@ def ar_calls(
     # Each step is charged its own queueing: MLX's CPU backend returns from ``async_eval`` only once all but the
     # last few kernels of the graph have run, so the time spent queueing step i + 1 is mostly that step's compute.
     carried = time.perf_counter() - t_queue
-    if then is not None and max_new == 1:
+    told = then is not None and max_new == 1
+    if told:
         then(tok)
     for i in range(max_new):
         t_start = time.perf_counter()
         nxt = nxt_scored = None
         queued = 0.0
-        if i + 1 < max_new and not (stop is not None and stop()):
+        stopped = stop is not None and i + 1 < max_new and stop()
+        if i + 1 < max_new and not stopped:
             before = cache.offset
             nxt, nxt_scored, nxt_logits = step(tok, i + 1)
             mx.async_eval(nxt, *(nxt_scored or []))
             queued = time.perf_counter() - t_start
+        elif stopped and then is not None and not told:
+            told = True  # the step queued before the stop is the last: what follows is built on it meanwhile
+            then(tok)
         t = int(tok.item())  # sync: the host needs this token (the next pass is already queued)
         if t == UNRESOLVED:
             t = resolve(u[i], logits.reshape(-1), s)
@@ -91,7 +97,8 @@ def ar_calls(
                 mx.async_eval(nxt, *(nxt_scored or []))
         if t < 0:
             raise ValueError("cannot sample: the model produced non-finite logits")
-        if then is not None and nxt is not None and i + 2 == max_new:
+        if then is not None and nxt is not None and i + 2 == max_new and not told:
+            told = True
             then(nxt)  # (built on a token the host has settled; ``nxt`` itself is checked when the call is)
         lps = hook.read(scored, [0], [t]) if scored is not None else None
         took = time.perf_counter() - t_start - queued + carried

@@ -123,10 +123,10 @@ def _burst(sess: DecodeSession, drafter: Drafter, last: int, i: int, length: int
     last token. Returns ``(last, done)``. The first call after it is built on the last step's token while that step
     computes (``CallQueue.start_after_burst``)."""
     stop = []
-    end = i + length
+    end = [i + length]  # where the call after the burst starts (sooner when the burst is told to stop)
     shifted = replace(sess, uniforms=Shifted(sess.uniforms, i))
     burst = ar_calls(
-        shifted, last, length, then=lambda token: queue.start_after_burst(token, end), stop=lambda: bool(stop)
+        shifted, last, length, then=lambda token: queue.start_after_burst(token, end[0]), stop=lambda: bool(stop)
     )
     done, cold = 0, [_cold(sess.bank)] * 3
     for block, info in burst:
@@ -146,4 +146,5 @@ def _burst(sess: DecodeSession, drafter: Drafter, last: int, i: int, length: int
             # and kept (not dropped: it was computed anyway), and the drafter plans with it. (Past ``length - 1``
             # the step queued is the burst's last anyway, and the next call may already be built on it.)
             stop.append(True)
+            end[0] = i + done + 1  # (the step queued is the burst's last)
     return last, done

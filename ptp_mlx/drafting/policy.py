@@ -24,6 +24,7 @@ class DraftPolicy(Drafter):
     def __init__(self, budget: BudgetPolicy, chain: ChainDrafter, lookup: LookupProposer | None = None):
         self.budget, self.chain, self.lookup = budget, chain, lookup
         self.lookup_conf: list[float] = []  # the confidences the last lookup plan was priced by
+        self.pending_lookup: DraftPlan | None = None  # the lookup call built ahead for the next plan (``chained``)
 
     @property
     def runner_up(self) -> bool:
@@ -46,7 +47,9 @@ class DraftPolicy(Drafter):
         others = self._lookup_strands(self.lookup.alternatives(), 0.5) if trees else []
         if offer is not None and offer.expected > self.chain.expected(i):
             beside = self._chain_strand(i) + others if trees else []
-            plan = self._fit_lookup(offer, remaining, room, beside)  # fitted to this machine's cost
+            # fitted to this machine's cost, preferring the lookup call already built ahead (no tree beside it then)
+            plan = self._fit_lookup(offer, remaining, room, beside, pending=self.pending_lookup)
+            self.pending_lookup = None
             if plan is not None:
                 self.chain.chained(None)  # (what was built ahead for the adapter's call is dropped)
                 self.lookup_conf = self._lookup_conf(offer)
@@ -85,7 +88,15 @@ class DraftPolicy(Drafter):
         return self.chain.guess(plan, accepted, i, remaining, room)
 
     def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
-        # (a lookup chain needs the burst's last token: if lookup wins after the read, the build is dropped)
+        # A lookup chain in hand (what ends a burst early): the chain it continues with if the burst's last token,
+        # not read yet, is the copied text's next one (the read tells; a wrong guess is dropped, never queued).
+        if self.lookup is not None and self.ready():
+            offer = self.lookup.guess_after(())
+            if offer is None:
+                return None
+            conf = self._lookup_conf(offer)
+            plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step, preview=True)
+            return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
         return self.chain.guess_start(i, remaining, room)
 
     def likely(self, plan: DraftPlan) -> list[float] | None:
@@ -96,11 +107,13 @@ class DraftPolicy(Drafter):
     def _lookup_conf(self, offer: LookupOffer) -> list[float]:
         return [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
 
-    def _fit_lookup(self, offer: LookupOffer, remaining: int, room: int, beside=()) -> DraftPlan | None:
+    def _fit_lookup(
+        self, offer: LookupOffer, remaining: int, room: int, beside=(), pending: DraftPlan | None = None
+    ) -> DraftPlan | None:
         """The budget's rows for a lookup chain (it sees the hit rate as confidences), with ``beside`` offered as
-        side strands, or None without drafts."""
+        side strands (``pending``: the lookup call built ahead, preferred), or None without drafts."""
         conf = self._lookup_conf(offer)
-        plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step, beside)
+        plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step, beside, pending)
         return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
@@ -110,6 +123,8 @@ class DraftPolicy(Drafter):
 
     def chained(self, plan: DraftPlan | None) -> None:
         self.chain.chained(plan if plan is not None and plan.source != self.lookup_source else None)
+        lookup = plan is not None and self.lookup is not None and plan.source == self.lookup.source
+        self.pending_lookup = plan if lookup else None
 
     @property
     def lookup_source(self) -> str | None:
