@@ -197,7 +197,6 @@ def _keep_buffers_on_heap() -> None:
     call measured 2.0-2.1 plain steps instead of 2.2-2.4 here (docs/results/kernel/). Applies to the whole
     process (mlx-lm's steps too). ``PTP_MLX_MALLOC=default`` leaves glibc's settings alone."""
     if os.environ.get("PTP_MLX_MALLOC", "").strip().lower() in ("0", "off", "default"):
-        state["malloc"] = "default"
         return
     try:
         mallopt = ctypes.CDLL(None).mallopt

@@ -110,9 +110,8 @@ def _head_probs(logits: mx.array, s: SamplingSettings):
         p = tempered_probs(logits, s)
         return (lambda ids: mx.take_along_axis(p, ids, axis=-1)), mx.sum(p > 0, axis=-1, keepdims=True)
     x, m, z = _tempered(logits, s)
-    return (lambda ids: _probs_at(mx.take_along_axis(x, ids, axis=-1), m, z)), mx.sum(
-        x - m > _CUTOFF, axis=-1, keepdims=True
-    )
+    positive = mx.sum(x - m > _CUTOFF, axis=-1, keepdims=True)
+    return (lambda ids: _probs_at(mx.take_along_axis(x, ids, axis=-1), m, z)), positive
 
 
 def _top_k(p: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:

@@ -99,7 +99,7 @@ def test_spans_mark_where_each_rank_row_is_not_zero():
 @linux
 def test_without_cmake_decoding_keeps_the_graph_form_with_one_notice(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(extension, "_shared_copy", lambda name: None)
+    monkeypatch.setattr(extension, "shared_path", lambda name: None)
     monkeypatch.setattr(extension, "_cmake", lambda: None)
     monkeypatch.setattr(extension, "_state", {"module": None, "tried": False, "why": ""})
     assert extension.build() == (None, "no cmake found")

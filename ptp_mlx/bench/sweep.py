@@ -127,5 +127,8 @@ def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=prin
         lines.append("| " + " | ".join([size, f"{n_params / 1e6:.0f}M", f"{ms['step']:.1f}", *cells]) + " |")
         del pm
         mx.clear_cache()
-    text = f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32, context {context}, best of {repeats} interleaved rounds\n"
+    text = (
+        f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32, context {context}, "
+        f"best of {repeats} interleaved rounds\n"
+    )
     return text + "\n".join(lines), doc

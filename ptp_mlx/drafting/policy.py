@@ -92,11 +92,7 @@ class DraftPolicy(Drafter):
         # not read yet, is the copied text's next one (the read tells; a wrong guess is dropped, never queued).
         if self.lookup is not None and self.ready():
             offer = self.lookup.guess_after(())
-            if offer is None:
-                return None
-            conf = self._lookup_conf(offer)
-            plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step, preview=True)
-            return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
+            return None if offer is None else self._fit_lookup(offer, remaining, room, preview=True)
         return self.chain.guess_start(i, remaining, room)
 
     def likely(self, plan: DraftPlan) -> list[float] | None:
@@ -108,12 +104,16 @@ class DraftPolicy(Drafter):
         return [min(0.99, offer.rate / self.budget.ratio)] * len(offer.drafts)
 
     def _fit_lookup(
-        self, offer: LookupOffer, remaining: int, room: int, beside=(), pending: DraftPlan | None = None
-    ) -> DraftPlan | None:
+        self, offer: LookupOffer, remaining: int, room: int, beside=(), pending: DraftPlan | None = None,
+        preview: bool = False,
+    ) -> DraftPlan | None:  # fmt: skip
         """The budget's rows for a lookup chain (it sees the hit rate as confidences), with ``beside`` offered as
-        side strands (``pending``: the lookup call built ahead, preferred), or None without drafts."""
+        side strands (``pending``: the lookup call built ahead, preferred; ``preview``: the choice only, nothing
+        noted), or None without drafts."""
         conf = self._lookup_conf(offer)
-        plan = self.budget.rows_for(list(offer.drafts), conf, remaining, room, self.chain.step, beside, pending)
+        plan = self.budget.rows_for(
+            list(offer.drafts), conf, remaining, room, self.chain.step, beside, pending, preview=preview
+        )
         return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:

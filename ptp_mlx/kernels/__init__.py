@@ -61,17 +61,22 @@ def kernel_dir() -> Path:
     return cache_root() / "kernels"
 
 
-def _shared_copy(name: str) -> Path | None:
-    """The same build in the default cache root (content-addressed by its name, so interchangeable): a process
-    with its own ``PTP_MLX_HOME`` (each test has one) then needs no compile of its own."""
+def shared_path(name: str) -> Path | None:
+    """Where the default cache root keeps build ``name``, when this process has its own ``PTP_MLX_HOME`` (each
+    test has one); None otherwise. Builds are content-addressed by their names, so interchangeable."""
     if not os.environ.get("PTP_MLX_HOME"):
         return None
     try:
         import platformdirs
     except ImportError:
         return None
-    path = Path(platformdirs.user_cache_dir("ptp-mlx")) / "kernels" / name
-    return path if path.is_file() else None
+    return Path(platformdirs.user_cache_dir("ptp-mlx")) / "kernels" / name
+
+
+def _shared_copy(name: str) -> Path | None:
+    """The same build in the default cache root, if it is there: such a process then needs no compile of its own."""
+    path = shared_path(name)
+    return path if path is not None and path.is_file() else None
 
 
 def _compile(cc: str, out: Path) -> str:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import _shared_copy, cpu_key, kernel_dir
+from . import cpu_key, kernel_dir, shared_path
 
 SOURCE = Path(__file__).with_name("gated_linear.cpp")
 MODULE = "_ptp_gated_linear"
@@ -71,17 +71,6 @@ def _cmake() -> str | None:
     return str(path) if path.is_file() else None
 
 
-def _default_copy(name: str) -> Path | None:
-    """Where the default cache root keeps this build, when this process has its own ``PTP_MLX_HOME``."""
-    if not os.environ.get("PTP_MLX_HOME"):
-        return None
-    try:
-        import platformdirs
-    except ImportError:
-        return None
-    return Path(platformdirs.user_cache_dir("ptp-mlx")) / "kernels" / name
-
-
 def _run(cmd: list[str], cwd: Path) -> str:
     """Run a build step; "" or a one-line reason."""
     try:
@@ -107,18 +96,14 @@ def build(force: bool = False) -> tuple[str | None, str]:
     name = library_name()
     if name is None:
         return None, "nanobind is not installed"
-    target = kernel_dir() / name
-    shared = _shared_copy(name)
+    target, shared = kernel_dir() / name, shared_path(name)
     if not force:
         for path in (target, shared):
             if path is not None and path.is_file():
                 return str(path), ""
     # A process with its own PTP_MLX_HOME (each test has one) builds into the default cache root, where the
-    # next such process finds it (``_shared_copy``; the name is content-addressed): eleven seconds once, not per
-    # process.
-    default = _default_copy(name)
-    if default is not None:
-        target = default
+    # next such process finds it: eleven seconds once, not per process.
+    target = shared or target
     cmake = _cmake()
     if cmake is None:
         return None, "no cmake found"

@@ -22,6 +22,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from ..kernels.extension import module as gated_linear_module
+
 # Projections that read the same input: fused into one matmul (their LoRA ``A`` stacked with them, or alone).
 INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -129,11 +131,7 @@ class FusedGroup:
 def gated_module():
     """The one-primitive form of a group and its LoRA (``kernels/extension.py``), or None where MLX runs
     elsewhere or it cannot be built."""
-    if mx.default_device() != mx.cpu:
-        return None
-    from ..kernels.extension import module
-
-    return module()
+    return gated_linear_module() if mx.default_device() == mx.cpu else None
 
 
 def _spans(B: mx.array) -> mx.array:
