@@ -251,11 +251,11 @@ def test_ptp_samples_follow_the_model_at_temperature_one(pm_sticky, varied):
 
 @pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])
 def test_random_token_trees_are_exact(varied, pm_sticky, pm_random, name):
-    """Random tree shapes (chains, side strands of one to three tokens at every row of the chain, with and without
-    their own branches, chain branches), token for token against autoregressive decoding; strands land and the
-    cache is compacted."""
+    """Random tree shapes (chains, side strands of one to three tokens at every row of the chain and strands of
+    those at their tokens, with and without their own branches, chain branches), token for token against
+    autoregressive decoding; strands land, strands of strands too, and the cache is compacted."""
     _, tok = varied
-    hits = deep = 0
+    hits = deep = nested = 0
     for k, prompt in enumerate(PROMPTS[:3]):
         s = with_seed(SETTINGS[name], 11 + k)
         ids = encode_prompt(tok, prompt)
@@ -267,7 +267,9 @@ def test_random_token_trees_are_exact(varied, pm_sticky, pm_random, name):
                 assert sum(str(st.source).endswith("-strand") for st in steps) == drafter.alt_hits
                 hits += drafter.alt_hits
                 deep += drafter.deep_hits
-    assert hits >= 5 and deep >= 3  # strands really landed (and the K/V compaction after them was exercised)
+                nested += drafter.nested_hits
+    # strands really landed, strands of strands too (and the K/V compaction after them was exercised)
+    assert hits >= 5 and deep >= 3 and nested >= 2, (hits, deep, nested)
 
 
 @pytest.mark.parametrize("name", ["greedy", "T1.0"])

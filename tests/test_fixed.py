@@ -32,6 +32,11 @@ PLANS = {
     "deep-tree": DraftPlan(
         [7, 9, 11], [(0, 2)], strands=[Strand(1, (12, 14), 2), Strand(2, (13,)), Strand(3, (5, 6, 8), 3)]
     ),
+    "nested-tree": DraftPlan(
+        [7, 9, 11],
+        [(0, 2), (3, 2)],
+        strands=[Strand(1, (12, 14), 2), Strand(2, (13, 4), 2, parent=0), Strand(0, (6,)), Strand(3, (5,), 0, parent=1)],
+    ),
     "no-windows": DraftPlan([7, 9, 11], []),
 }
 SETTINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
@@ -79,13 +84,36 @@ def test_compiled_call_equals_eager_call_and_eager_pass(engine, pname, sname, of
     # zeros, but the sums are blocked differently) rounds its confidences and K/V at float32 level.
     ps, ps_kv, ps_off = got["pass"]
     assert (res.block, res.accepted, res.strand, res.aux_tokens) == (ps.block, ps.accepted, ps.strand, ps.aux_tokens)
-    assert [t for t, _ in res.second] == [t for t, _ in ps.second] and off == ps_off
-    close = [(res.aux_conf, ps.aux_conf), ([c for _, c in res.second], [c for _, c in ps.second])]
+    assert [[t for t, _ in a] for a in res.alts] == [[t for t, _ in a] for a in ps.alts] and off == ps_off
+    close = [(res.aux_conf, ps.aux_conf), ([[c for _, c in a] for a in res.alts], [[c for _, c in a] for a in ps.alts])]
     close += [(res.aux_top_prob or [], ps.aux_top_prob or [])] + list(zip(kv, ps_kv, strict=True))
     for a, b in close:
         assert np.allclose(a, b, rtol=1e-4, atol=1e-5)
     bank = bank_for(pm, True)
-    assert (("ptp", call_shape(plan, True, not s.greedy), s), round_up(offset + plan.rows)) in bank.entries
+    assert (("ptp", call_shape(plan, True, not s.greedy).graph_key, s), round_up(offset + plan.rows)) in bank.entries
+
+
+@pytest.mark.parametrize("sname", list(SETTINGS))
+def test_shapes_with_the_same_row_counts_share_one_compiled_graph(engine, sname):
+    """The tree and the windows are inputs of the graph (``topology``): shapes with the same row counts
+    (``graph_key``) but other parents, branches and positions run one compiled entry, each equal to its own eager
+    pass."""
+    pm, s = engine.pm, SETTINGS[sname]
+    alike = [  # 4 token rows (2 chain drafts), 6 auxiliary rows each
+        DraftPlan([7, 9], [(0, 2), (2, 4)], strands=[Strand(0, (12,))]),
+        DraftPlan([7, 9], [(1, 3)], strands=[Strand(1, (13,), 3)]),
+        DraftPlan([7, 9], [(0, 6)], strands=[Strand(1, (5,))]),
+    ]
+    keys = {call_shape(p, True, not s.greedy).graph_key for p in alike}
+    assert len(keys) == 1 and len({call_shape(p, True, not s.greedy) for p in alike}) == 3
+    bank = bank_for(pm, True)
+    bank.entries.clear()
+    for plan in alike:
+        res, kv, off = run(pm, prefilled(pm, 30), plan, s, bank)
+        ps, ps_kv, ps_off = run(pm, prefilled(pm, 30), plan, s, None)
+        assert (res.block, res.accepted, res.strand, res.aux_tokens) == (ps.block, ps.accepted, ps.strand, ps.aux_tokens)
+        assert off == ps_off and all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(kv, ps_kv, strict=True))
+    assert len(bank.entries) == 1
 
 
 def test_bank_holds_one_entry_per_shape_and_bucket(engine):
@@ -222,3 +250,27 @@ def test_writes_do_not_copy_the_buffers(engine):
         peaks.append(mx.get_peak_memory() - before)
     kv_bytes = sum(a.nbytes for a in st.arrays())
     assert peaks[1] < peaks[0] + kv_bytes / 4, (peaks, kv_bytes)
+
+
+@pytest.mark.parametrize("vocab", [250, 256, 49152, 1000])
+def test_runner_ups_are_the_next_likeliest_tokens(vocab):
+    """``runner_ups``: each row's ``ALTS`` likeliest tokens after its argmax, best first, as a full sort gives them
+    (a vocabulary that is not a multiple of the search's block too); compiled equals eager."""
+    from ptp_mlx.decode.fixed import ALTS, runner_ups
+
+    rng = np.random.default_rng(vocab)
+    x = rng.normal(size=(9, vocab)).astype(np.float32)
+    x[3, :] = 0.0  # a row of ties: the argmax is the first, runner-ups any others of the same value
+    x[4, vocab - 1] = 9.0  # the argmax in the last, padded block
+    a = mx.array(x)
+    top = mx.argmax(a, axis=-1)
+    ids, logits = runner_ups(a, top)
+    cids, clogits = mx.compile(runner_ups)(a, top)
+    assert np.array_equal(np.array(ids), np.array(cids)) and np.array_equal(np.array(logits), np.array(clogits))
+    ids, logits = np.array(ids), np.array(logits)
+    for r in range(len(x)):
+        order = np.argsort(-x[r], kind="stable")
+        if r == 3:
+            assert len(set(ids[r])) == ALTS and 0 not in ids[r] and np.all(logits[r] == 0.0)
+            continue
+        assert list(ids[r]) == list(order[1 : ALTS + 1]) and np.allclose(logits[r], x[r][order[1 : ALTS + 1]])

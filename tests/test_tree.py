@@ -15,18 +15,18 @@ def test_drafts_after_a_strand_come_from_its_branch():
     d = TreeDrafter(Budget(CostCurve(), max_width=4))
     plan = DraftPlan([7, 8], [(0, 2), (2, 3)], strands=[Strand(0, (9,)), Strand(0, (5,), 3), Strand(1, (4, 6), 2)])
     aux = [10, 11, 20, 21, 22, 50, 51, 52, 60, 61]  # branch 0 | branch 2 | strand 1's branch | strand 2's branch
-    second = [(t + 100, 0.1) for t in aux]
-    d.update(plan, CallResult([], 1, aux, [0.5] * 10, second, strand=1))
-    assert d.drafts == [51, 52] and d.seconds == [(151, 0.1), (152, 0.1)]
-    d.update(plan, CallResult([], 0, aux, [0.5] * 10, second, strand=None))
-    assert d.drafts == [11] and d.seconds == [(111, 0.1)]
-    d.update(plan, CallResult([], 2, aux, [0.5] * 10, second))
+    alts = [[(t + 100, 0.1), (t + 200, 0.05)] for t in aux]
+    d.update(plan, CallResult([], 1, aux, [0.5] * 10, alts, strand=1))
+    assert d.drafts == [51, 52] and d.alts == [[(151, 0.1), (251, 0.05)], [(152, 0.1), (252, 0.05)]]
+    d.update(plan, CallResult([], 0, aux, [0.5] * 10, alts, strand=None))
+    assert d.drafts == [11] and d.alts == [[(111, 0.1), (211, 0.05)]]
+    d.update(plan, CallResult([], 2, aux, [0.5] * 10, alts))
     assert d.drafts == [21, 22]
-    d.update(plan, CallResult([], 1, aux, [0.5] * 10, second, strand=0))
-    assert d.drafts == [] and d.seconds == []  # a strand without a branch leaves no drafts
-    d.update(plan, CallResult([], 3, aux, [0.5] * 10, second, strand=2))  # the whole deeper strand stood
+    d.update(plan, CallResult([], 1, aux, [0.5] * 10, alts, strand=0))
+    assert d.drafts == [] and d.alts == []  # a strand without a branch leaves no drafts
+    d.update(plan, CallResult([], 3, aux, [0.5] * 10, alts, strand=2))  # the whole deeper strand stood
     assert d.drafts == [61]
-    d.update(plan, CallResult([], 2, aux, [0.5] * 10, second, strand=2))  # only its first token: no branch
+    d.update(plan, CallResult([], 2, aux, [0.5] * 10, alts, strand=2))  # only its first token: no branch
     assert d.drafts == []
     assert chain_accepted(plan, CallResult([], 3, strand=2)) == 1 and chain_accepted(plan, CallResult([], 2)) == 2
 
@@ -42,8 +42,11 @@ def test_runner_ups_are_offered_at_every_slot():
     from ptp_mlx.drafting.tree import TreeDrafter
 
     d = TreeDrafter(Budget(CostCurve(), max_width=4))
-    d.seconds = [(30, 0.2), (31, 0.3)]
-    assert [(o.at, o.tokens, o.source) for o in d.offers(0)] == [(0, (30,), "ptp"), (1, (31,), "ptp")]
+    d.drafts, d.conf, d.alts = [7, 8], [0.6, 0.5], [[(30, 0.2), (40, 0.1)], [(31, 0.3), (41, 0.1)]]
+    c = d.candidates(0)
+    assert c.tokens == ((7, 30, 40), (8, 31, 41)) and c.probs == ((0.6, 0.2, 0.1), (0.5, 0.3, 0.1))
+    d.alts = []
+    assert d.candidates(0) is None
 
 
 def _costs(per_row: float, room: int = 64, remaining: int = 100) -> TreeCosts:

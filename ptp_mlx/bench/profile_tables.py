@@ -12,7 +12,7 @@ def tree_menu(shapes) -> str:
 
     trees = getattr(shapes, "trees", {})
     used = "; ".join(
-        f"{n} drafts + strands {' '.join(f'{at}:{k}+{w}' for at, k, w in sig)} ({calls} calls)"
+        f"{n} drafts + strands {' '.join(f'{at}:{k}+{w}' + (f'^{p}' if p >= 0 else '') for at, k, w, p in sig)} ({calls} calls)"
         for (n, _, sig), calls in sorted(trees.items(), key=lambda kv: -kv[1])[:8]
     )
     head = f"token-tree shapes used: {len(trees)} (at most {MAX_TREE_SHAPES}; strand at:tokens+window)"

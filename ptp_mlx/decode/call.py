@@ -91,10 +91,11 @@ class ChainInputs:
 
 def tree_rows(plan: DraftPlan) -> list[tuple[int, int, int]]:
     """``(row, parent row, depth)`` of every token row of ``plan``'s call after ``last`` and the chain: each strand's
-    tokens in order, the first following the chain's row ``at``."""
+    tokens in order, the first following the row ``plan.follows`` names (the chain's row ``at``, or a token of
+    its parent strand)."""
     out, r = [], 1 + len(plan.drafts)
-    for st in plan.strands:
-        parent = st.at
+    for j, st in enumerate(plan.strands):
+        parent = plan.follows(j)
         for k in range(len(st.tokens)):
             out.append((r, parent, st.at + 1 + k))
             parent, r = r, r + 1
@@ -134,8 +135,8 @@ def call_uniforms(sess: DecodeSession, plan: DraftPlan, i: int) -> tuple[np.ndar
 def _prefixes(plan: DraftPlan) -> list[list[int]]:
     """Per token row, the drafts on its path after ``last`` (what a logits hook counts for that row)."""
     out = [list(plan.drafts[:j]) for j in range(len(plan.drafts) + 1)]
-    for st in plan.strands:
-        out += [list(plan.drafts[: st.at]) + list(st.tokens[: k + 1]) for k in range(len(st.tokens))]
+    for j, st in enumerate(plan.strands):
+        out += [plan.path_drafts(j, k + 1) for k in range(len(st.tokens))]
     return out
 
 
@@ -208,28 +209,32 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
         return targets_l[r]
 
     # 2. Accept the leading drafts that equal the exact tokens; where the chain stopped, a strand that follows its
-    # row and starts with the exact token there takes the path on, token by token.
+    # row and starts with the exact token there takes the path on, token by token, and where that strand stops, a
+    # strand that follows its row there, and so on.
     # (the graph counts leading rows that each follow the row before: a strand hung after the chain's last draft
     # continues that count; the host walks strands itself)
     c = min(int(o.accepted.item()), n)
     path, strand = list(range(c + 1)), None  # token rows on the accepted path, the last one emits its exact token
     block = list(plan.drafts[:c])
     if plan.strands:
-        t = exact(c)
-        rows = 1 + n
-        for k, st in enumerate(plan.strands):
-            if strand is None and st.at == c and st.tokens[0] == t:
-                strand, m = k, 1
-                if on_strand is not None:
-                    then = on_strand()
-                while m < len(st.tokens) and st.tokens[m] == exact(rows + m - 1):
-                    m += 1
-                block += list(st.tokens[:m])
-                path += list(range(rows, rows + m))
-                # Compact: the strand's K/V rows that stood move next to the chain's; the rest is trimmed below.
-                if rows != 1 + c:
-                    cache.copy_rows(offset + rows, offset + 1 + c, m)
-            rows += len(st.tokens)
+        line, depth = -1, c  # the line the path is on (-1: the chain) and the drafts on it so far
+        while True:
+            t = exact(path[-1])
+            k = next((k for k, st in enumerate(plan.strands) if st.parent == line and st.at == depth and st.tokens[0] == t), None)
+            if k is None:
+                break
+            if strand is None and on_strand is not None:
+                then = on_strand()
+            st, row = plan.strands[k], plan.strand_row(k)
+            m = 1
+            while m < len(st.tokens) and st.tokens[m] == exact(row + m - 1):
+                m += 1
+            # Compact: the strand's K/V rows that stood move next to the path's; the rest is trimmed below.
+            if row != len(path):
+                cache.copy_rows(offset + row, offset + len(path), m)
+            block += list(st.tokens[:m])
+            path += list(range(row, row + m))
+            strand, line, depth = k, k, st.at + m
     block.append(exact(path[-1]))
     keep = offset + len(path)
     # 3. Trim the cache back to the accepted path: [last, q_1..q_c, strand tokens that stood] stay.
@@ -239,7 +244,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     def read(a):
         return [] if a is None else a.tolist()
 
-    second = list(zip(read(o.second), read(o.second_conf), strict=True))
+    alts = [list(zip(t, c, strict=True)) for t, c in zip(read(o.alt), read(o.alt_conf), strict=True)]
     top_l = None if o.top_prob is None else o.top_prob.tolist()
     lps = None
     if o.scored is not None:
@@ -250,7 +255,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
         accepted=accepted,
         aux_tokens=read(o.aux_top),
         aux_conf=read(o.aux_conf),
-        second=second,
+        alts=alts,
         strand=strand,
         aux_top_prob=top_l,
         logprobs=lps,

@@ -16,7 +16,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
+from functools import lru_cache, partial
 
 import mlx.core as mx
 import numpy as np
@@ -28,11 +28,18 @@ from ..sampler import SamplingSettings, may_leave_unresolved, pick_with
 from .shape import CallInputs, CallOutputs, CallSpec
 
 
-def _mask_fn(shape: CallShape, offset: mx.array, bucket: int, dtype) -> Callable[[int | None], mx.array]:
-    """Additive masks [rows, bucket] for the call, built in the graph from the offset and the shape's block."""
-    rows = shape.rows
-    block = mx.array(shape.block)
-    rel_pos = mx.array(shape.rel_pos)
+@lru_cache(maxsize=1024)
+def topology(shape: CallShape) -> tuple[mx.array, mx.array]:
+    """A shape's ``block`` (bool [rows, rows]: which of the call's rows each row sees) and ``rel_pos`` (int32 [rows])
+    as the arrays its graph takes: inputs, not constants, so every shape with the same ``graph_key`` (row counts)
+    shares one compiled graph, whatever its tree and windows."""
+    return mx.array(shape.block), mx.array(shape.rel_pos)
+
+
+def _mask_fn(block: mx.array, rel_pos: mx.array, offset: mx.array, bucket: int, dtype) -> Callable[[int | None], mx.array]:
+    """Additive masks [rows, bucket] for the call, built in the graph from the offset and the shape's ``block`` and
+    ``rel_pos`` (``topology``)."""
+    rows = block.shape[0]
     col = mx.arange(bucket, dtype=mx.int32)
     rel = col - offset
     inside = (rel >= 0) & (rel < rows)
@@ -88,34 +95,66 @@ def outputs_head(spec: CallSpec, logits: mx.array, inputs: CallInputs) -> CallOu
             t = s.temperature
             out.top_prob = mx.exp(best / t - logsumexp(aux / t, axis=-1))
         if shape.runner_up:
-            rest = mx.where(mx.arange(aux.shape[-1])[None] == top[:, None], -mx.inf, aux)  # the max of the rest
-            out.second, out.second_conf = mx.argmax(rest, axis=-1), mx.exp(mx.max(rest, axis=-1) - lse)
+            alt, alt_logit = runner_ups(aux, top)
+            out.alt, out.alt_conf = alt, mx.exp(alt_logit - lse[:, None])
     return out
+
+
+ALTS = 3  # runner-ups each auxiliary row returns (a token tree's candidates: docs/method.md, section 5)
+_BLOCK = 128  # vocabulary block of the runner-ups' search
+
+
+def runner_ups(aux: mx.array, top: mx.array) -> tuple[mx.array, mx.array]:
+    """Each row's ``ALTS`` likeliest tokens after ``top`` (its argmax), best first, and their logits: int32 and
+    float32 [rows, ALTS]. One pass over the vocabulary (block maxima), then a search inside the ``ALTS + 1`` best
+    blocks, which hold the row's ``ALTS + 1`` largest logits: a third of the cost of masking and re-reducing
+    the whole row per runner-up on the CPU."""
+    k, b = ALTS + 1, _BLOCK
+    n, vocab = aux.shape
+    nb = -(-vocab // b)
+    if nb * b != vocab:
+        aux = mx.concatenate([aux, mx.full((n, nb * b - vocab), -mx.inf, dtype=aux.dtype)], axis=-1)
+    blocks, kb = aux.reshape(n, nb, b), min(k, nb)
+    best = mx.argpartition(-mx.max(blocks, axis=-1), kb - 1, axis=-1)[:, :kb]  # [n, kb] the blocks to search
+    cand = mx.take_along_axis(blocks, best[:, :, None], axis=1).reshape(n, kb * b)
+    ids = (best[:, :, None] * b + mx.arange(b, dtype=best.dtype)[None, None]).reshape(n, kb * b)
+    cand = mx.where(ids == top[:, None], -mx.inf, cand)  # the argmax is the chain's draft, not a runner-up
+    pick = mx.argpartition(-cand, k - 1, axis=-1)[:, :k]
+    order = mx.argsort(-mx.take_along_axis(cand, pick, axis=-1), axis=-1)[:, :ALTS]
+    pick = mx.take_along_axis(pick, order, axis=-1)
+    return mx.take_along_axis(ids, pick, axis=-1).astype(mx.int32), mx.take_along_axis(cand, pick, axis=-1)
 
 
 def graph_args(spec: CallSpec, inputs: CallInputs, offset: mx.array) -> list[mx.array]:
     """The arrays ``call_graph`` takes before the K/V buffers: ``tokens``, ``row_u``, ``aux_u``, ``offset`` (int32
-    []) and, under a ``guarded`` rule, ``offered``."""
-    return [inputs.tokens, inputs.row_u, inputs.aux_u, offset, *([inputs.offered] if spec.rule.guarded else [])]
+    []), the shape's ``block`` and ``rel_pos`` (``topology``) and, under a ``guarded`` rule, ``offered``."""
+    block, rel_pos = topology(spec.shape)
+    guarded = [inputs.offered] if spec.rule.guarded else []
+    return [inputs.tokens, inputs.row_u, inputs.aux_u, offset, block, rel_pos, *guarded]
 
 
 def call_graph(pm, spec: CallSpec, bucket: int, *arrays: mx.array) -> tuple[mx.array, ...]:
     """One PTP call as a pure function of arrays: those of ``graph_args`` (``tokens`` int32 [n_tok], ``row_u``
-    float32 [n_tok], ``aux_u`` float32 [n_aux], ``offset`` int32 [], under a ``guarded`` rule ``offered``, bool
-    [vocab]), then the K/V buffers (keys of every layer, then values). Returns the outputs' arrays
-    (``_OUT_FIELDS`` order, the ones the shape wants) followed by the written buffers."""
-    tokens, row_u, aux_u, offset, *kv = arrays
+    float32 [n_tok], ``aux_u`` float32 [n_aux], ``offset`` int32 [], ``block`` bool [rows, rows], ``rel_pos`` int32
+    [rows], under a ``guarded`` rule ``offered``, bool [vocab]), then the K/V buffers (keys of every layer, then
+    values). Returns the outputs' arrays (``_OUT_FIELDS`` order, the ones the shape wants) followed by the written
+    buffers. Only ``spec.shape.graph_key`` fixes the graph: the rows' tree and windows come in ``block`` and
+    ``rel_pos``."""
+    tokens, row_u, aux_u, offset, block, rel_pos, *kv = arrays
     offered, kv = (kv[0], kv[1:]) if spec.rule.guarded else (None, kv)
-    out, st = _call(pm, spec, bucket, CallInputs(tokens, row_u, aux_u, offset=offset, offered=offered), kv)
+    inputs = CallInputs(tokens, row_u, aux_u, offset=offset, offered=offered)
+    out, st = _call(pm, spec, bucket, inputs, kv, (block, rel_pos))
     return (*_pack(out), *st.keys, *st.values)
 
 
-def _call(pm, spec: CallSpec, bucket: int, inputs: CallInputs, kv) -> tuple[CallOutputs, KVState]:
-    """The call's graph at ``inputs.offset`` (an int32 array) over the K/V buffers ``kv`` (keys, then values)."""
+def _call(pm, spec: CallSpec, bucket: int, inputs: CallInputs, kv, topo=None) -> tuple[CallOutputs, KVState]:
+    """The call's graph at ``inputs.offset`` (an int32 array) over the K/V buffers ``kv`` (keys, then values);
+    ``topo``: the shape's ``(block, rel_pos)`` arrays (default ``topology(spec.shape)``)."""
     shape, offset, L = spec.shape, inputs.offset, len(kv) // 2
-    p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
+    block, rel_pos = topo if topo is not None else topology(shape)
+    p = FixedPass(offset, bucket, _mask_fn(block, rel_pos, offset, bucket, pm.dtype))
     st = KVState.traced(kv[:L], kv[L:], p)
-    positions = offset + mx.array(shape.rel_pos)
+    positions = offset + rel_pos
     aux = pm.adapter.u_embed(inputs.aux_u)[None] if shape.windows else None
     lora = pm.lora_for(shape.gate()) if shape.windows else None
     pm.ctx.begin(FixedPlan(positions), aux, lora)
@@ -126,7 +165,7 @@ def _call(pm, spec: CallSpec, bucket: int, inputs: CallInputs, kv) -> tuple[Call
     return outputs_head(spec, logits, inputs), st
 
 
-_OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "second", "second_conf", "top_prob", "target_logits")
+_OUT_FIELDS = ("targets", "accepted", "aux_top", "aux_conf", "alt", "alt_conf", "top_prob", "target_logits")
 
 
 def _pack(out: CallOutputs) -> list[mx.array]:
@@ -137,7 +176,7 @@ def _unpack(shape: CallShape, arrays) -> CallOutputs:
     names = ["targets", "accepted"]
     if shape.windows:
         names += ["aux_top", "aux_conf"] + (["top_prob"] if shape.reads_top_prob else [])
-        names += ["second", "second_conf"] if shape.runner_up else []
+        names += ["alt", "alt_conf"] if shape.runner_up else []
     names = [f for f in _OUT_FIELDS if f in names] + (["target_logits"] if len(arrays) > len(names) else [])
     return CallOutputs(**dict(zip(names, arrays, strict=True)))
 
@@ -155,7 +194,7 @@ def ar_graph(pm, bucket: int, s: SamplingSettings, token, u, offset, *kv):
 
 def _ar_logits(pm, bucket: int, token, offset, kv) -> tuple[mx.array, KVState]:
     L = len(kv) // 2
-    p = FixedPass(offset, bucket, _mask_fn(_AR_SHAPE, offset, bucket, pm.dtype))
+    p = FixedPass(offset, bucket, _mask_fn(*topology(_AR_SHAPE), offset, bucket, pm.dtype))
     st = KVState.traced(kv[:L], kv[L:], p)
     pm.ctx.begin(FixedPlan(offset.reshape(1)), None, None)  # no auxiliary rows: a plain pass, positions an array
     try:
@@ -237,7 +276,8 @@ class CompileBank:
             del keys, values
             state.put_buffers(st.keys, st.values, end)
             return out
-        what = ("ptp", shape, s) if not rule.lenient else ("ptp", shape, s, rule)
+        # (keyed by the shape's row counts: its tree and windows are inputs, so shapes alike share one graph)
+        what = ("ptp", shape.graph_key, s) if not rule.lenient else ("ptp", shape.graph_key, s, rule)
         fn = self._fn(what, bucket, lambda: partial(call_graph, self.pm, spec, bucket))
         keys, values = state.take_buffers()  # the state lets go of the buffers: the call writes them in place
         res = fn(*graph_args(spec, inputs, offset), *keys, *values)

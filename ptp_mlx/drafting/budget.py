@@ -18,8 +18,9 @@ import numpy as np
 from .cost import CostCurve
 from .learn import PaceGuard
 from .protocol import DraftPlan
-from .shapes import ShapeMemory, Values
+from .shapes import CHAINED, ShapeMemory, Values
 from .strands import StrandOffer, TreeCosts, choose_strands
+from .topk_tree import SlotCandidates, choose_tree
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
 MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
@@ -52,9 +53,11 @@ class BudgetPolicy(Protocol):
         offers: Sequence[StrandOffer] = (),
         pending: DraftPlan | None = None,
         preview: bool = False,
+        candidates: SlotCandidates | None = None,
     ) -> DraftPlan:
         """The rows of the next call for ``drafts`` in hand with ``confidences`` (``pending``: the shape built ahead
-        for it; ``preview``: the choice without side effects)."""
+        for it; ``preview``: the choice without side effects; ``candidates``: the drafter's top tokens per slot, a
+        token tree's nodes)."""
         ...
 
     def observe(self, confidences: list[float], accepted: int) -> None:
@@ -251,6 +254,7 @@ class Budget:
         offers: Sequence[StrandOffer] = (),
         pending: DraftPlan | None = None,
         preview: bool = False,
+        candidates: SlotCandidates | None = None,
     ) -> DraftPlan:
         """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
 
@@ -259,6 +263,9 @@ class Budget:
         expected tokens they add are worth their rows at this machine's cost. ``pending``: the shape already built
         for this call (a chained call, ``decode/pipeline.py``), preferred as a known shape that costs no host time.
         ``preview``: the choice only (no exploring call, nothing noted): what ``ChainDrafter.guess`` asks.
+        ``candidates``: the adapter's top tokens per slot of the drafts in hand (``topk_tree``): the token tree
+        beside the chain whose rows pay (a chained call is given up for it only when the tree is worth more than
+        the host time the chained call saves).
         """
         room = min(room, self.max_rows)
         burst = self._no_drafting()
@@ -284,8 +291,8 @@ class Budget:
         if step == "fused":
             self.shapes.note(n, branches)
         chained = pending is not None and (n, tuple(branches)) == (len(pending.drafts), pending.branches)
-        if offers and step == "fused" and remaining >= 2 and not chained:
-            plan = self._tree(plan, confidences, offers, remaining, room)
+        if (offers or candidates) and step == "fused" and remaining >= 2:
+            plan = self._tree(plan, confidences, offers, remaining, room, candidates, chained)
         return plan
 
     def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):
@@ -325,14 +332,34 @@ class Budget:
             return plan
         return None
 
-    def _tree(self, plan: DraftPlan, confidences: list[float], offers, remaining: int, room: int) -> DraftPlan:
-        """``plan`` with the offered strands whose rows pay (``strands.choose_strands``); a tree shape never used
-        before is taken only while fewer than ``MAX_TREE_SHAPES`` are known (the compile bank stays bounded)."""
+    def _tree(
+        self, plan: DraftPlan, confidences: list[float], offers, remaining: int, room: int, candidates=None, chained=False
+    ) -> DraftPlan:
+        """``plan`` with a token tree beside its chain: the adapter's top-k tree (``topk_tree.choose_tree``) and the
+        offered strands whose rows pay (``strands.choose_strands``); a tree graph never compiled is taken only while
+        fewer than ``MAX_TREE_SHAPES`` are known (the compile bank stays bounded). ``chained``: the plan's call was
+        built ahead; a tree replaces it only when worth more than the host time that saves (``CHAINED``)."""
         n = len(plan.drafts)
         p = reach(confidences[:n], self.ratio)
         values = Values(p, self._s)
-        costs = TreeCosts(self.curve, values.window, self.max_width, min(room, self.max_rows), remaining)
-        strands = choose_strands(plan.drafts, p, values(n, plan.branches), plan.rows, offers, costs)
+        cost = self.curve
+        if chained:  # the chain alone costs less by the host time its chained call keeps off the path
+
+            def cost(r: int, curve=self.curve, alone=plan.rows) -> float:
+                return curve(r) - (CHAINED if r == alone else 0.0)
+
+        costs = TreeCosts(cost, values.window, self.max_width, min(room, self.max_rows), remaining)
+        value, rows = values(n, plan.branches), plan.rows
+        strands: tuple = ()
+        if candidates is not None:
+            allowed = lambda st: self.shapes.allows_tree(n, plan.branches, st)  # noqa: E731
+            strands, gain = choose_tree(n, p, candidates, self.ratio, value, rows, costs, allowed)
+            value, rows = value + gain, rows + sum(st.rows for st in strands)
+        if offers:
+            taken = {(st.at, st.tokens[0]) for st in strands if st.parent < 0}
+            more = choose_strands(plan.drafts, p, value, rows, offers, costs, taken)
+            if more and self.shapes.allows_tree(n, plan.branches, strands + more):
+                strands = strands + more
         if not strands or not self.shapes.allows_tree(n, plan.branches, strands):
             return plan
         self.shapes.note_tree(n, plan.branches, strands)

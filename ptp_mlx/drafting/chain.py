@@ -8,6 +8,7 @@ from dataclasses import replace
 from .budget import BudgetPolicy, Pace, reach, u_factor
 from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
 from .strands import StrandOffer
+from .topk_tree import SlotCandidates
 
 
 def outcome_probs(confidences: list[float], ratio: float) -> list[float]:
@@ -62,6 +63,11 @@ class ChainDrafter(Drafter):
         ``TreeDrafter``: its runner-ups)."""
         return []
 
+    def candidates(self, i: int) -> SlotCandidates | None:
+        """The top tokens per slot of the drafts in hand, for the budget's token tree (a chain: none;
+        ``TreeDrafter``: the argmax and its runner-ups)."""
+        return None
+
     def plan(self, i: int, remaining: int, room: int, offers: Sequence[StrandOffer] = ()) -> DraftPlan:
         """The next call's rows (``offers``: side strands other peers offer beside this drafter's own)."""
         conf = self.planned = self.confidences(i)
@@ -71,7 +77,14 @@ class ChainDrafter(Drafter):
             plan = DraftPlan([], [], burst=min(self.budget.burst_len, remaining))
         else:
             plan = self.budget.rows_for(
-                self.drafts, conf, remaining, room, self.step, [*self.offers(i), *offers], self.pending
+                self.drafts,
+                conf,
+                remaining,
+                room,
+                self.step,
+                [*self.offers(i), *offers],
+                self.pending,
+                candidates=self.candidates(i),
             )
         self.pending = None
         if plan.burst:

@@ -40,6 +40,7 @@ class FixedBudget:
         offers: Sequence[StrandOffer] = (),
         pending: DraftPlan | None = None,
         preview: bool = False,
+        candidates=None,
     ) -> DraftPlan:
         k = self.num_draft  # (the same rows every call: ``pending`` is always its shape, ``preview`` changes nothing)
         if step == "simple":

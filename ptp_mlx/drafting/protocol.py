@@ -18,20 +18,23 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Strand:
-    """A side strand of a token tree: ``tokens`` verified one after another, the first following the chain's row
-    ``at`` (0: the last accepted token, ``d``: draft ``q_d``) beside ``q_{at+1}``, each next one following the one
-    before; ``width`` auxiliary rows after its last token (0: none) draft the next call's tokens when all of it
-    stands. ``source``: who offered it ("ptp": the adapter's runner-up, "lookup": a prompt-lookup continuation)."""
+    """A side strand of a token tree: ``tokens`` verified one after another, the first following the row at depth
+    ``at`` (the number of drafts on the path to it) of the chain (``parent`` -1; ``at`` 0: the last accepted token,
+    ``d``: draft ``q_d``) or of an earlier strand (``parent``: its index in ``DraftPlan.strands``), beside what
+    that line has next; each next token follows the one before. ``width`` auxiliary rows after its last token (0:
+    none) draft the next call's tokens when all of it stands. ``source``: who offered it ("ptp": the adapter's
+    runner-ups, "lookup": a prompt-lookup continuation)."""
 
     at: int
     tokens: tuple[int, ...]
     width: int = 0
     source: str = "ptp"
+    parent: int = -1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
-        if not self.tokens or self.at < 0 or self.width < 0:
-            raise ValueError("a strand has at least one token, at >= 0 and width >= 0")
+        if not self.tokens or self.at < 0 or self.width < 0 or self.parent < -1:
+            raise ValueError("a strand has at least one token, at >= 0, width >= 0 and parent >= -1")
 
     @property
     def rows(self) -> int:
@@ -39,7 +42,7 @@ class Strand:
 
     @property
     def depth(self) -> int:
-        """Chain drafts plus strand tokens on the path to its last token (its window's branch depth)."""
+        """Drafts on the path to its last token (its window's branch depth)."""
         return self.at + len(self.tokens)
 
 
@@ -67,8 +70,11 @@ class DraftPlan:
         object.__setattr__(self, "drafts", tuple(self.drafts))
         object.__setattr__(self, "branches", tuple((int(d), int(w)) for d, w in self.branches))
         object.__setattr__(self, "strands", tuple(self.strands))
-        if any(st.at > len(self.drafts) for st in self.strands):
-            raise ValueError("a strand follows a row of the chain (at <= number of drafts)")
+        for k, st in enumerate(self.strands):
+            if st.parent == -1 and st.at > len(self.drafts):
+                raise ValueError("a strand follows a row of the chain (at <= number of drafts)")
+            if st.parent >= k or (st.parent >= 0 and not self.strands[st.parent].at < st.at <= self.strands[st.parent].depth):
+                raise ValueError("a strand follows a token of an earlier strand (parent's at < at <= its depth)")
 
     @property
     def rows(self) -> int:
@@ -77,6 +83,29 @@ class DraftPlan:
     @property
     def tree(self) -> bool:
         return bool(self.strands)
+
+    def strand_row(self, k: int) -> int:
+        """The token row of strand ``k``'s first token (token rows: ``[last, drafts, strands in order]``)."""
+        return 1 + len(self.drafts) + sum(len(st.tokens) for st in self.strands[:k])
+
+    def follows(self, k: int) -> int:
+        """The token row strand ``k``'s first token follows."""
+        st = self.strands[k]
+        if st.parent < 0:
+            return st.at
+        return self.strand_row(st.parent) + st.at - self.strands[st.parent].at - 1
+
+    def root(self, k: int) -> int:
+        """The strand that leaves the chain on the way to strand ``k`` (``k`` itself when it hangs off the chain)."""
+        while self.strands[k].parent >= 0:
+            k = self.strands[k].parent
+        return k
+
+    def path_drafts(self, k: int, m: int) -> list[int]:
+        """The tokens after ``last`` on the path through strand ``k``'s first ``m`` tokens."""
+        st = self.strands[k]
+        before = list(self.drafts[: st.at]) if st.parent < 0 else self.path_drafts(st.parent, st.at - self.strands[st.parent].at)
+        return before + list(st.tokens[:m])
 
     def branch_rows(self, accepted: int, strand: int | None = None) -> tuple[int, int] | None:
         """``(first auxiliary row, width)`` of the branch that follows the path that stood (``accepted`` drafts of
@@ -98,24 +127,30 @@ class DraftPlan:
 @dataclass
 class CallResult:
     """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (on the path that stood: the
-    chain's, then a strand's), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences,
-    and the index of the strand the path took (None: the chain alone)."""
+    chain's, then strands'), the auxiliary rows' argmax and confidence, their runner-up tokens and confidences,
+    and the index of the last strand the path took (None: the chain alone)."""
 
     block: list[int]
     accepted: int
     aux_tokens: list[int] = field(default_factory=list)
     aux_conf: list[float] = field(default_factory=list)
-    second: list[tuple[int, float]] = field(default_factory=list)
+    # per auxiliary row, its runner-ups ``(token, probability)``, best first (the argmax excluded)
+    alts: list[list[tuple[int, float]]] = field(default_factory=list)
     strand: int | None = None
     aux_top_prob: list[float] | None = None  # each row's top probability at the decoding temperature
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
     resolved: bool = False  # the emitted token was settled on the host (sampler.py ``resolve``), not in the call
 
+    @property
+    def second(self) -> list[tuple[int, float]]:
+        """Each auxiliary row's runner-up ``(token, probability)``."""
+        return [a[0] for a in self.alts]
+
 
 def chain_accepted(plan: DraftPlan, result: CallResult) -> int:
     """How many of ``plan``'s chain drafts stood in ``result`` (a strand that took the path on starts where the
     chain fell)."""
-    return result.accepted if result.strand is None else plan.strands[result.strand].at
+    return result.accepted if result.strand is None else plan.strands[plan.root(result.strand)].at
 
 
 @dataclass

@@ -1,11 +1,13 @@
 """Shapes the budget has used before, preferred over new ones (docs/method.md, section 5, "Shapes").
 
-Each shape of call (drafts verified, branches drafted) is one compiled graph per attention bucket, and the first
-calls of a new one run eagerly and then trace it: about three plain steps' worth of time once, on this CPU. The
-budget's greedy allocation, left alone, meets a new shape on most calls of an answer (the confidences differ a
-little each time), so an answer paid for tracing on most of its calls. ``ShapeMemory`` keeps the shapes used so
-far; the budget then takes the best of them unless the new one is worth more than its tracing
-(``NOVELTY`` plain steps added to its price), so the shapes in use settle on a few.
+Each call's graph is compiled once per attention bucket for its row counts (``graph``: token rows, chain drafts,
+auxiliary rows; which rows see which are inputs of the graph, ``decode/fixed.py: topology``), and the first calls
+of new counts run eagerly and then trace it: about three plain steps' worth of time once, on this CPU. The
+budget's greedy allocation, left alone, meets new counts on many calls of an answer (the confidences differ a
+little each time), so an answer paid for tracing on many of its calls. ``ShapeMemory`` keeps the shapes used so
+far and the graphs they compiled; the budget then takes the best known shape unless the new one is worth more
+than its tracing (``NOVELTY`` plain steps added to its price when its graph is new), so the graphs in use settle on
+a few.
 """
 
 from __future__ import annotations
@@ -14,10 +16,30 @@ from collections.abc import Callable, Sequence
 
 NOVELTY = 0.5  # plain steps added to the price of a shape never used (a share of its eager call and tracing)
 CHAINED = 0.15  # plain steps a call built ahead saves (its plan, build and queueing are off the path: ~5 ms here)
-MAX_SHAPES = 48  # past this many, only known shapes (the compile bank keeps 256 entries across buckets)
-MAX_TREE_SHAPES = 24  # token-tree shapes (a chain shape with side strands); past this many, only known ones
+MAX_SHAPES = 48  # graphs; past this many, only known ones (the compile bank keeps 256 entries across buckets)
+MAX_TREE_SHAPES = 24  # graphs of token trees (a chain with side strands); past this many, only known ones
 
 Shape = tuple[int, tuple[tuple[int, int], ...]]  # (drafts verified, ((depth, width), ...))
+Graph = tuple[int, int, int]  # (token rows, chain drafts as the graph counts them, auxiliary rows)
+
+
+def graph(n: int, branches, strands: Sequence = ()) -> Graph:
+    """The row counts that key a call's compiled graph (``CallShape.graph_key``): token rows, the leading rows that
+    each follow the row before (the chain, and strands that continue it), auxiliary rows."""
+    tok = 1 + n + sum(len(st.tokens) for st in strands)
+    aux = sum(w for _, w in branches) + sum(st.width for st in strands)
+    chain, row, end = n, 1 + n, n  # ``end``: the last row of the run so far
+    starts = []
+    for st in strands:
+        starts.append(row)
+        row += len(st.tokens)
+    for k, st in enumerate(strands):
+        follows = st.at if st.parent < 0 else starts[st.parent] + st.at - strands[st.parent].at - 1
+        if starts[k] != end + 1 or follows != end:
+            break
+        chain += len(st.tokens)
+        end = starts[k] + len(st.tokens) - 1
+    return tok, chain, aux
 
 
 def shape_value(n: int, branches, p_reach: Sequence[float], survival: Callable[[int], float]) -> float:
@@ -55,36 +77,49 @@ class Values:
 
 
 class ShapeMemory:
-    """The (drafts, branches) shapes a budget has chosen, with how often."""
+    """The (drafts, branches) shapes a budget has chosen, with how often, and the graphs its calls compiled."""
 
     def __init__(self) -> None:
         self.used: dict[Shape, int] = {}
-        self.trees: dict[tuple, int] = {}  # (drafts, branches, ((at, tokens, width), ...)) -> calls
+        self.graphs: set[Graph] = set()  # every call's row counts (a compiled graph each)
+        self.tree_graphs: set[Graph] = set()  # those of token trees
+        self.trees: dict[tuple, int] = {}  # (drafts, branches, ((at, tokens, width, parent), ...)) -> calls
 
     @staticmethod
     def _tree_key(n: int, branches, strands) -> tuple:
-        return n, tuple(tuple(b) for b in branches), tuple((st.at, len(st.tokens), st.width) for st in strands)
+        return n, tuple(tuple(b) for b in branches), tuple((st.at, len(st.tokens), st.width, st.parent) for st in strands)
 
     def allows_tree(self, n: int, branches, strands) -> bool:
-        """Whether a call of this tree shape may run: a shape used before, or a new one while fewer than
-        ``MAX_TREE_SHAPES`` are known (each is a compiled graph per attention bucket)."""
-        return self._tree_key(n, branches, strands) in self.trees or len(self.trees) < MAX_TREE_SHAPES
+        """Whether a call of this token tree may run: its graph compiled before, or a new one while fewer than
+        ``MAX_TREE_SHAPES`` tree graphs are known."""
+        g = graph(n, branches, strands)
+        return g in self.graphs or len(self.tree_graphs) < MAX_TREE_SHAPES
 
     def note_tree(self, n: int, branches, strands) -> None:
         key = self._tree_key(n, branches, strands)
         self.trees[key] = self.trees.get(key, 0) + 1
+        g = graph(n, branches, strands)
+        if g not in self.graphs:
+            self.graphs.add(g)
+            self.tree_graphs.add(g)
 
     def note(self, n: int, branches) -> None:
         key = (n, tuple(tuple(b) for b in branches))
         self.used[key] = self.used.get(key, 0) + 1
+        self.graphs.add(graph(n, key[1]))
+
+    def known(self, n: int, branches) -> bool:
+        """Whether a call of this shape runs a graph compiled before (its row counts met already)."""
+        return graph(n, branches) in self.graphs
 
     def prefer(self, n: int, branches, p_reach, survival, cost: Callable[[int], float], fits, built=None) -> Shape:
-        """``(n, branches)`` if it is known or worth its novelty; otherwise the known shape with the best expected
-        tokens per cost among those ``fits`` accepts (drafts in hand, rows left). ``built``: the shape already
-        built for this call (chained on the one before), which costs ``CHAINED`` steps less (no host work on
-        the path)."""
+        """``(n, branches)`` if its graph is known or it is worth its novelty; otherwise the known shape with the
+        best expected tokens per cost among those ``fits`` accepts (drafts in hand, rows left). ``built``: the
+        shape already built for this call (chained on the one before), which costs ``CHAINED`` steps less (no host
+        work on the path)."""
         branches = tuple(tuple(b) for b in branches)
-        if built is None and ((n, branches) in self.used or not self.used):
+        known = self.known(n, branches) or not self.used
+        if built is None and known:
             return n, branches
 
         value = Values(p_reach, survival)
@@ -95,9 +130,8 @@ class ShapeMemory:
                 extra -= CHAINED
             return value(k, br) / (cost(1 + k + sum(w for _, w in br)) + extra)
 
-        known = (n, branches) in self.used or not self.used
         best, best_score = (n, branches), score((n, branches), 0.0 if known else NOVELTY)
-        if len(self.used) >= MAX_SHAPES and not known:
+        if len(self.graphs) >= MAX_SHAPES and not known:
             best, best_score = None, -1.0
         for shape in list(self.used) + ([built] if built is not None else []):
             if fits(*shape):

@@ -66,12 +66,14 @@ def choose_strands(
     rows: int,
     offers: Sequence[StrandOffer],
     c: TreeCosts,
+    taken: set[tuple[int, int]] = frozenset(),
 ) -> tuple[Strand, ...]:
     """The strands worth verifying beside a chain of ``drafts`` (``p_reach[m]``: P(at least m of them stand),
     calibrated) in a call of ``rows`` rows whose expected tokens are ``value``: each offer's best length and
-    window, kept while expected tokens per cost rise, best offers first."""
+    window, kept while expected tokens per cost rise, best offers first. ``taken``: ``(at, first token)`` of
+    strands the call already has off the chain (the adapter's tree)."""
     n = len(drafts)
-    firsts: set[tuple[int, int]] = set()
+    firsts: set[tuple[int, int]] = set(taken)
     scored = []
     for offer in offers:
         o = offer.aligned(drafts)

@@ -1,29 +1,34 @@
-"""Token trees from the adapter's drafts (docs/method.md, section 5, "Token trees"): the chain, plus the runner-up
-of each draft in hand as a one-token side strand at its slot, which the budget verifies where its row pays."""
+"""Token trees from the adapter's drafts (docs/method.md, section 5, "Token trees"): the chain, plus a tree of the
+adapter's top tokens per slot (``topk_tree``), which the budget verifies where its rows pay."""
 
 from __future__ import annotations
 
 from .chain import ChainDrafter
 from .protocol import CallResult
-from .strands import StrandOffer
+from .topk_tree import SlotCandidates
 
 
 class TreeDrafter(ChainDrafter):
-    """The chain drafter that also keeps the auxiliary runner-up of every draft in hand and offers each to the
-    budget (``StrandOffer``), which may verify it beside the draft it could replace (``DraftPlan.strands``)."""
+    """The chain drafter that also keeps the auxiliary runner-ups of every draft in hand and offers the top tokens
+    of each slot to the budget (``candidates``), which may verify a tree of them beside the chain."""
 
-    seconds: list[tuple[int, float]] = []  # runner-up of each draft in hand and its confidence
+    alts: list[list[tuple[int, float]]] = []  # runner-ups of each draft in hand, best first, with probabilities
 
     @property
     def runner_up(self) -> bool:
         return True
 
-    def offers(self, i: int) -> list[StrandOffer]:
-        r = self.budget.ratio
-        return [StrandOffer(d, (tok,), (min(0.99, conf * r),), "ptp") for d, (tok, conf) in enumerate(self.seconds)]
+    def candidates(self, i: int) -> SlotCandidates | None:
+        if not self.alts or len(self.alts) != len(self.drafts):
+            return None
+        conf = self.confidences(i)  # (sharpened by their uniforms where sampling in probability order)
+        return SlotCandidates(
+            tuple((d, *(t for t, _ in a)) for d, a in zip(self.drafts, self.alts, strict=True)),
+            tuple((c, *(q for _, q in a)) for c, a in zip(conf, self.alts, strict=True)),
+        )
 
     def _took(self, result: CallResult, rows: tuple[int, int] | None) -> None:
-        self.seconds = []
-        if rows is not None and result.second and rows[1] > 1:
+        self.alts = []
+        if rows is not None and result.alts and rows[1] > 1:
             r, w = rows
-            self.seconds = list(result.second[r + 1 : r + w])
+            self.alts = [list(a) for a in result.alts[r + 1 : r + w]]

@@ -80,7 +80,8 @@ class Window:
 class CallShape:
     """Token rows ``[last, drafts..., alternatives...]`` (``parents[j]``: the row that token row ``j`` follows; -1 for
     the first), then the auxiliary ``windows``; ``runner_up`` / ``reads_top_prob``: also return each auxiliary row's
-    runner-up / its top probability at the sampling temperature."""
+    runner-ups (its next likeliest tokens: a token tree's candidates) / its top probability at the sampling
+    temperature."""
 
     parents: tuple[int, ...]
     windows: tuple[WindowShape, ...] = ()
@@ -90,6 +91,13 @@ class CallShape:
     @property
     def n_tok(self) -> int:
         return len(self.parents)
+
+    @property
+    def graph_key(self) -> tuple:
+        """What fixes a fixed-shape call's graph (``decode/fixed.py``): its row counts and outputs. Which rows see
+        which and their positions (the tree, the windows) are input arrays, so every shape with this key shares one
+        compiled graph."""
+        return self.n_tok, self.n_drafts, self.n_aux, self.runner_up, self.reads_top_prob
 
     @property
     def n_aux(self) -> int:

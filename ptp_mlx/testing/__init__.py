@@ -167,8 +167,8 @@ class OracleDrafter(Drafter):
 class RandomTreeDrafter(Drafter):
     """A test drafter of random token trees: each call verifies a random chain (each draft the teacher's own
     token ``tokens[g]`` with probability ``p_right``, else a random one), random side strands at random rows of
-    the chain (one to three tokens, each sometimes the right one), and random auxiliary branches for the chain's
-    outcomes and for each strand. Drafts ignore the auxiliary outputs; the rows still run, so masks, positions and
+    the chain (one to three tokens, each sometimes the right one) and strands of those strands (at a random token
+    of their parent), and random auxiliary branches for the chain's outcomes and for each strand. Drafts ignore the auxiliary outputs; the rows still run, so masks, positions and
     the cache compaction after a strand lands are all exercised."""
 
     def __init__(self, tokens, width: int = 4, seed: int = 0, p_right: float = 0.5, vocab: int = 256):
@@ -176,6 +176,7 @@ class RandomTreeDrafter(Drafter):
         self.rng = np.random.default_rng(seed)
         self.alt_hits = 0  # calls whose path took a strand
         self.deep_hits = 0  # of those, a strand after a chain draft, or two tokens or more of one (rows moved)
+        self.nested_hits = 0  # of those, paths that went on through a strand of a strand
 
     def _token(self, g: int, right: bool) -> int:
         if right and g < len(self.tokens):
@@ -204,13 +205,25 @@ class RandomTreeDrafter(Drafter):
                 toks = [self._token(i + at + j, rng.random() < 0.6) for j in range(k)]
                 strands.append(Strand(at, tuple(toks), w))
                 rows += k + w
+            for parent in range(len(strands)):  # strands of strands: a child follows one of its parent's tokens
+                if rng.random() < 0.5:
+                    continue
+                up = strands[parent]
+                at = int(rng.integers(up.at + 1, up.depth + 1))
+                k, w = int(rng.integers(1, 3)), int(rng.choice([0, 2]))
+                if rows + k + w > room or at + k > remaining - 1:
+                    continue
+                toks = [self._token(i + at + j, rng.random() < 0.7) for j in range(k)]
+                strands.append(Strand(at, tuple(toks), w, parent=parent))
+                rows += k + w
         return DraftPlan(drafts, branches, strands=strands)
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
         if result.strand is not None:
-            at = plan.strands[result.strand].at
+            at = plan.strands[plan.root(result.strand)].at
             self.alt_hits += 1
             self.deep_hits += at > 0 or result.accepted - at >= 2
+            self.nested_hits += plan.strands[result.strand].parent >= 0
 
 
 class ChainingTreeDrafter(RandomTreeDrafter):

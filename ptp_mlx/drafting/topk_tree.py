@@ -1,0 +1,170 @@
+"""The adapter's token tree from its top-k tokens per slot (docs/method.md, section 5, "Token trees").
+
+Each auxiliary row of the branch that supplied the drafts in hand returns its argmax (the chain's draft) and its
+runner-ups with their probabilities (``decode/fixed.py: runner_ups``). A node of the tree is one of those tokens
+at slot ``e`` following a path of earlier tokens; it stands when every token on its path is the exact one. The
+adapter's probability of a slot's token was measured calibrated given that the path before it stood, whatever
+ranks that path took (teacher-forced on the development prompts: the argmax after a runner-up hit 26% against a
+predicted 30%, runner-ups 14% against 14%; ``docs/results/trees/tree_oracle.py``), so a node's chance is the
+product of its path's probabilities, scaled by the budget's live calibration ratio.
+
+The tree grows best-first (EAGLE-2's dynamic tree): the likeliest node not yet in it comes next, and the budget
+keeps the prefix of that order whose expected tokens per cost are best. Expected accepted drafts are the sum of
+the chances of the tree's nodes (a prefix-closed tree's accepted path holds exactly the nodes that stand). The
+tree is then laid out as strands (``Strand``): a node continues its parent's strand when it is the parent's
+likeliest child, and otherwise starts a strand that follows its parent's row.
+
+What the PTP coupling allows: an auxiliary row predicts its slot given the uniforms and the context before the
+window, not given another token at an earlier slot; a deeper slot's distribution still spreads over the
+continuations of the earlier slot's alternatives (measured above), so any path of top-k tokens is a fair guess,
+and the call verifies every row exactly (its token against the exact pick at its parent row): the accepted path
+is always the exact sample. Windows (the next call's drafts) hang only at a strand's last token.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .protocol import Strand
+from .strands import TreeCosts
+
+MAX_NODES = 32  # tree rows beside the chain per call
+
+
+@dataclass(frozen=True)
+class SlotCandidates:
+    """The tokens a drafter offers per slot of its drafts in hand: ``tokens[j]`` / ``probs[j]`` for slot ``j + 1``,
+    the argmax (the chain's draft) first, then the runner-ups."""
+
+    tokens: tuple[tuple[int, ...], ...]
+    probs: tuple[tuple[float, ...], ...]
+
+
+@dataclass
+class _Node:
+    p: float
+    depth: int  # drafts on the path to it (its slot)
+    token: int
+    parent: int  # index in the chosen list, or -1 - a for the chain's row at depth ``a``
+
+
+def grow(
+    n: int, p_reach: Sequence[float], cands: SlotCandidates, ratio: float, limit: int, max_depth: int
+) -> list[_Node]:
+    """Up to ``limit`` nodes beside a chain of ``n`` verified drafts (``p_reach[m]``: P(at least m stand),
+    calibrated), best first; no node deeper than ``max_depth`` drafts."""
+    slots = min(len(cands.tokens), max_depth)
+    heap: list = []
+    tick = 0
+
+    def push(p: float, depth: int, token: int, parent: int) -> None:
+        nonlocal tick
+        if p > 0.0:
+            heapq.heappush(heap, (-p, tick, depth, token, parent))
+            tick += 1
+
+    for a in range(min(n, slots - 1) + 1):  # off the chain's row at depth a: the tokens at slot a + 1
+        if a >= slots:
+            break
+        toks, probs = cands.tokens[a], cands.probs[a]
+        falls = p_reach[a] - (p_reach[a + 1] if a < n else 0.0)  # P(the chain reaches a and its next draft falls)
+        for r, (tok, q) in enumerate(zip(toks, probs, strict=True)):
+            if a < n and r == 0:
+                continue  # the chain's own draft
+            push(min(p_reach[a] * min(0.99, q * ratio), falls), a + 1, tok, -1 - a)
+    out: list[_Node] = []
+    while heap and len(out) < limit:
+        negp, _, depth, token, parent = heapq.heappop(heap)
+        out.append(_Node(-negp, depth, token, parent))
+        if depth < slots:
+            for tok, q in zip(cands.tokens[depth], cands.probs[depth], strict=True):
+                push(-negp * min(0.99, q * ratio), depth + 1, tok, len(out) - 1)
+    return out
+
+
+def layout(nodes: Sequence[_Node], widths: dict[int, int] | None = None) -> tuple[tuple[Strand, ...], list[int]]:
+    """The strands of ``nodes`` (best first, each after its parent) and, per strand, the index of its last node.
+    ``widths``: a window's width by the index of a strand's last node."""
+    strands: list[list] = []  # [at, tokens, parent strand]
+    where: list[tuple[int, int]] = []  # node -> (strand, position in it)
+    last: list[int] = []
+    for i, v in enumerate(nodes):
+        if v.parent < 0:
+            strands.append([v.depth - 1, [v.token], -1])
+            last.append(i)
+        else:
+            s, pos = where[v.parent]
+            if pos == len(strands[s][1]) - 1 and last[s] == v.parent:  # the parent's likeliest child: continue
+                strands[s][1].append(v.token)
+                last[s] = i
+                where.append((s, pos + 1))
+                continue
+            strands.append([v.depth - 1, [v.token], s])
+            last.append(i)
+        where.append((len(strands) - 1, 0))
+    widths = widths or {}
+    out = tuple(
+        Strand(at, tuple(toks), widths.get(last[k], 0), "ptp", parent) for k, (at, toks, parent) in enumerate(strands)
+    )
+    return out, last
+
+
+def choose_tree(
+    n: int,
+    p_reach: Sequence[float],
+    cands: SlotCandidates,
+    ratio: float,
+    value: float,
+    rows: int,
+    c: TreeCosts,
+    allowed: Callable[[tuple[Strand, ...]], bool] = lambda strands: True,
+) -> tuple[tuple[Strand, ...], float]:
+    """The adapter's tree beside a chain of ``n`` drafts in a call of ``rows`` rows whose expected tokens are
+    ``value``: ``(strands, expected tokens they add)``, the best-first prefix with the best expected tokens per
+    cost, then a window at the strands' last tokens where it pays; ``allowed`` refuses a layout (a graph the
+    compile bank may not add): then the best allowed smaller tree, or none."""
+    limit = min(MAX_NODES, c.room - rows)
+    nodes = grow(n, p_reach, cands, ratio, limit, c.remaining - 1) if limit > 0 else []
+    if not nodes:
+        return (), 0.0
+    base = value / c.cost(rows)
+    scored = []
+    gain = 0.0
+    for k, v in enumerate(nodes, 1):
+        gain += v.p
+        scored.append(((value + gain) / c.cost(rows + k), k, gain))
+    for score, k, gain in sorted(scored, reverse=True):
+        if score <= base:
+            break
+        chosen = nodes[:k]
+        strands, last = layout(chosen)
+        if not allowed(strands):
+            continue
+        strands, gain = _windows(chosen, strands, last, value + gain, rows + k, c, allowed)
+        return strands, gain - value
+    return (), 0.0
+
+
+def _windows(nodes, strands, last, value: float, rows: int, c: TreeCosts, allowed):
+    """Windows at the strands' last tokens, the likeliest ends first, each only where its rows pay."""
+    children = {v.parent for v in nodes if v.parent >= 0}
+    widths: dict[int, int] = {}
+    for i in sorted(last, key=lambda i: -nodes[i].p):
+        if i in children or nodes[i].depth >= c.remaining - 1:
+            continue  # (a path goes on from it: its window would rarely be the one used)
+        best_w, best = 0, value / c.cost(rows)
+        for w in range(2, c.max_width + 1):
+            if rows + w > c.room or nodes[i].depth + w > c.remaining:
+                break
+            score = (value + nodes[i].p * c.window(w)) / c.cost(rows + w)
+            if score > best:
+                best_w, best = w, score
+        if best_w:
+            trial = {**widths, i: best_w}
+            if allowed(layout(nodes, trial)[0]):
+                widths = trial
+                value += nodes[i].p * c.window(best_w)
+                rows += best_w
+    return layout(nodes, widths)[0], value
