@@ -20,7 +20,7 @@ from .learn import PaceGuard
 from .protocol import DraftPlan
 from .shapes import CHAINED, ShapeMemory, Values
 from .strands import StrandOffer, TreeCosts, choose_strands
-from .topk_tree import SlotCandidates, choose_tree
+from .topk_tree import MAX_NODES, SlotCandidates, choose_tree, grow
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
 MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
@@ -271,11 +271,15 @@ class Budget:
         burst = self._no_drafting()
         if burst:
             return DraftPlan([], [], burst=min(burst, remaining))
+        trees = candidates is not None and step == "fused" and remaining >= 2 and not preview
         if step == "simple":
             n, branches = simple_rows(drafts, self.max_width, remaining, room)
         else:
-            n, branches = self.choose(confidences, room)
+            n, branches = self.choose(
+                confidences, room, tree=self._nodes(confidences, candidates, remaining) if trees else None
+            )
             n, branches = fit_rows(min(n, len(drafts)), branches, remaining, room, 2)
+            first = n, branches  # (the allocation with rows left for a tree)
             if n or branches or pending is not None:  # a shape used before, unless a new one is worth its tracing
                 n, branches = self._known(n, branches, len(drafts), confidences, remaining, room, pending)
         if n == 0 and not branches:
@@ -292,8 +296,32 @@ class Budget:
             self.shapes.note(n, branches)
         chained = pending is not None and (n, tuple(branches)) == (len(pending.drafts), pending.branches)
         if (offers or candidates) and step == "fused" and remaining >= 2:
-            plan = self._tree(plan, confidences, offers, remaining, room, candidates, chained)
+            tree, gain = self._tree(plan, confidences, offers, remaining, room, candidates, chained)
+            if trees and chained and not tree.strands and first != (n, branches):
+                # The call built ahead took the rows a tree would use: the tree-aware allocation with its tree,
+                # against the chained call with the host time it saves.
+                other, more = self._tree(
+                    DraftPlan(drafts[: first[0]], first[1]), confidences, offers, remaining, room, candidates
+                )
+                values = Values(reach(confidences[: first[0]], self.ratio), self._s)
+                alone = Values(reach(confidences[:n], self.ratio), self._s)(n, branches) / (
+                    self.curve(plan.rows) - CHAINED
+                )
+                if other.strands and (values(*first) + more) / self.curve(other.rows) > alone:
+                    tree = other
+            if tree.strands:
+                self.shapes.note_tree(len(tree.drafts), tree.branches, tree.strands)
+            plan = tree
         return plan
+
+    def _nodes(self, confidences: list[float], candidates: SlotCandidates, remaining: int):
+        """``tree(n)`` for ``choose``: the chances of the adapter's tree nodes beside a chain of ``n`` drafts."""
+
+        def nodes(n: int) -> list[float]:
+            p = reach(confidences[:n], self.ratio)
+            return [v.p for v in grow(n, p, candidates, self.ratio, MAX_NODES, remaining - 1)]
+
+        return nodes
 
     def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):
         def fits(k: int, br) -> bool:
@@ -333,12 +361,20 @@ class Budget:
         return None
 
     def _tree(
-        self, plan: DraftPlan, confidences: list[float], offers, remaining: int, room: int, candidates=None, chained=False
-    ) -> DraftPlan:
+        self,
+        plan: DraftPlan,
+        confidences: list[float],
+        offers,
+        remaining: int,
+        room: int,
+        candidates=None,
+        chained=False,
+    ) -> tuple[DraftPlan, float]:
         """``plan`` with a token tree beside its chain: the adapter's top-k tree (``topk_tree.choose_tree``) and the
         offered strands whose rows pay (``strands.choose_strands``); a tree graph never compiled is taken only while
         fewer than ``MAX_TREE_SHAPES`` are known (the compile bank stays bounded). ``chained``: the plan's call was
-        built ahead; a tree replaces it only when worth more than the host time that saves (``CHAINED``)."""
+        built ahead; a tree replaces it only when worth more than the host time that saves (``CHAINED``). Returns
+        the plan and the expected tokens its tree adds (nothing is noted: the caller notes the plan it takes)."""
         n = len(plan.drafts)
         p = reach(confidences[:n], self.ratio)
         values = Values(p, self._s)
@@ -361,13 +397,14 @@ class Budget:
             if more and self.shapes.allows_tree(n, plan.branches, strands + more):
                 strands = strands + more
         if not strands or not self.shapes.allows_tree(n, plan.branches, strands):
-            return plan
-        self.shapes.note_tree(n, plan.branches, strands)
-        return replace(plan, strands=strands)
+            return plan, 0.0
+        return replace(plan, strands=strands), value - values(n, plan.branches)
 
-    def choose(self, confidences: list[float], room: int, cost=None) -> tuple[int, list[tuple[int, int]]]:
+    def choose(self, confidences: list[float], room: int, cost=None, tree=None) -> tuple[int, list[tuple[int, int]]]:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total, at ``cost`` (a call's
-        price by rows; default this budget's curve)."""
+        price by rows; default this budget's curve). ``tree(n)``: the chances of a token tree's nodes beside a chain
+        of ``n`` drafts, best first; a node competes with branch rows for the call's rows (the rows it wins are left
+        free for ``_tree``)."""
         cost = cost or self.curve
         r = self.ratio
         p_reach = reach(confidences, r)
@@ -383,6 +420,7 @@ class Budget:
         s_tab = [self._s(k, r) for k in range(self.max_width + 1)]
         widths = [0] * (n + 1)
         top = min(room, self.max_rows)
+        nodes, k = (tree(n) if tree is not None else []), 0
         # Greedy allocation: add the row with the best marginal value while it improves value per cost.
         while True:
             best, best_d, best_add = 0.0, -1, 0
@@ -394,6 +432,11 @@ class Budget:
                 per_row = p_end[d] * s_tab[1] / 2 if w == 0 else p_end[d] * s_tab[w]
                 if per_row > best:
                     best, best_d, best_add = per_row, d, 2 if w == 0 else 1
+            if k < len(nodes) and nodes[k] > best:  # a tree node is worth more than any branch row
+                if rows + 1 > top or (value + nodes[k]) / cost(rows + 1) < value / cost(rows):
+                    break
+                value, rows, k = value + nodes[k], rows + 1, k + 1
+                continue
             if best_d < 0 or rows + best_add > top:
                 break
             new_value = value + best * best_add

@@ -73,7 +73,9 @@ class DraftPlan:
         for k, st in enumerate(self.strands):
             if st.parent == -1 and st.at > len(self.drafts):
                 raise ValueError("a strand follows a row of the chain (at <= number of drafts)")
-            if st.parent >= k or (st.parent >= 0 and not self.strands[st.parent].at < st.at <= self.strands[st.parent].depth):
+            if st.parent >= k or (
+                st.parent >= 0 and not self.strands[st.parent].at < st.at <= self.strands[st.parent].depth
+            ):
                 raise ValueError("a strand follows a token of an earlier strand (parent's at < at <= its depth)")
 
     @property
@@ -104,7 +106,11 @@ class DraftPlan:
     def path_drafts(self, k: int, m: int) -> list[int]:
         """The tokens after ``last`` on the path through strand ``k``'s first ``m`` tokens."""
         st = self.strands[k]
-        before = list(self.drafts[: st.at]) if st.parent < 0 else self.path_drafts(st.parent, st.at - self.strands[st.parent].at)
+        before = (
+            list(self.drafts[: st.at])
+            if st.parent < 0
+            else self.path_drafts(st.parent, st.at - self.strands[st.parent].at)
+        )
         return before + list(st.tokens[:m])
 
     def branch_rows(self, accepted: int, strand: int | None = None) -> tuple[int, int] | None:

@@ -87,7 +87,11 @@ class ShapeMemory:
 
     @staticmethod
     def _tree_key(n: int, branches, strands) -> tuple:
-        return n, tuple(tuple(b) for b in branches), tuple((st.at, len(st.tokens), st.width, st.parent) for st in strands)
+        return (
+            n,
+            tuple(tuple(b) for b in branches),
+            tuple((st.at, len(st.tokens), st.width, st.parent) for st in strands),
+        )
 
     def allows_tree(self, n: int, branches, strands) -> bool:
         """Whether a call of this token tree may run: its graph compiled before, or a new one while fewer than

@@ -130,21 +130,33 @@ def choose_tree(
     if not nodes:
         return (), 0.0
     base = value / c.cost(rows)
-    scored = []
-    gain = 0.0
+    scored, gains, gain = [], [0.0], 0.0
     for k, v in enumerate(nodes, 1):
         gain += v.p
-        scored.append(((value + gain) / c.cost(rows + k), k, gain))
-    for score, k, gain in sorted(scored, reverse=True):
-        if score <= base:
-            break
+        gains.append(gain)
+        scored.append(((value + gain) / c.cost(rows + k), k))
+    best_k = max(scored)[1]
+    # A path that ends on a node without a window leaves the next call no drafts: fewer nodes may leave the rows
+    # for windows that are worth more (a few sizes below the best one without windows are tried).
+    best, out = base, ((), 0.0)
+    first = sorted({best_k, (3 * best_k + 3) // 4, (best_k + 1) // 2, (best_k + 3) // 4}, reverse=True)
+    rest = [k for k in range(best_k - 1, 0, -1) if k not in first]  # only when no size above was allowed
+    for k in first + [0] + rest:
+        if k == 0:
+            if out[0]:
+                break
+            continue
         chosen = nodes[:k]
         strands, last = layout(chosen)
         if not allowed(strands):
             continue
-        strands, gain = _windows(chosen, strands, last, value + gain, rows + k, c, allowed)
-        return strands, gain - value
-    return (), 0.0
+        strands, total = _windows(chosen, strands, last, value + gains[k], rows + k, c, allowed)
+        score = total / c.cost(rows + sum(st.rows for st in strands))
+        if score > best:
+            best, out = score, (strands, total - value)
+        if k in rest:
+            break  # (the largest allowed one)
+    return out
 
 
 def _windows(nodes, strands, last, value: float, rows: int, c: TreeCosts, allowed):

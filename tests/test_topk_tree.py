@@ -1,0 +1,82 @@
+"""The adapter's top-k token tree (``ptp_mlx/drafting/topk_tree.py``): best-first nodes, their layout as strands of
+strands, and what the budget keeps at a cost."""
+
+import math
+
+from ptp_mlx.drafting.budget import Budget, reach
+from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.protocol import DraftPlan
+from ptp_mlx.drafting.strands import TreeCosts
+from ptp_mlx.drafting.topk_tree import MAX_NODES, SlotCandidates, choose_tree, grow, layout
+
+# Three slots in hand: the argmax first (the chain's drafts 10, 20, 30), then two runner-ups each.
+CANDS = SlotCandidates(((10, 11, 12), (20, 21, 22), (30, 31, 32)), ((0.6, 0.3, 0.1), (0.5, 0.4, 0.1), (0.7, 0.2, 0.1)))
+
+
+def _costs(per_row: float, room: int = 64, remaining: int = 100, window: float = 0.5) -> TreeCosts:
+    return TreeCosts(lambda rows: 1.0 + per_row * (rows - 1), lambda w: window * max(0, w - 1), 4, room, remaining)
+
+
+def test_nodes_grow_best_first_with_their_paths_chances():
+    p = reach([0.6, 0.5], 1.0)  # a chain of two drafts: P(reach 0, 1, 2) = 1, 0.6, 0.3
+    nodes = grow(2, p, CANDS, 1.0, 50, 10)
+    chances = [v.p for v in nodes]
+    assert chances == sorted(chances, reverse=True)
+    first = {(v.depth, v.token): v for v in nodes if v.parent < 0}
+    # Off the chain: the runner-ups of slots 1 and 2 (capped by the chance the chain's draft falls there), and at
+    # slot 3, after the chain's last draft, its argmax too; never the chain's own drafts.
+    assert set(first) == {(1, 11), (1, 12), (2, 21), (2, 22), (3, 30), (3, 31), (3, 32)}
+    assert math.isclose(first[(1, 11)].p, 0.3) and math.isclose(first[(2, 21)].p, min(0.6 * 0.4, 0.6 - 0.3))
+    assert math.isclose(first[(3, 30)].p, 0.3 * 0.7)
+    for v in nodes:  # a node's chance is its parent's times its slot's probability
+        if v.parent >= 0:
+            up = nodes[v.parent]
+            q = dict(zip(CANDS.tokens[v.depth - 1], CANDS.probs[v.depth - 1], strict=True))[v.token]
+            assert v.depth == up.depth + 1 and math.isclose(v.p, up.p * q)
+    assert max(v.depth for v in grow(2, p, CANDS, 1.0, 50, 2)) == 2  # no deeper than the tokens wanted allow
+    assert len(grow(2, p, CANDS, 1.0, 5, 10)) == 5
+
+
+def test_layout_makes_strands_of_strands_a_plan_accepts():
+    p = reach([0.6, 0.5], 1.0)
+    nodes = grow(2, p, CANDS, 1.0, 20, 10)
+    strands, last = layout(nodes)
+    plan = DraftPlan([10, 20], [(0, 2)], strands=strands)  # (the plan checks every parent and depth)
+    assert sum(len(st.tokens) for st in strands) == len(nodes) and any(st.parent >= 0 for st in strands)
+    assert [nodes[i].token for i in last] == [st.tokens[-1] for st in strands]
+    # Every node's path is on the plan: its tokens after ``last`` are the path's drafts.
+    paths = {tuple(plan.path_drafts(k, m)) for k, st in enumerate(strands) for m in range(1, len(st.tokens) + 1)}
+    for i, v in enumerate(nodes):
+        path, j = [v.token], v.parent
+        while j >= 0:
+            path.insert(0, nodes[j].token)
+            j = nodes[j].parent
+        chain_row = -1 - j
+        assert tuple([10, 20][:chain_row] + path) in paths
+
+
+def test_free_rows_take_the_whole_tree_and_dear_rows_none():
+    p = reach([0.6, 0.5], 1.0)
+    everything = len(grow(2, p, CANDS, 1.0, MAX_NODES, 99))
+    whole, _ = choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0, window=0.0))  # windows worth nothing: every node
+    assert sum(len(st.tokens) for st in whole) == everything and not any(st.width for st in whole)
+    free, gain = choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0))
+    # windows where a path may end, paid for with the least likely nodes when the rows run out
+    assert any(st.width for st in free) and sum(len(st.tokens) for st in free) >= everything // 2 and gain > 0.5
+    assert choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(1.0)) == ((), 0.0)
+    some, _ = choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.05))
+    assert 0 < sum(len(st.tokens) for st in some) < sum(len(st.tokens) for st in free)
+    small, _ = choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0, room=9))
+    assert sum(st.rows for st in small) <= 4  # the call's rows stay within the room
+    # A layout the compile bank may not take is refused: a smaller one, or none.
+    assert choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0), allowed=lambda st: False) == ((), 0.0)
+    one, _ = choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0), allowed=lambda st: len(st) <= 1)
+    assert len(one) == 1
+
+
+def test_the_budget_verifies_a_tree_beside_its_chain_when_rows_are_cheap():
+    b = Budget(CostCurve([1, 64], [1.0, 1.0]), max_width=4)
+    plan = b.rows_for([10, 20, 30], [0.6, 0.5, 0.7], 100, 64, candidates=CANDS)
+    assert plan.strands and sum(len(st.tokens) for st in plan.strands) >= 8
+    dear = Budget(CostCurve([1, 2, 64], [1.0, 2.0, 64.0]), max_width=4)
+    assert not dear.rows_for([10, 20, 30], [0.6, 0.5, 0.7], 100, 64, candidates=CANDS).strands
