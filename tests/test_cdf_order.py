@@ -137,9 +137,10 @@ def test_near_equal_probabilities_are_a_near_tie_in_probability_order():
 def test_known_uniforms_sharpen_draft_confidences_in_probability_order(pm_prob, pm_sticky, varied):
     """Sampling in probability order, a draft is the mode's token only when its u falls in the mode's bin: the
     chain drafter scales each draft's confidence by where its (known) u lies; in id order u says nothing."""
-    from ptp_mlx.drafting.budget import Budget, u_factor
+    from ptp_mlx.drafting.budget import Budget
     from ptp_mlx.drafting.chain import ChainDrafter
     from ptp_mlx.drafting.cost import CostCurve
+    from ptp_mlx.drafting.rows import u_factor
     from ptp_mlx.generate import DecodeOptions, stream_generate
 
     assert u_factor(0.2, 0.5) > 1 > u_factor(0.7, 0.5) > u_factor(0.99, 0.4)

@@ -9,7 +9,7 @@ from ptp_mlx.drafting.protocol import CallResult, DraftPlan
 
 
 def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
-    from ptp_mlx.drafting.budget import Pace
+    from ptp_mlx.drafting.rows import Pace
 
     budget = Budget(CostCurve([1, 64], [1.0, 64.0]), max_width=4, calibrate=True, survival=[1.0, 0.99, 0.98, 0.97])
     d = ChainDrafter(budget)

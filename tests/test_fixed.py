@@ -35,7 +35,12 @@ PLANS = {
     "nested-tree": DraftPlan(
         [7, 9, 11],
         [(0, 2), (3, 2)],
-        strands=[Strand(1, (12, 14), 2), Strand(2, (13, 4), 2, parent=0), Strand(0, (6,)), Strand(3, (5,), 0, parent=1)],
+        strands=[
+            Strand(1, (12, 14), 2),
+            Strand(2, (13, 4), 2, parent=0),
+            Strand(0, (6,)),
+            Strand(3, (5,), 0, parent=1),
+        ],
     ),
     "no-windows": DraftPlan([7, 9, 11], []),
 }
@@ -111,7 +116,12 @@ def test_shapes_with_the_same_row_counts_share_one_compiled_graph(engine, sname)
     for plan in alike:
         res, kv, off = run(pm, prefilled(pm, 30), plan, s, bank)
         ps, ps_kv, ps_off = run(pm, prefilled(pm, 30), plan, s, None)
-        assert (res.block, res.accepted, res.strand, res.aux_tokens) == (ps.block, ps.accepted, ps.strand, ps.aux_tokens)
+        assert (res.block, res.accepted, res.strand, res.aux_tokens) == (
+            ps.block,
+            ps.accepted,
+            ps.strand,
+            ps.aux_tokens,
+        )
         assert off == ps_off and all(np.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in zip(kv, ps_kv, strict=True))
     assert len(bank.entries) == 1
 

@@ -4,8 +4,9 @@ confidences that wander the shapes in use stay few; the pace guard sees cold cal
 
 import numpy as np
 
-from ptp_mlx.drafting.budget import Budget, reach
+from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.rows import reach
 from ptp_mlx.drafting.shapes import NOVELTY, ShapeMemory, shape_value
 
 

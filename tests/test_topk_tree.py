@@ -3,9 +3,10 @@ strands, and what the budget keeps at a cost."""
 
 import math
 
-from ptp_mlx.drafting.budget import Budget, reach
+from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.protocol import DraftPlan
+from ptp_mlx.drafting.rows import reach
 from ptp_mlx.drafting.strands import TreeCosts
 from ptp_mlx.drafting.topk_tree import MAX_NODES, SlotCandidates, choose_tree, grow, layout
 
@@ -46,7 +47,7 @@ def test_layout_makes_strands_of_strands_a_plan_accepts():
     assert [nodes[i].token for i in last] == [st.tokens[-1] for st in strands]
     # Every node's path is on the plan: its tokens after ``last`` are the path's drafts.
     paths = {tuple(plan.path_drafts(k, m)) for k, st in enumerate(strands) for m in range(1, len(st.tokens) + 1)}
-    for i, v in enumerate(nodes):
+    for v in nodes:
         path, j = [v.token], v.parent
         while j >= 0:
             path.insert(0, nodes[j].token)

@@ -220,7 +220,10 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
         line, depth = -1, c  # the line the path is on (-1: the chain) and the drafts on it so far
         while True:
             t = exact(path[-1])
-            k = next((k for k, st in enumerate(plan.strands) if st.parent == line and st.at == depth and st.tokens[0] == t), None)
+            k = next(
+                (k for k, st in enumerate(plan.strands) if st.parent == line and st.at == depth and st.tokens[0] == t),
+                None,
+            )
             if k is None:
                 break
             if strand is None and on_strand is not None:

@@ -36,7 +36,9 @@ def topology(shape: CallShape) -> tuple[mx.array, mx.array]:
     return mx.array(shape.block), mx.array(shape.rel_pos)
 
 
-def _mask_fn(block: mx.array, rel_pos: mx.array, offset: mx.array, bucket: int, dtype) -> Callable[[int | None], mx.array]:
+def _mask_fn(
+    block: mx.array, rel_pos: mx.array, offset: mx.array, bucket: int, dtype
+) -> Callable[[int | None], mx.array]:
     """Additive masks [rows, bucket] for the call, built in the graph from the offset and the shape's ``block`` and
     ``rel_pos`` (``topology``)."""
     rows = block.shape[0]

@@ -10,7 +10,7 @@ are poor. ``FixedBudget`` (``--num-draft-tokens N``) spends the same rows every 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -18,9 +18,11 @@ import numpy as np
 from .cost import CostCurve
 from .learn import PaceGuard
 from .protocol import DraftPlan
-from .shapes import CHAINED, ShapeMemory, Values
-from .strands import StrandOffer, TreeCosts, choose_strands
-from .topk_tree import MAX_NODES, SlotCandidates, choose_tree, grow
+from .rows import fit_rows, reach, simple_rows
+from .shapes import ShapeMemory
+from .strands import StrandOffer
+from .topk_tree import SlotCandidates
+from .tree_budget import tree_call, tree_nodes
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
 MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
@@ -72,67 +74,6 @@ class BudgetPolicy(Protocol):
         """One call's measured wall time (``rows`` 1: a plain step) and the tokens it emitted (``cold``: it
         compiled a shape)."""
         ...
-
-
-@dataclass
-class Pace:
-    """What drafting calls really delivered: tokens, and their cost in plain steps (the measured curve).
-
-    Predictions can be optimistic (validation acceptance is higher than live acceptance); a drafter whose calls
-    are ``behind`` plain decoding after a few of them should stop drafting for a while."""
-
-    tokens: float = 0.0
-    cost: float = 0.0
-    calls: int = 0
-
-    def add(self, tokens: float, cost: float) -> None:
-        self.tokens += tokens
-        self.cost += cost
-        self.calls += 1
-
-    def behind(self, min_calls: int = 3) -> bool:
-        return self.calls >= min_calls and self.tokens < self.cost
-
-
-def u_factor(u: float, mode: float) -> float:
-    """How much a known uniform changes a draft's chance, sampling in probability order (the mode's bin is
-    ``[0, mode)``): an adapter's draft is mostly the mode, right only when ``u`` lands in its bin. Measured on
-    the held-out set with the shipped adapter (slot 1: right 58% of the time when ``u < mode``, 20% when not,
-    3% when ``u > 2 mode``; docs/results/study/)."""
-    if u < mode:
-        return 1.4
-    return 0.6 if u < 2 * mode else 0.1
-
-
-def reach(confidences: list[float], ratio: float = 1.0) -> list[float]:
-    """P(at least m drafts accepted), m = 0..n, from the drafts' confidences scaled by ``ratio`` (plain floats: a
-    few per call, priced after every read on the host's critical path)."""
-    out = [1.0]
-    for c in confidences:
-        out.append(out[-1] * min(0.99, float(c) * ratio))
-    return out
-
-
-def fit_rows(n: int, branches: list[tuple[int, int]], remaining: int, room: int, min_width: int):
-    """Clip a choice to the tokens still wanted and the rows the context has left."""
-    n = max(0, min(n, remaining - 1, room - 1))
-    used = 1 + n
-    fitted = []
-    for d, w in branches:
-        if d > n:
-            continue
-        w = min(w, remaining - d + 1, room - used)
-        if w >= min_width:
-            fitted.append((d, w))
-            used += w
-    return n, fitted
-
-
-def simple_rows(drafts: list[int], width: int, remaining: int, room: int) -> tuple[int, list[tuple[int, int]]]:
-    """The rows of a ``step="simple"`` call, for either budget: a verifying call of the drafts in hand (no branch),
-    or, without drafts, a drafting call of one ``width``-row branch."""
-    n, branches = (len(drafts), []) if drafts else (0, [(0, width)])
-    return fit_rows(n, branches, remaining, room, 1)
 
 
 @dataclass
@@ -275,9 +216,8 @@ class Budget:
         if step == "simple":
             n, branches = simple_rows(drafts, self.max_width, remaining, room)
         else:
-            n, branches = self.choose(
-                confidences, room, tree=self._nodes(confidences, candidates, remaining) if trees else None
-            )
+            tree = tree_nodes(self, confidences, candidates, remaining) if trees else None
+            n, branches = self.choose(confidences, room, tree=tree)
             n, branches = fit_rows(min(n, len(drafts)), branches, remaining, room, 2)
             first = n, branches  # (the allocation with rows left for a tree)
             if n or branches or pending is not None:  # a shape used before, unless a new one is worth its tracing
@@ -296,32 +236,9 @@ class Budget:
             self.shapes.note(n, branches)
         chained = pending is not None and (n, tuple(branches)) == (len(pending.drafts), pending.branches)
         if (offers or candidates) and step == "fused" and remaining >= 2:
-            tree, gain = self._tree(plan, confidences, offers, remaining, room, candidates, chained)
-            if trees and chained and not tree.strands and first != (n, branches):
-                # The call built ahead took the rows a tree would use: the tree-aware allocation with its tree,
-                # against the chained call with the host time it saves.
-                other, more = self._tree(
-                    DraftPlan(drafts[: first[0]], first[1]), confidences, offers, remaining, room, candidates
-                )
-                values = Values(reach(confidences[: first[0]], self.ratio), self._s)
-                alone = Values(reach(confidences[:n], self.ratio), self._s)(n, branches) / (
-                    self.curve(plan.rows) - CHAINED
-                )
-                if other.strands and (values(*first) + more) / self.curve(other.rows) > alone:
-                    tree = other
-            if tree.strands:
-                self.shapes.note_tree(len(tree.drafts), tree.branches, tree.strands)
-            plan = tree
+            alt = DraftPlan(drafts[: first[0]], first[1]) if trees and chained and first != (n, branches) else None
+            plan = tree_call(self, plan, confidences, offers, remaining, room, candidates, chained, alt)
         return plan
-
-    def _nodes(self, confidences: list[float], candidates: SlotCandidates, remaining: int):
-        """``tree(n)`` for ``choose``: the chances of the adapter's tree nodes beside a chain of ``n`` drafts."""
-
-        def nodes(n: int) -> list[float]:
-            p = reach(confidences[:n], self.ratio)
-            return [v.p for v in grow(n, p, candidates, self.ratio, MAX_NODES, remaining - 1)]
-
-        return nodes
 
     def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):
         def fits(k: int, br) -> bool:
@@ -359,46 +276,6 @@ class Budget:
         if (n or branches) and not self.curve.explored(plan.rows):
             return plan
         return None
-
-    def _tree(
-        self,
-        plan: DraftPlan,
-        confidences: list[float],
-        offers,
-        remaining: int,
-        room: int,
-        candidates=None,
-        chained=False,
-    ) -> tuple[DraftPlan, float]:
-        """``plan`` with a token tree beside its chain: the adapter's top-k tree (``topk_tree.choose_tree``) and the
-        offered strands whose rows pay (``strands.choose_strands``); a tree graph never compiled is taken only while
-        fewer than ``MAX_TREE_SHAPES`` are known (the compile bank stays bounded). ``chained``: the plan's call was
-        built ahead; a tree replaces it only when worth more than the host time that saves (``CHAINED``). Returns
-        the plan and the expected tokens its tree adds (nothing is noted: the caller notes the plan it takes)."""
-        n = len(plan.drafts)
-        p = reach(confidences[:n], self.ratio)
-        values = Values(p, self._s)
-        cost = self.curve
-        if chained:  # the chain alone costs less by the host time its chained call keeps off the path
-
-            def cost(r: int, curve=self.curve, alone=plan.rows) -> float:
-                return curve(r) - (CHAINED if r == alone else 0.0)
-
-        costs = TreeCosts(cost, values.window, self.max_width, min(room, self.max_rows), remaining)
-        value, rows = values(n, plan.branches), plan.rows
-        strands: tuple = ()
-        if candidates is not None:
-            allowed = lambda st: self.shapes.allows_tree(n, plan.branches, st)  # noqa: E731
-            strands, gain = choose_tree(n, p, candidates, self.ratio, value, rows, costs, allowed)
-            value, rows = value + gain, rows + sum(st.rows for st in strands)
-        if offers:
-            taken = {(st.at, st.tokens[0]) for st in strands if st.parent < 0}
-            more = choose_strands(plan.drafts, p, value, rows, offers, costs, taken)
-            if more and self.shapes.allows_tree(n, plan.branches, strands + more):
-                strands = strands + more
-        if not strands or not self.shapes.allows_tree(n, plan.branches, strands):
-            return plan, 0.0
-        return replace(plan, strands=strands), value - values(n, plan.branches)
 
     def choose(self, confidences: list[float], room: int, cost=None, tree=None) -> tuple[int, list[tuple[int, int]]]:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total, at ``cost`` (a call's

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .budget import BudgetPolicy, Pace, reach, u_factor
+from .budget import BudgetPolicy
 from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
+from .rows import Pace, reach, u_factor
 from .strands import StrandOffer
 from .topk_tree import SlotCandidates
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .budget import fit_rows, simple_rows
 from .cost import CostCurve
 from .protocol import DraftPlan
+from .rows import fit_rows, simple_rows
 from .strands import StrandOffer
 
 

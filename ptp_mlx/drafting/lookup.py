@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .budget import Pace
 from .protocol import DraftSession
+from .rows import Pace
 
 NGRAMS = (4, 3, 2)
 ALTERNATIVES = 3  # continuations kept per n-gram, each with a different next token (side strands of a tree)
