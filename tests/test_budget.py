@@ -55,22 +55,28 @@ def test_budgets(pm_sticky, varied, bname):
 
 @pytest.mark.parametrize("name", ["greedy", "T0.7-k20-p0.9", "T1.0"])
 def test_free_rows_verify_token_trees_exactly(varied, pm_sticky, name):
-    """With free rows the adaptive budget hangs the strands its peers offer beside the chain (the adapter's
-    runner-ups at every slot, lookup's continuation beside the adapter's chain or the other way round); output is
-    still exactly autoregressive, and the next drafts come from the branch of the strand that stood."""
+    """With free rows the adaptive budget hangs a token tree beside the chain: greedy, the adapter's top-k tree
+    (strands of strands) and what other peers offer (lookup's continuation beside the adapter's chain or the other
+    way round); sampling, only the peers' strands (the adapter's tree is greedy decoding's). Output is still exactly
+    autoregressive, and the next drafts come from the branch of the strand that stood."""
     _, tok = varied
-    trees = strands = 0
+    trees = nested = adapter = 0
     for k, prompt in enumerate(PROMPTS[:3]):
         s = with_seed(SETTINGS[name], 3 + k)
         ids = encode_prompt(tok, prompt)
         budget = Budget(CostCurve([1, 64], [1.0, 1.0]), max_width=WINDOW)
+        plans = []
+        real = budget.rows_for
+        budget.rows_for = lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1]
         steps = assert_same(pm_sticky, tok, ids, s, 32, {"budget": budget})
         assert sum(st.rows > 1 + st.proposed for st in steps)  # branches ran
         trees += sum(st.strand_rows > 0 for st in steps)
-        strands += sum(str(st.source).endswith("-strand") for st in steps)
-    # (greedy, the sticky adapter's runner-ups never land on these prompts; ``test_random_token_trees_are_exact``
-    # lands strands under every setting)
-    assert trees >= 3 and strands >= (0 if name == "greedy" else 1), (trees, strands)
+        nested += sum(any(st.parent >= 0 for st in p.strands) for p in plans)
+        adapter += sum(any(st.source == "ptp" for st in p.strands) for p in plans)
+    if name == "greedy":
+        assert trees >= 3 and nested >= 1, (trees, nested)
+    else:
+        assert adapter == 0
 
 
 def test_bursts_back_off_while_probes_fail_and_reset_when_a_draft_lands():

@@ -16,10 +16,14 @@ class TreeDrafter(ChainDrafter):
 
     @property
     def runner_up(self) -> bool:
-        return True
+        return self.greedy  # (its tree is greedy decoding's: ``candidates``)
 
     def candidates(self, i: int) -> SlotCandidates | None:
-        if not self.alts or len(self.alts) != len(self.drafts):
+        # Greedy decoding only: sampling, a runner-up stands when the uniform of its slot falls in its bin, and the
+        # adapter's probabilities at T 1 without the uniforms misprice the tree (measured on held-out prompts at
+        # T 0.7: the tree took rows from the branches, PTP fell from 1.09x to 0.98x our AR;
+        # docs/results/trees/topk/).
+        if not self.greedy or not self.alts or len(self.alts) != len(self.drafts):
             return None
         conf = self.confidences(i)  # (sharpened by their uniforms where sampling in probability order)
         return SlotCandidates(

@@ -10,9 +10,11 @@ Printed: each node's measured rate of standing, the best static tree of R nodes 
 prefix of a node is at least as frequent) and a dynamic tree (per window, the R nodes with the highest product of
 the adapter's probabilities, with the same R), against the chain of the same depth. A measurement, not a decoder.
 
-    python docs/results/trees/tree_oracle.py [--prompts 24] [--tokens 96] [--width 8] [--k 4]
+    python docs/results/trees/tree_oracle.py [--file prompts.jsonl] [--prompts 24] [--tokens 96] [--width 8] [--k 4]
+        [--out arrays.npz | --load arrays.npz]
 """
 
+# ruff: noqa: I001  (ptp_mlx first: it loads the BLAS before anything imports mlx)
 from __future__ import annotations
 
 import argparse
@@ -22,7 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import ptp_mlx  # noqa: F401,I001  (first: it loads the BLAS before anything imports mlx)
+import ptp_mlx  # noqa: F401
 import mlx.core as mx
 import numpy as np
 
@@ -55,7 +57,11 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--file", default=str(DEV), help="prompts (JSONL with turns; default: the development prompts)")
     ap.add_argument("--out", default=None, help="save the top-k arrays (.npz) for later analysis")
+    ap.add_argument("--load", default=None, help="analyse arrays saved by --out instead of running the model")
     args = ap.parse_args()
+    if args.load:
+        d = np.load(args.load)
+        return analyse(d["toks"], d["probs"], d["labels"])
     base, tok = load(None)
     adapter, _ = load_adapter(shipped_adapter(), base)
     pm = PTPModel(base, adapter)
@@ -63,7 +69,7 @@ def main() -> None:
     by_cat: dict[str, list[dict]] = {}
     for r in rows:
         by_cat.setdefault(r["category"], []).append(r)
-    chosen = [r for grp in zip(*by_cat.values()) for r in grp][: args.prompts]
+    chosen = [r for grp in zip(*by_cat.values(), strict=False) for r in grp][: args.prompts]
     W, K = args.width, args.k
     toks, probs, labels = [], [], []
     t0 = time.perf_counter()
@@ -91,7 +97,9 @@ def main() -> None:
                 toks.append(top[i, 1:])
                 probs.append(tp[i, 1:])
                 labels.append(lab[1:])
-        print(f"{r.get('id') or r.get('question_id')}: {len(ans)} tokens ({time.perf_counter() - t0:.0f} s)", flush=True)
+        print(
+            f"{r.get('id') or r.get('question_id')}: {len(ans)} tokens ({time.perf_counter() - t0:.0f} s)", flush=True
+        )
     toks, probs, labels = np.array(toks), np.array(probs), np.array(labels)
     if args.out:
         np.savez(args.out, toks=toks, probs=probs, labels=labels)
@@ -120,12 +128,36 @@ def analyse(toks: np.ndarray, probs: np.ndarray, labels: np.ndarray, sizes=(4, 7
         static = sum(v for _, v in best[:R]) / n
         dyn = np.mean([_dynamic_depth(probs[i], rank[i], R) for i in range(n)])
         print(f"R={R:3d}: chain(depth {min(R, D)}) {sum(chain[:R]):.3f}  static tree {static:.3f}  dynamic {dyn:.3f}")
+    # Calibration of each rank's probability given that the path before it stood, by what that path was: the chain
+    # (argmax at every earlier slot), a runner-up at the slot just before ("after_alt"), or a runner-up earlier
+    # and argmaxes since ("alt_then_top"). A ratio near 1: the product of the path's probabilities is the node's
+    # chance.
+    stats: dict = {}
+    for i in range(n):
+        for j in range(1, D):
+            if (rank[i, :j] < 0).any():
+                break
+            kind = "after_alt" if rank[i, j - 1] > 0 else ("chain" if (rank[i, :j] == 0).all() else "alt_then_top")
+            for r in range(K):
+                st = stats.setdefault((kind, r), [0, 0.0, 0])
+                st[0] += rank[i, j] == r
+                st[1] += probs[i, j, r]
+                st[2] += 1
+    for (kind, r), (hit, conf, m) in sorted(stats.items()):
+        print(f"given {kind:12s} rank {r}: hit {hit / m:.3f} predicted {conf / m:.3f} (n {m})")
     # Calibration of the top-1 and runner-up probabilities.
     for k in range(min(K, 3)):
         p = probs[:, :, k].ravel()
         hit = (toks[:, :, k] == labels).ravel()
         bins = np.digitize(p, [0.1, 0.3, 0.5, 0.7, 0.9])
-        print(f"rank {k} calibration:", " ".join(f"[{b}] p={p[bins == b].mean():.2f} hit={hit[bins == b].mean():.2f} n={int((bins == b).sum())}" for b in range(6) if (bins == b).any()))
+        print(
+            f"rank {k} calibration:",
+            " ".join(
+                f"[{b}] p={p[bins == b].mean():.2f} hit={hit[bins == b].mean():.2f} n={int((bins == b).sum())}"
+                for b in range(6)
+                if (bins == b).any()
+            ),
+        )
 
 
 def _dynamic_depth(p: np.ndarray, rank: np.ndarray, R: int) -> int:
