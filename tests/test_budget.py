@@ -65,9 +65,13 @@ def test_free_rows_verify_token_trees_exactly(varied, pm_sticky, name):
         s = with_seed(SETTINGS[name], 3 + k)
         ids = encode_prompt(tok, prompt)
         budget = Budget(CostCurve([1, 64], [1.0, 1.0]), max_width=WINDOW)
-        plans = []
-        real = budget.rows_for
-        budget.rows_for = lambda *a, **kw: plans.append(real(*a, **kw)) or plans[-1]
+        plans: list = []
+
+        def spy(*a, real=budget.rows_for, plans=plans, **kw):
+            plans.append(real(*a, **kw))
+            return plans[-1]
+
+        budget.rows_for = spy
         steps = assert_same(pm_sticky, tok, ids, s, 32, {"budget": budget})
         assert sum(st.rows > 1 + st.proposed for st in steps)  # branches ran
         trees += sum(st.strand_rows > 0 for st in steps)
