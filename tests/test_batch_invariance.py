@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ptp_mlx import blas
-from ptp_mlx.decode.fixed import _mask_fn, bank_for
+from ptp_mlx.decode.fixed import _mask_fn, bank_for, topology
 from ptp_mlx.model.kv import FixedPass, KVState
 from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.model.shape import CallShape, FixedPlan
@@ -25,7 +25,7 @@ def chain_logits(pm, bank, state: KVState, tokens: list[int]) -> np.ndarray:
     k = len(tokens)
     bucket, offset, end = bank._prepare(state, k)
     shape = CallShape(tuple(range(-1, k - 1)))
-    p = FixedPass(offset, bucket, _mask_fn(shape, offset, bucket, pm.dtype))
+    p = FixedPass(offset, bucket, _mask_fn(*topology(shape), offset, bucket, pm.dtype))
     keys, values = state.take_buffers()
     st = KVState.traced(keys, values, p)
     pm.ctx.begin(FixedPlan(offset + mx.arange(k, dtype=mx.int32)), None, None)

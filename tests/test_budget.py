@@ -33,7 +33,7 @@ def test_calibration_follows_observed_acceptance():
     assert (b.hits, b.expected) == (1.0, 1.0)
     for _ in range(100):  # drafts better than their confidences: more drafting, bounded at 2x
         b.observe([0.4, 0.4], 2)
-    assert b.ratio == 2.0 and b._s(1) <= 1.0
+    assert b.ratio == 2.0 and b.survive(1) <= 1.0
 
 
 @pytest.mark.parametrize("bname", list(BUDGETS))

@@ -213,5 +213,6 @@ def test_lookup_strands_beside_the_adapters_chain_are_exact(varied, pm_sticky):
             steps = assert_same(pm_sticky, tok, ids, s, 48, {"budget": budget})
             trees += sum(st.strand_rows > 0 for st in steps)
             landed.update(st.source for st in steps if str(st.source).endswith("-strand"))
-        assert trees >= 5, (name, trees)
+        # (sampling, the adapter's own tree is off: the strands are lookup's and the adapter's chain beside it)
+        assert trees >= (5 if name == "greedy" else 1), (name, trees)
     assert landed["lookup-strand"] + landed["ptp-strand"] >= 1, landed

@@ -15,12 +15,12 @@ def test_shape_value_is_what_choose_counts():
     for conf in ([0.9, 0.8, 0.5], [0.3], [], [0.99] * 5):
         n, branches = b.choose(conf, 64)
         p = reach(conf, b.ratio)
-        v = shape_value(n, branches, p, b._s)
+        v = shape_value(n, branches, p, b.survive)
         # choose's own running value: 1 + reach of the verified drafts + each branch's added rows' gains
         want = 1.0 + sum(p[1 : n + 1])
         for d, w in branches:
             p_end = p[d] - (p[d + 1] if d < n else 0.0)
-            want += p_end * sum(b._s(k) for k in range(1, w))
+            want += p_end * sum(b.survive(k) for k in range(1, w))
         assert np.isclose(v, want)
 
 

@@ -7,15 +7,24 @@ PHASES = ("plan", "build", "queue", "chain", "compute", "read+trim", "update")
 
 
 def tree_menu(shapes) -> str:
-    """The token-tree shapes a budget's ``ShapeMemory`` used (each one compiled graph per attention bucket)."""
+    """The token-tree layouts a budget's ``ShapeMemory`` used, and the compiled graphs they ran on (one per row
+    counts and attention bucket: layouts with the same counts share one)."""
     from ..drafting.shapes import MAX_TREE_SHAPES
 
     trees = getattr(shapes, "trees", {})
+    graphs = len(getattr(shapes, "tree_graphs", ()))
+
+    def strand(at: int, k: int, w: int, parent: int) -> str:
+        return f"{at}:{k}+{w}" + (f"^{parent}" if parent >= 0 else "")
+
     used = "; ".join(
-        f"{n} drafts + strands {' '.join(f'{at}:{k}+{w}' + (f'^{p}' if p >= 0 else '') for at, k, w, p in sig)} ({calls} calls)"
+        f"{n} drafts + strands {' '.join(strand(*st) for st in sig)} ({calls} calls)"
         for (n, _, sig), calls in sorted(trees.items(), key=lambda kv: -kv[1])[:8]
     )
-    head = f"token-tree shapes used: {len(trees)} (at most {MAX_TREE_SHAPES}; strand at:tokens+window)"
+    head = (
+        f"token-tree layouts used: {len(trees)} on {graphs} compiled graphs (at most {MAX_TREE_SHAPES}; "
+        "strand at:tokens+window, ^k: a strand of strand k)"
+    )
     return head + (f": {used}" if used else "")
 
 

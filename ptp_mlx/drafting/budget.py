@@ -180,7 +180,9 @@ class Budget:
             return self.burst_len
         return EXPLORE_BURST if self.calibrate and getattr(self.curve, "stale_step", False) else 0
 
-    def _s(self, k: int, r: float | None = None) -> float:
+    def survive(self, k: int, r: float | None = None) -> float:
+        """P(at least ``k`` drafts of a fresh branch stand): the prior, scaled by the ratio ``r`` (default the
+        calibration's) once per draft."""
         s = self.survival[k] if k < len(self.survival) else 0.0
         r = self.ratio if r is None else r
         return min(1.0, s * r**k)  # k drafts in a row: the per-draft ratio k times
@@ -254,13 +256,13 @@ class Budget:
 
         built = (len(pending.drafts), tuple(pending.branches)) if pending is not None else None
         p = reach(confidences, self.ratio)
-        k, br = self.shapes.prefer(n, branches, p, self._s, self.curve, fits, built)
+        k, br = self.shapes.prefer(n, branches, p, self.survive, self.curve, fits, built)
         return k, list(br)
 
     def prior_confidences(self, n: int) -> list[float]:
         """Per-draft confidences the prior expects of a fresh branch's first ``n`` drafts (``survival``): what a
         guess ahead of the read prices drafts it has not seen by."""
-        return [min(0.99, self._s(k + 1, 1.0) / max(self._s(k, 1.0), 1e-9)) for k in range(n)]
+        return [min(0.99, self.survive(k + 1, 1.0) / max(self.survive(k, 1.0), 1e-9)) for k in range(n)]
 
     def _explore(self, drafts: list[int], confidences: list[float], remaining: int, room: int) -> DraftPlan | None:
         """Once per burst, the call the budget would make if the widths it has barely measured were cheap
@@ -294,7 +296,7 @@ class Budget:
         # (plain floats and tables made once: this runs after every read, on the host's critical path)
         p = p_reach[: n + 1]
         p_end = [p[d] - (p[d + 1] if d < n else 0.0) for d in range(n + 1)]  # P(c == d)
-        s_tab = [self._s(k, r) for k in range(self.max_width + 1)]
+        s_tab = [self.survive(k, r) for k in range(self.max_width + 1)]
         widths = [0] * (n + 1)
         top = min(room, self.max_rows)
         nodes, k = (tree(n) if tree is not None else []), 0

@@ -32,7 +32,7 @@ def with_tree(b, plan: DraftPlan, confidences, offers, remaining: int, room: int
     so the chain alone costs ``CHAINED`` steps less. Nothing is noted (the caller notes the plan it takes)."""
     n = len(plan.drafts)
     p = reach(confidences[:n], b.ratio)
-    values = Values(p, b._s)
+    values = Values(p, b.survive)
     cost = b.curve
     if chained:  # the chain alone costs less by the host time its chained call keeps off the path
 
@@ -64,8 +64,8 @@ def tree_call(b, plan: DraftPlan, confidences, offers, remaining, room, candidat
     if alt is not None and not tree.strands:
         other, more = with_tree(b, alt, confidences, offers, remaining, room, candidates)
         k, n = len(alt.drafts), len(plan.drafts)
-        worth = Values(reach(confidences[:k], b.ratio), b._s)(k, alt.branches) + more
-        alone = Values(reach(confidences[:n], b.ratio), b._s)(n, plan.branches) / (b.curve(plan.rows) - CHAINED)
+        worth = Values(reach(confidences[:k], b.ratio), b.survive)(k, alt.branches) + more
+        alone = Values(reach(confidences[:n], b.ratio), b.survive)(n, plan.branches) / (b.curve(plan.rows) - CHAINED)
         if other.strands and worth / b.curve(other.rows) > alone:
             tree = other
     if tree.strands:
