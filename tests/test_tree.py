@@ -1,4 +1,4 @@
-"""Token trees (``ptp_mlx/drafting/tree.py``, ``drafting/strands.py``): runner-up strands, the drafts after a strand
+"""Token trees (``ptp_mlx/drafting/tree.py``, ``drafting/strands.py``): the adapter's candidates, the drafts after a strand
 that landed, and which offered strands the budget keeps."""
 
 import pytest

@@ -193,7 +193,7 @@ class Drafter(ABC):
 
     @property
     def runner_up(self) -> bool:
-        """Whether calls should read each auxiliary row's second-best token (``CallResult.second``)."""
+        """Whether calls should read each auxiliary row's runner-ups (``CallResult.alts``)."""
         return False
 
     @property

@@ -1,17 +1,17 @@
-"""Which side strands a call's token tree verifies beside its chain (docs/method.md, section 5, "Token trees").
+"""Which side strands other peers offer a call's token tree beside its chain (docs/method.md, section 5, "Token
+trees"; the adapter's own top-k tree is ``topk_tree``).
 
-Peers offer strands (``StrandOffer``): the adapter's runner-up at a draft's slot (``TreeDrafter``), a prompt-lookup
-continuation beside the adapter's chain, or the adapter's chain beside a lookup chain (``DraftPolicy``). A strand
-at ``at`` can only take the path on where the chain stops there: its value is the chance the chain reaches row
-``at`` and its draft ``q_{at+1}`` falls while the strand's first token is the exact one, times the tokens it then
-adds. ``choose_strands`` keeps the offers whose rows pay at the budget's cost, best first, as the budget's greedy
+Peers offer strands (``StrandOffer``): a prompt-lookup continuation beside the adapter's chain, the adapter's chain
+beside a lookup chain, or lookup's other continuations of the same words (``DraftPolicy``). A strand at ``at`` can
+only take the path on where the chain stops there: its value is the chance the chain reaches row ``at`` and its
+draft ``q_{at+1}`` falls while the strand's first token is the exact one, times the tokens it then adds.
+``choose_strands`` keeps the offers whose rows pay at the budget's cost, best first, as the budget's greedy
 allocation does for branches: a node is worth the probability of reaching it.
 
 What the PTP coupling allows: every row of the tree is verified exactly (its token against the exact pick at its
 parent with the uniform of its position), so any strand may stand and the accepted path is always the exact
-sample. The adapter's auxiliary rows predict their slots given the uniforms, not given another token at an earlier
-slot: a runner-up strand is therefore one token long (the chain's later slots assumed the chain's token), and only
-a strand's own window (rows that see its path) drafts the next call after it.
+sample. A lookup continuation carries its own text, so it may be several tokens long; only a strand's own window
+(rows that see its path) drafts the next call after it.
 """
 
 from __future__ import annotations
