@@ -283,7 +283,7 @@ class Budget:
         """Drafts to verify and ``[(d, width), ...]`` branches, within ``room`` rows in total, at ``cost`` (a call's
         price by rows; default this budget's curve). ``tree(n)``: the chances of a token tree's nodes beside a chain
         of ``n`` drafts, best first; a node competes with branch rows for the call's rows (the rows it wins are left
-        free for ``_tree``)."""
+        free for ``tree_budget.tree_call``)."""
         cost = cost or self.curve
         r = self.ratio
         p_reach = reach(confidences, r)

@@ -147,11 +147,6 @@ class CallResult:
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
     resolved: bool = False  # the emitted token was settled on the host (sampler.py ``resolve``), not in the call
 
-    @property
-    def second(self) -> list[tuple[int, float]]:
-        """Each auxiliary row's runner-up ``(token, probability)``."""
-        return [a[0] for a in self.alts]
-
 
 def chain_accepted(plan: DraftPlan, result: CallResult) -> int:
     """How many of ``plan``'s chain drafts stood in ``result`` (a strand that took the path on starts where the

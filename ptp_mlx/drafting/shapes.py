@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from .protocol import DraftPlan
+
 NOVELTY = 0.5  # plain steps added to the price of a shape never used (a share of its eager call and tracing)
 CHAINED = 0.15  # plain steps a call built ahead saves (its plan, build and queueing are off the path: ~5 ms here)
 MAX_SHAPES = 48  # graphs; past this many, only known ones (the compile bank keeps 256 entries across buckets)
@@ -26,20 +28,14 @@ Graph = tuple[int, int, int]  # (token rows, chain drafts as the graph counts th
 def graph(n: int, branches, strands: Sequence = ()) -> Graph:
     """The row counts that key a call's compiled graph (``CallShape.graph_key``): token rows, the leading rows that
     each follow the row before (the chain, and strands that continue it), auxiliary rows."""
-    tok = 1 + n + sum(len(st.tokens) for st in strands)
-    aux = sum(w for _, w in branches) + sum(st.width for st in strands)
-    chain, row, end = n, 1 + n, n  # ``end``: the last row of the run so far
-    starts = []
-    for st in strands:
-        starts.append(row)
-        row += len(st.tokens)
-    for k, st in enumerate(strands):
-        follows = st.at if st.parent < 0 else starts[st.parent] + st.at - strands[st.parent].at - 1
-        if starts[k] != end + 1 or follows != end:
+    plan = DraftPlan((0,) * n, branches, strands=strands)
+    chain = n
+    for k, st in enumerate(strands):  # (strands laid out right after the run so far, following its last row)
+        if plan.strand_row(k) != chain + 1 or plan.follows(k) != chain:
             break
         chain += len(st.tokens)
-        end = starts[k] + len(st.tokens) - 1
-    return tok, chain, aux
+    tok = 1 + n + sum(len(st.tokens) for st in strands)
+    return tok, chain, plan.rows - tok
 
 
 def shape_value(n: int, branches, p_reach: Sequence[float], survival: Callable[[int], float]) -> float:

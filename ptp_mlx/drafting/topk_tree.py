@@ -161,11 +161,10 @@ def choose_tree(
 
 def _windows(nodes, strands, last, value: float, rows: int, c: TreeCosts, allowed):
     """Windows at the strands' last tokens, the likeliest ends first, each only where its rows pay."""
-    children = {v.parent for v in nodes if v.parent >= 0}
     widths: dict[int, int] = {}
     for i in sorted(last, key=lambda i: -nodes[i].p):
-        if i in children or nodes[i].depth >= c.remaining - 1:
-            continue  # (a path goes on from it: its window would rarely be the one used)
+        if nodes[i].depth >= c.remaining - 1:
+            continue  # (no token wanted after it; a strand's last node has no children: ``layout``)
         best_w, best = 0, value / c.cost(rows)
         for w in range(2, c.max_width + 1):
             if rows + w > c.room or nodes[i].depth + w > c.remaining:
