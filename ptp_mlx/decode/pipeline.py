@@ -28,6 +28,7 @@ import numpy as np
 
 from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from .call import NO_CLOCK, ChainInputs, PendingCall, build_call, call_shape, call_uniforms, finish_call
+from .fixed import ALTS
 from .session import DecodeSession
 
 
@@ -60,7 +61,7 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
             guesses.append(None)
             continue
         guess = drafter.guess(plan, g, i, max_new - i, ctx - (call.offset + 1 + g))
-        if guess is not None and (guess.plan.burst or guess.plan.strands):
+        if guess is not None and (guess.plan.burst or (guess.plan.strands and not guess.strand_src)):
             guess = None
         # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
         guesses.append(guess)
@@ -71,26 +72,38 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
     nxt = known[0].plan
     if known[0].draft_rows is not None and nxt.drafts and call.out.aux_top is None:
         return None  # drafts from this call's rows, which it does not output
+    if nxt.strands and call.out.alt is None:
+        return None  # a tree of this call's runner-ups, which it does not output
     if sess.rule.for_source(nxt.source, strict=nxt.strict).guarded:
         return None  # a pivot rule reads the context, which this call's block may still change
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
-    per_outcome = np.zeros((n + 1, m), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
+    tree = sum(len(st.tokens) for st in nxt.strands)  # a tree's tokens: this call's (row, rank) each
+    per_outcome = np.zeros((n + 1, m + tree), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
     row_u, aux_u = call_uniforms(sess, nxt, 0)
     row_table = np.zeros((n + 1, row_u.size), np.float32)
     aux_table = np.zeros((n + 1, aux_u.size), np.float32)
     for g, x in enumerate(guesses):
         if x is not None:
-            per_outcome[g] = x.plan.drafts if x.draft_rows is None else x.draft_rows
+            per_outcome[g, :m] = x.plan.drafts if x.draft_rows is None else x.draft_rows
+            if tree:  # flat indices into [argmax | runner-ups] per auxiliary row (``table`` below)
+                per_outcome[g, m:] = [row * (1 + ALTS) + rank for row, rank in x.strand_src]
             row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
     c = call.out.accepted  # int32 []: the outcome, known on the device only
     # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
     rows = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
     if m:
         picked = mx.take(mx.array(per_outcome), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
-        rows.append(picked if known[0].draft_rows is None else mx.take(call.out.aux_top, picked).astype(mx.int32))
+        if tree:  # the drafts and the tree's tokens, from this call's argmax and runner-ups
+            table = mx.concatenate([call.out.aux_top[:, None], call.out.alt], axis=1).reshape(-1)
+            idx = mx.concatenate([picked[:m] * (1 + ALTS), picked[m:]])
+            rows.append(mx.take(table, idx).astype(mx.int32))
+        elif known[0].draft_rows is None:
+            rows.append(picked)
+        else:
+            rows.append(mx.take(call.out.aux_top, picked).astype(mx.int32))
     inputs = ChainInputs(
-        tokens=mx.concatenate(rows) if m else rows[0],
+        tokens=mx.concatenate(rows) if len(rows) > 1 else rows[0],
         row_u=mx.take(mx.array(row_table), c, axis=0),
         aux_u=mx.take(mx.array(aux_table), c, axis=0),
         offset=mx.array(call.offset + 1, dtype=mx.int32) + c,
@@ -141,7 +154,8 @@ def _kind(guess: Guess) -> tuple:
     """What one build must share across outcomes: the shape, the acceptance rule (``DraftPlan.strict``) and where the
     drafts come from (this call's rows, or tokens the host knows: not one gather)."""
     p = guess.plan
-    return len(p.drafts), p.branches, p.strict, guess.draft_rows is None
+    tree = tuple((st.at, len(st.tokens), st.width, st.parent) for st in p.strands)
+    return len(p.drafts), p.branches, p.strict, guess.draft_rows is None, tree
 
 
 def _likeliest_kind(guesses: list[Guess | None], likely: list[float] | None) -> list[Guess | None]:
@@ -166,10 +180,12 @@ def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None
     accepted path, and ``plan`` is built as usual."""
     guess = chained.guesses[result.accepted] if result.strand is None else None
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the chained call's rows
-    ok = guess is not None and plan is not None and not plan.burst and not plan.strands and not result.resolved
-    ok = ok and plan.branches == guess.plan.branches
-    ok = ok and tuple(plan.drafts) == guess.drafts(result.aux_tokens) and plan.source == guess.plan.source
-    ok = ok and plan.strict == guess.plan.strict
+    ok = guess is not None and plan is not None and not plan.burst and not result.resolved
+    if ok:
+        built = guess.realize(result)  # (a tree's strands: the read's argmax and runner-ups in its placeholders)
+        ok = plan.branches == built.branches and plan.drafts == built.drafts and plan.strands == built.strands
+        ok = ok and plan.source == built.source and plan.strict == built.strict
+        ok = ok and all(t >= 0 for st in built.strands for t in st.tokens)  # (every placeholder had its token)
     if not ok:
         drop_chained(chained, cache, keep)
         return None
@@ -243,7 +259,7 @@ class CallQueue:
         if self.chained is None or result.strand is not None:
             return None
         guess = self.chained.guesses[result.accepted]
-        return None if guess is None else guess.plan
+        return None if guess is None else guess.realize(result)
 
     def read(self, clock=NO_CLOCK) -> tuple[DraftPlan, CallResult]:
         """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""

@@ -214,7 +214,7 @@ class Budget:
         burst = self._no_drafting()
         if burst:
             return DraftPlan([], [], burst=min(burst, remaining))
-        trees = candidates is not None and step == "fused" and remaining >= 2 and not preview
+        trees = candidates is not None and step == "fused" and remaining >= 2  # (a preview's rows leave it room)
         if step == "simple":
             n, branches = simple_rows(drafts, self.max_width, remaining, room)
         else:
@@ -232,14 +232,16 @@ class Budget:
                 return explore
             return DraftPlan([], [], burst=min(self.burst_len, remaining))  # (only a calibrating budget backs off)
         plan = DraftPlan(drafts[:n], branches)
-        if preview:
+        if preview and not trees:
             return plan
-        if step == "fused":
+        if step == "fused" and not preview:
             self.shapes.note(n, branches)
         chained = pending is not None and (n, tuple(branches)) == (len(pending.drafts), pending.branches)
         if (offers or candidates) and step == "fused" and remaining >= 2:
-            alt = DraftPlan(drafts[: first[0]], first[1]) if trees and chained and first != (n, branches) else None
-            plan = tree_call(self, plan, confidences, offers, remaining, room, candidates, chained, alt)
+            alt = DraftPlan(drafts[: first[0]], first[1]) if trees and first != (n, branches) else None
+            plan = tree_call(
+                self, plan, confidences, offers, remaining, room, candidates, chained, alt, pending, preview
+            )
         return plan
 
     def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):

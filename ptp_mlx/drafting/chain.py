@@ -71,6 +71,11 @@ class ChainDrafter(Drafter):
         ``TreeDrafter``: the argmax and its runner-ups)."""
         return None
 
+    def prior_candidates(self, conf: list[float]) -> SlotCandidates | None:
+        """Placeholder top tokens per slot of a branch not read yet, priced by its drafts' prior ``conf`` and what
+        was seen so far (a chain: none; ``TreeDrafter``: a tree built ahead, ``guess``)."""
+        return None
+
     def plan(self, i: int, remaining: int, room: int, offers: Sequence[StrandOffer] = ()) -> DraftPlan:
         """The next call's rows (``offers``: side strands other peers offer beside this drafter's own)."""
         conf = self.planned = self.confidences(i)
@@ -111,14 +116,21 @@ class ChainDrafter(Drafter):
             nxt = self.budget.rows_for([0] * n, [1.0] * n, remaining, room, self.step)
         elif self.budget.calibrate and not self.pace.behind() and hasattr(self.budget, "prior_confidences"):
             conf = self.budget.prior_confidences(n)
-            nxt = self.budget.rows_for([0] * n, conf, remaining, room, self.step, preview=True)
+            cands = self.prior_candidates(conf)
+            nxt = self.budget.rows_for([0] * n, conf, remaining, room, self.step, preview=True, candidates=cands)
         else:
             return None
-        if nxt.burst or nxt.strands:
+        src = self.strand_sources(nxt, r) if nxt.strands else ()
+        if nxt.burst or src is None:
             return None
         if nxt.drafts:
             nxt = replace(nxt, source="ptp")
-        return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))])
+        return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))], src)
+
+    def strand_sources(self, plan: DraftPlan, row: int) -> tuple[tuple[int, int], ...] | None:
+        """Each strand token of a guessed tree (``prior_candidates``' placeholders) as ``(auxiliary row, rank)`` of
+        the call before, whose branch starts at auxiliary row ``row`` (``Guess.strand_src``); None: not told."""
+        return None
 
     def chained(self, plan: DraftPlan | None) -> None:
         self.pending = plan

@@ -9,7 +9,7 @@ drafters only through this protocol.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -159,16 +159,35 @@ class Guess:
     """The next call's rows as a drafter can tell them before the current call is read: ``plan`` and where its
     drafts come from: ``draft_rows``, the current call's auxiliary rows whose argmax tokens they are (the plan's
     drafts are then placeholders), or, with ``draft_rows`` None, the plan's own drafts (tokens the host already
-    knows: a prompt-lookup continuation)."""
+    knows: a prompt-lookup continuation). ``strand_src``: for a token tree built ahead, each strand token's
+    ``(auxiliary row, rank)`` in the current call (rank 0: the row's argmax, ``r``: its ``r``-th runner-up); the
+    plan's strand tokens are then placeholders too."""
 
     plan: DraftPlan
     draft_rows: list[int] | None
+    strand_src: tuple[tuple[int, int], ...] = ()
 
     def drafts(self, aux_tokens: list[int]) -> tuple[int, ...]:
         """The guessed call's drafts once the current call's auxiliary argmax tokens are read."""
         if self.draft_rows is None:
             return tuple(self.plan.drafts)
         return tuple(aux_tokens[j] for j in self.draft_rows)
+
+    def realize(self, result: CallResult) -> DraftPlan:
+        """The guessed plan with the tokens the current call's read (``result``) put in its placeholders."""
+        plan = replace(self.plan, drafts=self.drafts(result.aux_tokens))
+        if not self.strand_src:
+            return plan
+
+        def token(row: int, rank: int) -> int:
+            if rank == 0:
+                return result.aux_tokens[row]
+            alts = result.alts[row] if row < len(result.alts) else []
+            return alts[rank - 1][0] if rank - 1 < len(alts) else -1  # (-1: no such token; never a real plan's)
+
+        src = iter(self.strand_src)
+        strands = tuple(replace(st, tokens=tuple(token(*next(src)) for _ in st.tokens)) for st in plan.strands)
+        return replace(plan, strands=strands)
 
 
 @dataclass

@@ -159,6 +159,39 @@ def choose_tree(
     return out
 
 
+def tree_value(
+    n: int, p_reach: Sequence[float], cands: SlotCandidates, ratio: float, strands: Sequence[Strand], c: TreeCosts
+) -> float:
+    """Expected tokens the given ``strands`` add beside a chain of ``n`` drafts, priced as ``grow`` prices its nodes
+    (a token that is not among a slot's candidates: no chance) plus their windows: what a tree built ahead is worth
+    once the call before it is read."""
+
+    def q(depth: int, token: int) -> float:
+        if depth > len(cands.tokens):
+            return 0.0
+        for tok, prob in zip(cands.tokens[depth - 1], cands.probs[depth - 1], strict=True):
+            if tok == token:
+                return min(0.99, prob * ratio)
+        return 0.0
+
+    chances: list[list[float]] = []  # per strand, each token's chance to stand
+    total = 0.0
+    for st in strands:
+        a = st.at
+        if st.parent < 0:
+            falls = p_reach[a] - (p_reach[a + 1] if a < n and a + 1 < len(p_reach) else 0.0)
+            p = min(p_reach[a] * q(a + 1, st.tokens[0]), falls)
+        else:
+            up = strands[st.parent]
+            p = chances[st.parent][a - up.at - 1] * q(a + 1, st.tokens[0])
+        mine = [p]
+        for k, tok in enumerate(st.tokens[1:], 2):
+            mine.append(mine[-1] * q(a + k, tok))
+        chances.append(mine)
+        total += sum(mine) + (mine[-1] * c.window(st.width) if st.width else 0.0)
+    return total
+
+
 def _windows(nodes, strands, last, value: float, rows: int, c: TreeCosts, allowed):
     """Windows at the strands' last tokens, the likeliest ends first, each only where its rows pay."""
     widths: dict[int, int] = {}

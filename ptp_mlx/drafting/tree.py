@@ -4,15 +4,23 @@ adapter's top tokens per slot (``topk_tree``), which the budget verifies where i
 from __future__ import annotations
 
 from .chain import ChainDrafter
-from .protocol import CallResult
+from .protocol import CallResult, DraftPlan
 from .topk_tree import SlotCandidates
+
+_RANKS = 8  # a placeholder token of a tree built ahead: slot * _RANKS + rank (``guess``)
+_FADE = 0.95  # how much of its running mean a rank's prior probability keeps per read
 
 
 class TreeDrafter(ChainDrafter):
     """The chain drafter that also keeps the auxiliary runner-ups of every draft in hand and offers the top tokens
     of each slot to the budget (``candidates``), which may verify a tree of them beside the chain."""
 
-    alts: list[list[tuple[int, float]]] = []  # runner-ups of each draft in hand, best first, with probabilities
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.alts: list[list[tuple[int, float]]] = []  # runner-ups of each draft in hand, best first, with probs
+        # per slot of a branch (its drafts: slot 1 first), the running mean probability of each runner-up rank:
+        # what a tree built ahead of the read is priced by (``guess``)
+        self.rank_prob: list[list[float]] = []
 
     @property
     def runner_up(self) -> bool:
@@ -31,8 +39,31 @@ class TreeDrafter(ChainDrafter):
             tuple((c, *(q for _, q in a)) for c, a in zip(conf, self.alts, strict=True)),
         )
 
+    def prior_candidates(self, conf: list[float]) -> SlotCandidates | None:
+        # Slot j's token of rank k is the placeholder j * _RANKS + k (``guess`` maps it to its auxiliary row).
+        if not self.greedy or not self.runner_up or len(self.rank_prob) < len(conf) or not conf:
+            return None  # (runner-ups not seen yet at every slot)
+        n = len(conf)
+        return SlotCandidates(
+            tuple(tuple(j * _RANKS + k for k in range(1 + len(self.rank_prob[j]))) for j in range(n)),
+            tuple((conf[j], *self.rank_prob[j]) for j in range(n)),
+        )
+
+    def strand_sources(self, plan: DraftPlan, row: int) -> tuple[tuple[int, int], ...] | None:
+        # A guessed tree's placeholder ``j * _RANKS + k``: rank k of the branch's slot j + 1, auxiliary row
+        # ``row + 1 + j`` of the call before (``prior_candidates``).
+        return tuple((row + 1 + t // _RANKS, t % _RANKS) for st in plan.strands for t in st.tokens)
+
     def _took(self, result: CallResult, rows: tuple[int, int] | None) -> None:
         self.alts = []
         if rows is not None and result.alts and rows[1] > 1:
             r, w = rows
             self.alts = [list(a) for a in result.alts[r + 1 : r + w]]
+            for j, a in enumerate(self.alts):
+                probs = [q for _, q in a]
+                if j >= len(self.rank_prob):
+                    self.rank_prob.append(probs)
+                elif len(probs) == len(self.rank_prob[j]):
+                    self.rank_prob[j] = [
+                        _FADE * m + (1 - _FADE) * q for m, q in zip(self.rank_prob[j], probs, strict=True)
+                    ]

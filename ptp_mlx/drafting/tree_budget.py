@@ -11,7 +11,7 @@ from .protocol import DraftPlan
 from .rows import reach
 from .shapes import CHAINED, Values
 from .strands import TreeCosts, choose_strands
-from .topk_tree import MAX_NODES, SlotCandidates, choose_tree, grow
+from .topk_tree import MAX_NODES, SlotCandidates, choose_tree, grow, tree_value
 
 
 def tree_nodes(b, confidences: list[float], candidates: SlotCandidates, remaining: int) -> Callable[[int], list[float]]:
@@ -56,18 +56,35 @@ def with_tree(b, plan: DraftPlan, confidences, offers, remaining: int, room: int
     return replace(plan, strands=strands), value - values(n, plan.branches)
 
 
-def tree_call(b, plan: DraftPlan, confidences, offers, remaining, room, candidates, chained, alt=None) -> DraftPlan:
-    """The call budget ``b`` makes of ``plan``: with its tree where one pays (noted in the shape memory). ``alt``:
-    the allocation that left rows for a tree, when the call built ahead (``chained``) took them instead: its tree is
-    taken when its expected tokens per cost beat the chained call's with the host time that call saves."""
-    tree, _ = with_tree(b, plan, confidences, offers, remaining, room, candidates, chained)
-    if alt is not None and not tree.strands:
-        other, more = with_tree(b, alt, confidences, offers, remaining, room, candidates)
-        k, n = len(alt.drafts), len(plan.drafts)
-        worth = Values(reach(confidences[:k], b.ratio), b.survive)(k, alt.branches) + more
-        alone = Values(reach(confidences[:n], b.ratio), b.survive)(n, plan.branches) / (b.curve(plan.rows) - CHAINED)
-        if other.strands and worth / b.curve(other.rows) > alone:
-            tree = other
-    if tree.strands:
+def tree_call(
+    b, plan: DraftPlan, confidences, offers, remaining, room, candidates, chained, alt=None, pending=None, preview=False
+) -> DraftPlan:
+    """The call budget ``b`` makes of ``plan``: with its tree where one pays (noted in the shape memory unless
+    ``preview``). The best expected tokens per cost among: ``plan`` with its tree (``chained``: ``plan``'s call was
+    built ahead, so the chain alone costs ``CHAINED`` steps less); ``alt``, the allocation that left rows for a
+    tree before a known shape replaced it, with its tree; and ``pending``, the call built ahead with a tree whose
+    tokens were just read, at ``CHAINED`` steps less."""
+    built = pending if chained and pending is not None and pending.strands and candidates is not None else None
+    options: list[tuple[float, DraftPlan]] = []
+    for base, bonus in ((plan, chained and built is None), (alt, False)):
+        if base is None:
+            continue
+        tree, gain = with_tree(b, base, confidences, offers, remaining, room, candidates, bonus)
+        off = CHAINED if bonus and not tree.strands else 0.0
+        options.append(((_worth(b, base, confidences) + gain) / (b.curve(tree.rows) - off), tree))
+    if built is not None:
+        n = len(plan.drafts)
+        p = reach(confidences[:n], b.ratio)
+        c = TreeCosts(b.curve, Values(p, b.survive).window, b.max_width, min(room, b.max_rows), remaining)
+        kept = _worth(b, plan, confidences) + tree_value(n, p, candidates, b.ratio, built.strands, c)
+        options.append((kept / (b.curve(built.rows) - CHAINED), replace(plan, strands=built.strands)))
+    tree = max(options, key=lambda o: o[0])[1]  # (the first of equals: ``plan``'s)
+    if tree.strands and not preview:
         b.shapes.note_tree(len(tree.drafts), tree.branches, tree.strands)
     return tree
+
+
+def _worth(b, plan: DraftPlan, confidences) -> float:
+    """Expected tokens of ``plan``'s chain and branches."""
+    n = len(plan.drafts)
+    return Values(reach(confidences[:n], b.ratio), b.survive)(n, plan.branches)
