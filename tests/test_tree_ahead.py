@@ -1,0 +1,124 @@
+"""Token trees built ahead of the read (``TreeDrafter.guess``, ``decode/pipeline.py``): the next call is built with
+the adapter's tree, priced on the probabilities seen so far per slot and rank, its tokens gathered on the device
+from the call's argmax and runner-ups; after the read it runs when the budget keeps it. The answer stays plain
+decoding's, token for token."""
+
+from collections import Counter
+
+import pytest
+
+import ptp_mlx.decode.pipeline as pipeline
+from ptp_mlx.drafting.budget import Budget
+from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.protocol import CallResult, DraftPlan, Guess, Strand
+from ptp_mlx.drafting.rows import reach
+from ptp_mlx.drafting.strands import TreeCosts
+from ptp_mlx.drafting.topk_tree import SlotCandidates, grow, layout, tree_value
+from ptp_mlx.drafting.tree import TreeDrafter
+from ptp_mlx.prompt import encode_prompt
+from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
+
+CANDS = SlotCandidates(((10, 11, 12), (20, 21, 22), (30, 31, 32)), ((0.6, 0.3, 0.1), (0.5, 0.4, 0.1), (0.7, 0.2, 0.1)))
+
+
+def test_a_guess_puts_the_reads_argmax_and_runner_ups_in_its_placeholders():
+    plan = DraftPlan((0, 0), ((2, 3),), strands=(Strand(0, (0, 0)), Strand(1, (0,), parent=0)))
+    g = Guess(plan, [1, 2], ((1, 2), (2, 0), (2, 1)))
+    res = CallResult([5], 0, aux_tokens=[7, 8, 9], alts=[[(70, 0.1)], [(80, 0.1), (81, 0.05)], [(90, 0.2)]])
+    real = g.realize(res)
+    assert real.drafts == (8, 9) and real.branches == plan.branches
+    assert [st.tokens for st in real.strands] == [(81, 9), (90,)]
+    assert [(st.at, st.parent) for st in real.strands] == [(0, -1), (1, 0)]
+    short = CallResult([5], 0, aux_tokens=[7, 8, 9], alts=[[], [], []])
+    assert g.realize(short).strands[0].tokens[0] == -1  # (a rank the read lacks: never confirmed, pipeline.py)
+
+
+def test_a_trees_value_is_the_sum_of_its_nodes_chances():
+    p = reach([0.6, 0.5, 0.7], 1.0)
+    nodes = grow(3, p, CANDS, 1.0, 12, 10)
+    strands, _ = layout(nodes)
+    c = TreeCosts(lambda r: 1.0, lambda w: 0.5 * max(0, w - 1), 4, 64, 100)
+    assert tree_value(3, p, CANDS, 1.0, strands, c) == pytest.approx(sum(v.p for v in nodes))
+    # a window at a strand's end adds its last token's chance times the window's value
+    windowed = strands[:1] + (Strand(strands[1].at, strands[1].tokens, 3, parent=strands[1].parent),) + strands[2:]
+    last = nodes[[i for i, v in enumerate(nodes) if v.token == strands[1].tokens[-1]][0]].p
+    assert tree_value(3, p, CANDS, 1.0, windowed, c) == pytest.approx(sum(v.p for v in nodes) + last * 1.0)
+    assert tree_value(3, p, CANDS, 1.0, (Strand(0, (99,)),), c) == 0.0  # a token no slot offers
+
+
+def test_the_budget_keeps_the_tree_built_ahead_unless_the_read_finds_a_much_better_one():
+    b = Budget(CostCurve([1, 64], [1.0, 1.0]), max_width=4)
+    now = b.rows_for([10, 20, 30], [0.6, 0.5, 0.7], 100, 64, candidates=CANDS)
+    assert now.strands
+    # built ahead: the same chain and branches, the tree without its last strand: kept, it saves host time
+    built = DraftPlan(now.drafts, now.branches, strands=now.strands[:-1], source="ptp")
+    kept = b.rows_for([10, 20, 30], [0.6, 0.5, 0.7], 100, 64, pending=built, candidates=CANDS)
+    assert kept.strands == built.strands
+    # built ahead with tokens the read made worthless (no slot offers them): the tree chosen now
+    wrong = DraftPlan(now.drafts, now.branches, strands=(Strand(0, (99, 98)),), source="ptp")
+    assert b.rows_for([10, 20, 30], [0.6, 0.5, 0.7], 100, 64, pending=wrong, candidates=CANDS).strands == now.strands
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts chained calls queued ("hit") and dropped ("miss"), with a tree or a chain, and checks that a queued
+    call's token rows, gathered on the device before the read, are the ones its plan verifies on the host."""
+    seen = Counter()
+    confirm, build = pipeline.confirm_chained, pipeline.build_call
+    gathered = {}
+
+    def built(sess, last, plan, i, tokens=None, chain=None):
+        call = build(sess, last, plan, i, tokens=tokens, chain=chain)
+        if chain is not None:
+            gathered[id(call)] = chain.tokens
+        return call
+
+    def counted(chained, result, plan, i, cache):
+        call = confirm(chained, result, plan, i, cache)
+        kind = "tree" if chained.call.plan.strands else "chain"
+        seen[f"{'hit' if call is not None else 'miss'} {kind}"] += 1
+        if call is not None:
+            rows = [result.block[-1], *plan.drafts, *(t for st in plan.strands for t in st.tokens)]
+            assert gathered[id(chained.call)].tolist() == rows
+        return call
+
+    monkeypatch.setattr(pipeline, "build_call", built)
+    monkeypatch.setattr(pipeline, "confirm_chained", counted)
+    return seen
+
+
+def _drafter() -> TreeDrafter:
+    return TreeDrafter(Budget(CostCurve([1, 64], [1.0, 1.0]), max_width=WINDOW, calibrate=True))
+
+
+def test_trees_built_ahead_run_and_stay_exact(varied, pm_sticky, pm_random, spy):
+    """Free rows, greedy: calls built ahead with a tree run when the read keeps them, on the tokens their plans
+    verify; token for token the plain answer."""
+    _, tok = varied
+    for pm in (pm_sticky, pm_random):
+        for k, prompt in enumerate(PROMPTS[:3]):
+            ids = encode_prompt(tok, prompt)
+            s = with_seed(SETTINGS["greedy"], 40 + k)
+            assert_same(pm, tok, ids, s, 40, {"drafter": _drafter()})
+    assert spy["hit tree"] >= 3, spy
+
+
+@pytest.mark.parametrize("max_tokens", [2, 5, 9])
+def test_trees_built_ahead_with_eos_and_max_tokens(varied, pm_sticky, spy, max_tokens):
+    _, tok = varied
+    s = with_seed(SETTINGS["greedy"], 3)
+    ids = encode_prompt(tok, PROMPTS[0])
+    full = ar(pm_sticky, tok, ids, s, 32, eos=set())[0]
+    assert_same(pm_sticky, tok, ids, s, max_tokens, {"drafter": _drafter()}, eos=set())
+    eos = {full[min(max_tokens, len(full) - 1)]}  # an end token inside some block
+    steps = assert_same(pm_sticky, tok, ids, s, 32, {"drafter": _drafter()}, eos=eos)
+    assert steps[-1].finish_reason in ("stop", "length")
+
+
+def test_sampling_builds_no_tree_ahead(varied, pm_sticky, spy):
+    """The adapter's tree is greedy decoding's (``TreeDrafter.candidates``): sampled answers build chains ahead only."""
+    _, tok = varied
+    for name in ("T1.0", "T0.7-k20-p0.9"):
+        s = with_seed(SETTINGS[name], 5)
+        assert_same(pm_sticky, tok, encode_prompt(tok, PROMPTS[1]), s, 32, {"drafter": _drafter()})
+    assert spy["hit tree"] == spy["miss tree"] == 0 and spy["hit chain"] > 0, spy
