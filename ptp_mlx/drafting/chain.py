@@ -38,12 +38,14 @@ class ChainDrafter(Drafter):
         self.pending: DraftPlan | None = None  # the next call's plan as already built ahead (``chained``)
         self.fresh = False  # the drafts in hand follow the last block emitted (the call's own, not a burst's)
         self.greedy = True  # the answer decodes greedily (``begin``)
+        self.temperature = 0.0
 
     def begin(self, session: DraftSession) -> None:
         s = session.settings
         # Sampling in probability order, its drafts' uniforms sharpen their confidences (``u_factor``).
         self.uniforms = session.uniforms if s.order == "prob" and not s.greedy else None
         self.greedy = s.greedy
+        self.temperature = s.temperature
 
     @property
     def reads_top_prob(self) -> bool:

@@ -37,6 +37,21 @@ def u_factor(u: float, mode: float) -> float:
     return 0.6 if u < 2 * mode else 0.1
 
 
+def rank_u_factors(u: float, mode: float, probs: list[float], temperature: float) -> list[float]:
+    """How much a known uniform changes each runner-up's chance, sampling in probability order: the adapter's own
+    estimate of the verifier's bins is ``[c_r, c_r + m_r)`` for rank ``r`` (``mode``: its top probability at the
+    decoding temperature; ``probs``: the argmax's then the runner-ups' probabilities at T 1, so ``m_r = mode *
+    (probs[r] / probs[0]) ** (1 / T)``). Measured teacher-forced on development prompts at T 0.7
+    (``docs/results/trees/sampled_oracle.py``): a runner-up whose estimated bin holds ``u`` stood about 1.8 times as
+    often as its probability says (slot 1, rank 1: 24% against 13%), and one whose bin does not about 0.9 times."""
+    out, lo = [], mode
+    for q in probs[1:]:
+        m = mode * (q / max(probs[0], 1e-30)) ** (1.0 / max(temperature, 1e-3))
+        out.append(1.8 if lo <= u < lo + m else 0.9)
+        lo += m
+    return out
+
+
 def reach(confidences: list[float], ratio: float = 1.0) -> list[float]:
     """P(at least m drafts accepted), m = 0..n, from the drafts' confidences scaled by ``ratio`` (plain floats: a
     few per call, priced after every read on the host's critical path)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .chain import ChainDrafter
 from .protocol import CallResult, DraftPlan
+from .rows import rank_u_factors
 from .topk_tree import SlotCandidates
 
 _RANKS = 8  # a placeholder token of a tree built ahead: slot * _RANKS + rank (``guess``)
@@ -24,24 +25,33 @@ class TreeDrafter(ChainDrafter):
 
     @property
     def runner_up(self) -> bool:
-        return self.greedy  # (its tree is greedy decoding's: ``candidates``)
+        return self.greedy or self.uniforms is not None  # (its tree: greedy, or sampling in probability order)
 
     def candidates(self, i: int) -> SlotCandidates | None:
-        # Greedy decoding only: sampling, a runner-up stands when the uniform of its slot falls in its bin, and the
-        # adapter's probabilities at T 1 without the uniforms misprice the tree (measured on held-out prompts at
-        # T 0.7: the tree took rows from the branches, PTP fell from 1.09x to 0.98x our AR;
-        # docs/results/trees/topk/).
-        if not self.greedy or not self.alts or len(self.alts) != len(self.drafts):
+        # Greedy decoding, or sampling in probability order, where each slot's uniform is known and prices the
+        # ranks (``rank_u_factors``). Sampling in id order, no tree: the adapter's probabilities at T 1, blind to
+        # the uniforms, mispriced it (measured on held-out prompts at T 0.7 before the uniforms priced it: the tree
+        # took rows from the branches, PTP fell from 1.09x to 0.98x our AR; docs/results/trees/topk/).
+        if not self.runner_up or not self.alts or len(self.alts) != len(self.drafts):
             return None
         conf = self.confidences(i)  # (sharpened by their uniforms where sampling in probability order)
+        probs = [tuple(q for _, q in a) for a in self.alts]
+        if self.uniforms is not None:
+            if len(self.top_prob) != len(self.drafts):
+                return None
+            us = self.uniforms.take(i + 1, len(self.drafts))
+            probs = [
+                tuple(q * f for q, f in zip(a, rank_u_factors(float(u), m, [c0, *a], self.temperature), strict=True))
+                for a, u, m, c0 in zip(probs, us, self.top_prob, self.conf, strict=True)
+            ]
         return SlotCandidates(
             tuple((d, *(t for t, _ in a)) for d, a in zip(self.drafts, self.alts, strict=True)),
-            tuple((c, *(q for _, q in a)) for c, a in zip(conf, self.alts, strict=True)),
+            tuple((c, *a) for c, a in zip(conf, probs, strict=True)),
         )
 
     def prior_candidates(self, conf: list[float]) -> SlotCandidates | None:
         # Slot j's token of rank k is the placeholder j * _RANKS + k (``guess`` maps it to its auxiliary row).
-        if not self.greedy or not self.runner_up or len(self.rank_prob) < len(conf) or not conf:
+        if not self.runner_up or len(self.rank_prob) < len(conf) or not conf:
             return None  # (runner-ups not seen yet at every slot)
         n = len(conf)
         return SlotCandidates(
