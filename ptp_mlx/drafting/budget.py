@@ -25,6 +25,8 @@ from .topk_tree import SlotCandidates
 from .tree_budget import tree_call, tree_nodes
 
 AR_BURST = 16  # tokens decoded autoregressively when drafting does not pay, before the budget is asked again
+TREE_PRIOR = 4.0  # pseudo-tokens at ratio 1 before a tree's tokens have been seen to stand or fall
+TREE_KEEP = 0.97  # how much of its evidence the trees' calibration keeps per call that verified a tree
 MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
 TRIAL_CALLS = 2  # PTP calls tried after a burst before the pace guard may call for the next one
 EXPLORE_BURST = 4  # plain steps decoded to re-measure a plain step's time when none was measured for long
@@ -43,6 +45,11 @@ class BudgetPolicy(Protocol):
     @property
     def ratio(self) -> float:
         """Observed / predicted acceptance (1.0 when it does not calibrate)."""
+        ...
+
+    @property
+    def tree_ratio(self) -> float:
+        """Observed / predicted tokens of the adapter's trees (1.0 when it does not calibrate)."""
         ...
 
     def rows_for(
@@ -64,6 +71,10 @@ class BudgetPolicy(Protocol):
 
     def observe(self, confidences: list[float], accepted: int) -> None:
         """One call's verified drafts' confidences and how many leading ones stood."""
+        ...
+
+    def observe_tree(self, expected: float, hits: float) -> None:
+        """One call's adapter tree: its tokens' predicted chances (summed) and how many stood."""
         ...
 
     def relax(self, keep: float = 0.5) -> None:
@@ -106,6 +117,8 @@ class Budget:
     explore_due: bool = False  # after a burst: the next call the curve prices out may be measured instead
     trials: int = 0  # PTP calls still allowed after a burst before the pace guard is heeded again
     shapes: ShapeMemory = field(default_factory=ShapeMemory)  # the call shapes used so far (each one compiled)
+    tree_expected: float = 0.0  # the adapter's tree tokens predicted to stand, over the calls that verified a tree
+    tree_hits: float = 0.0  # and those that stood (``tree_ratio``)
 
     @property
     def ratio(self) -> float:
@@ -126,6 +139,23 @@ class Budget:
             self.landed = True
             if not self.behind_before:  # (drafts that land but cost more than they bring keep the back-off)
                 self.burst_len = AR_BURST
+
+    @property
+    def tree_ratio(self) -> float:
+        """Stood / predicted tokens of the adapter's trees (1.0 until observed, or when it does not calibrate),
+        bounded to [0.25, 1.5]: it scales the runner-ups' chances, so a tree the adapter's probabilities overprice
+        (sampling, where its bins only estimate the verifier's) buys fewer rows."""
+        if not self.calibrate:
+            return 1.0
+        r = (TREE_PRIOR + self.tree_hits) / (TREE_PRIOR + self.tree_expected)
+        return min(1.5, max(0.25, r))
+
+    def observe_tree(self, expected: float, hits: float) -> None:
+        """Record one call that verified the adapter's tree: its tokens' predicted chances (summed) and how many
+        stood; older calls fade (``TREE_KEEP``), so the ratio follows the text and the decoding mode."""
+        if self.calibrate:
+            self.tree_expected = TREE_KEEP * self.tree_expected + expected
+            self.tree_hits = TREE_KEEP * self.tree_hits + hits
 
     @classmethod
     def from_histogram(cls, curve: CostCurve, hist: list[float] | None, max_width: int, **kw) -> Budget:

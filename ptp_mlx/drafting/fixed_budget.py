@@ -22,6 +22,7 @@ class FixedBudget:
     curve: CostCurve = field(default_factory=CostCurve)  # (flat: a fixed budget does not weigh rows)
     calibrate: bool = False
     ratio: float = 1.0
+    tree_ratio: float = 1.0
     burst_len: int = 0
     builds_trees: bool = False
     shape_only: bool = True  # the same rows whatever the drafts' confidences
@@ -51,6 +52,9 @@ class FixedBudget:
         return DraftPlan(drafts[:n], branches)
 
     def observe(self, confidences: list[float], accepted: int) -> None:
+        pass
+
+    def observe_tree(self, expected: float, hits: float) -> None:
         pass
 
     def relax(self, keep: float = 0.5) -> None:

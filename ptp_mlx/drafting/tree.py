@@ -3,10 +3,13 @@ adapter's top tokens per slot (``topk_tree``), which the budget verifies where i
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .chain import ChainDrafter
-from .protocol import CallResult, DraftPlan
-from .rows import rank_u_factors
-from .topk_tree import SlotCandidates
+from .protocol import CallResult, DraftPlan, chain_accepted
+from .rows import rank_u_factors, reach
+from .strands import TreeCosts
+from .topk_tree import SlotCandidates, tree_value
 
 _RANKS = 8  # a placeholder token of a tree built ahead: slot * _RANKS + rank (``guess``)
 _FADE = 0.95  # how much of its running mean a rank's prior probability keeps per read
@@ -22,6 +25,7 @@ class TreeDrafter(ChainDrafter):
         # per slot of a branch (its drafts: slot 1 first), the running mean probability of each runner-up rank:
         # what a tree built ahead of the read is priced by (``guess``)
         self.rank_prob: list[list[float]] = []
+        self.priced: SlotCandidates | None = None  # the candidates the last plan was priced with (unscaled)
 
     @property
     def runner_up(self) -> bool:
@@ -44,25 +48,45 @@ class TreeDrafter(ChainDrafter):
                 tuple(q * f for q, f in zip(a, rank_u_factors(float(u), m, [c0, *a], self.temperature), strict=True))
                 for a, u, m, c0 in zip(probs, us, self.top_prob, self.conf, strict=True)
             ]
-        return SlotCandidates(
-            tuple((d, *(t for t, _ in a)) for d, a in zip(self.drafts, self.alts, strict=True)),
-            tuple((c, *a) for c, a in zip(conf, probs, strict=True)),
-        )
+        tokens = tuple((d, *(t for t, _ in a)) for d, a in zip(self.drafts, self.alts, strict=True))
+        self.priced = SlotCandidates(tokens, tuple((c, *a) for c, a in zip(conf, probs, strict=True)))
+        k = self.budget.tree_ratio
+        return SlotCandidates(tokens, tuple((c, *(q * k for q in a)) for c, a in zip(conf, probs, strict=True)))
 
     def prior_candidates(self, conf: list[float]) -> SlotCandidates | None:
         # Slot j's token of rank k is the placeholder j * _RANKS + k (``guess`` maps it to its auxiliary row).
         if not self.runner_up or len(self.rank_prob) < len(conf) or not conf:
             return None  # (runner-ups not seen yet at every slot)
-        n = len(conf)
+        n, k = len(conf), self.budget.tree_ratio
         return SlotCandidates(
-            tuple(tuple(j * _RANKS + k for k in range(1 + len(self.rank_prob[j]))) for j in range(n)),
-            tuple((conf[j], *self.rank_prob[j]) for j in range(n)),
+            tuple(tuple(j * _RANKS + r for r in range(1 + len(self.rank_prob[j]))) for j in range(n)),
+            tuple((conf[j], *(q * k for q in self.rank_prob[j])) for j in range(n)),
         )
 
     def strand_sources(self, plan: DraftPlan, row: int) -> tuple[tuple[int, int], ...] | None:
         # A guessed tree's placeholder ``j * _RANKS + k``: rank k of the branch's slot j + 1, auxiliary row
         # ``row + 1 + j`` of the call before (``prior_candidates``).
         return tuple((row + 1 + t // _RANKS, t % _RANKS) for st in plan.strands for t in st.tokens)
+
+    def update(self, plan: DraftPlan, result: CallResult) -> None:
+        if plan.source in (None, "ptp") and any(st.source == "ptp" for st in plan.strands) and self.priced is not None:
+            self._calibrate(plan, result, self.priced)
+        self.priced = None
+        super().update(plan, result)
+
+    def _calibrate(self, plan: DraftPlan, result: CallResult, cands: SlotCandidates) -> None:
+        """Fold one verified tree into the budget's ``tree_ratio``: its nodes' chances as they were priced (before
+        that ratio) against the adapter's tree tokens that stood on the path."""
+        n = len(plan.drafts)
+        p = reach(self.planned[:n], self.budget.ratio)
+        # (another peer's strand: no chance of its own here, and its tokens no hits)
+        mine = tuple(st if st.source == "ptp" else replace(st, tokens=(-1,) * len(st.tokens)) for st in plan.strands)
+        none = TreeCosts(lambda r: 1.0, lambda w: 0.0, 0, 0, 0)
+        expected = tree_value(n, p, cands, self.budget.ratio, mine, none)
+        hits, s = 0, result.strand
+        if s is not None and all(plan.strands[k].source == "ptp" for k in _lineage(plan, s)):
+            hits = result.accepted - chain_accepted(plan, result)
+        self.budget.observe_tree(expected, hits)
 
     def _took(self, result: CallResult, rows: tuple[int, int] | None) -> None:
         self.alts = []
@@ -77,3 +101,11 @@ class TreeDrafter(ChainDrafter):
                     self.rank_prob[j] = [
                         _FADE * m + (1 - _FADE) * q for m, q in zip(self.rank_prob[j], probs, strict=True)
                     ]
+
+
+def _lineage(plan: DraftPlan, s: int) -> list[int]:
+    """Strand ``s`` and the strands it hangs from, up to the chain."""
+    out = [s]
+    while plan.strands[out[-1]].parent >= 0:
+        out.append(plan.strands[out[-1]].parent)
+    return out
