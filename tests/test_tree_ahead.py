@@ -15,6 +15,7 @@ from ptp_mlx.drafting.rows import reach
 from ptp_mlx.drafting.strands import TreeCosts
 from ptp_mlx.drafting.topk_tree import SlotCandidates, grow, layout, tree_value
 from ptp_mlx.drafting.tree import TreeDrafter
+from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
@@ -115,10 +116,29 @@ def test_trees_built_ahead_with_eos_and_max_tokens(varied, pm_sticky, spy, max_t
     assert steps[-1].finish_reason in ("stop", "length")
 
 
-def test_sampling_builds_no_tree_ahead(varied, pm_sticky, spy):
-    """The adapter's tree is greedy decoding's (``TreeDrafter.candidates``): sampled answers build chains ahead only."""
+def test_sampling_in_id_order_builds_no_tree_ahead(varied, pm_sticky, spy):
+    """Sampling in vocabulary-id order the adapter offers no tree (``TreeDrafter.candidates``: its probabilities
+    cannot price the ranks blind to the uniforms): sampled answers build chains ahead only."""
     _, tok = varied
     for name in ("T1.0", "T0.7-k20-p0.9"):
         s = with_seed(SETTINGS[name], 5)
         assert_same(pm_sticky, tok, encode_prompt(tok, PROMPTS[1]), s, 32, {"drafter": _drafter()})
     assert spy["hit tree"] == spy["miss tree"] == 0 and spy["hit chain"] > 0, spy
+
+
+@pytest.fixture(scope="module")
+def pm_prob(varied, pm_sticky):
+    model, _ = varied
+    return PTPModel(model, pm_sticky.adapter, {"window": WINDOW, "cdf_order": "prob"}, fuse=True)
+
+
+@pytest.mark.parametrize("name", ["T1.0", "T0.7-k20-p0.9", "T1.0-k50-p0.8"])
+def test_sampling_in_probability_order_builds_trees_ahead_exactly(varied, pm_prob, spy, name):
+    """Sampling in probability order, the uniforms price the ranks: trees are built ahead (the tokens each queued
+    call verifies are its plan's, ``spy``) and the answer is plain sampling's, token for token."""
+    _, tok = varied
+    for k, prompt in enumerate(PROMPTS[:3]):
+        for seed in (0, 1):
+            s = with_seed(SETTINGS[name], 10 * k + seed)
+            assert_same(pm_prob, tok, encode_prompt(tok, prompt), s, 32, {"drafter": _drafter()})
+    assert spy["hit tree"] > 0, spy
