@@ -38,6 +38,8 @@ def test_lookup_guess_is_the_offer_after_a_chain_that_stood():
         text = [r.randrange(6) for _ in range(r.randrange(8, 40))]
         d = LookupProposer(text * r.randrange(1, 3) + text[: r.randrange(len(text))], max_draft=r.randrange(2, 6))
         d.hits, d.misses = r.randrange(5), r.randrange(1, 5)
+        d.class_hits = [float(r.randrange(5)) for _ in d.class_hits]  # (each match class's own record)
+        d.class_misses = [float(r.randrange(5)) for _ in d.class_misses]
         d.turn_start = r.randrange(len(d.history) + 1)  # ``earlier`` offers must agree too
         offer = d.offer()
         if offer is None:
@@ -57,6 +59,26 @@ def test_lookup_guess_is_the_offer_after_a_chain_that_stood():
         assert guess == real.offer(), (text, drafts)
         checked += guess is not None
     assert checked > 50
+
+
+def test_lookup_rates_follow_the_length_of_the_match():
+    """A chain's drafts are priced at the hit rate of chains matched as long as it (``MATCH_CLASSES``), and what a
+    verified chain did is credited to its own class."""
+    assert LookupProposer.match_class([1, 2, 3, 9, 2, 3], 3) == 0  # "2 3" matched: 2 tokens
+    assert LookupProposer.match_class([1, 2, 3, 4, 9, 2, 3, 4], 4) == 1  # 3 tokens
+    assert LookupProposer.match_class([*range(12), 99, *range(12)], 12) == 4  # 12 tokens: 10 or more
+    short = [7, 1, 2, 5, 6, 8, 3, 1, 2]  # "1 2" (2 tokens) matched, then 5 6 8
+    d = LookupProposer(short, max_draft=3)
+    assert d.offer().drafts == (5, 6, 8) and d.offer().rate == pytest.approx(0.5)  # (the prior: no record yet)
+    d.observe(3, 0, 1.0)  # short matches miss
+    assert d.class_misses[0] == 1 and d.class_hits == [0.0] * len(d.class_hits)
+    d.emitted([4])
+    d.history, d._matched = [*range(10, 22), 99, *range(10, 21)], None  # a long match (11 tokens): 21 follows
+    d._index, d._alts, d._indexed = {}, {}, 0
+    long_rate = d.offer().rate
+    d.observe(3, 3, 1.0)
+    assert d.class_hits[4] == 3
+    assert d.offer().rate > max(long_rate, d.class_rate(0) + 0.3)  # (long matches stood, short ones fell)
 
 
 def test_copies_of_an_earlier_turn_are_planned_strict():

@@ -17,6 +17,12 @@ from .rows import Pace
 
 NGRAMS = (4, 3, 2)
 ALTERNATIVES = 3  # continuations kept per n-gram, each with a different next token (side strands of a tree)
+# How long the match behind a chain is (the latest tokens that equal those before the copied text, up to 16) sorts
+# its drafts' chances: a chain copied after a long match is likelier to go on as the text did. Hit rates are kept
+# per class of match length: 2, 3, 4-5, 6-9, 10 or more tokens.
+MATCH_CLASSES = (3, 4, 6, 10)  # the first length of each class after the first
+MAX_MATCH = 16
+CLASS_PRIOR = 2.0  # pseudo-drafts at the overall rate before a class has its own observations
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,9 @@ class LookupProposer:
         self.pace = Pace()  # what lookup calls delivered in this answer (discarded burst steps charged too)
         self.turn_start = 0  # history before this position is an earlier turn (its copies are offered ``earlier``)
         self._matched: tuple[int, int | None] | None = None  # (history length, ``_match`` of it)
+        # per class of match length (``MATCH_CLASSES``): hits and misses of the chains matched that long
+        self.class_hits = [0.0] * (len(MATCH_CLASSES) + 1)
+        self.class_misses = [0.0] * (len(MATCH_CLASSES) + 1)
 
     def begin(self, session: DraftSession) -> None:
         self.turn_start = session.turn_start
@@ -66,6 +75,21 @@ class LookupProposer:
     def rate(self) -> float:
         """Observed chance that a lookup draft is accepted, given the ones before it were."""
         return self.hits / (self.hits + self.misses)
+
+    def class_rate(self, k: int) -> float:
+        """The hit rate of chains whose match is of length class ``k``, drawn to the overall rate while it has few
+        observations of its own."""
+        h, m = self.class_hits[k], self.class_misses[k]
+        return (h + CLASS_PRIOR * self.rate) / (h + m + CLASS_PRIOR)
+
+    @staticmethod
+    def match_class(h: list[int], at: int) -> int:
+        """The length class of the match behind the continuation at ``at``: how many of ``h``'s latest tokens equal
+        those just before ``at`` (up to ``MAX_MATCH``)."""
+        n, top = 0, min(MAX_MATCH, at)
+        while n < top and h[at - 1 - n] == h[len(h) - 1 - n]:
+            n += 1
+        return sum(1 for c in MATCH_CLASSES if n >= c)
 
     def _reindex(self) -> None:
         h = self.history
@@ -115,7 +139,13 @@ class LookupProposer:
         nxt = self._match(ext)
         if nxt is None:
             return None
-        rate = (self.hits + len(drafts)) / (self.hits + self.misses + len(drafts))
+        # the rate once ``drafts`` stood (``observe``: their hits count overall and in their own match's class)
+        now, then, m = self.match_class(h, at), self.match_class(ext, nxt), len(drafts)
+        hits, misses = self.hits + m, self.misses
+        ch, cm = self.class_hits[then], self.class_misses[then]
+        if then == now:
+            ch += m
+        rate = (ch + CLASS_PRIOR * hits / (hits + misses)) / (ch + cm + CLASS_PRIOR)
         return LookupOffer(tuple(ext[nxt : nxt + self.max_draft]), rate, nxt < self.turn_start)
 
     def _current(self) -> int | None:
@@ -127,11 +157,12 @@ class LookupProposer:
         return self._matched[1]
 
     def offer(self) -> LookupOffer | None:
-        """The lookup chain in hand for the next call, or None."""
+        """The lookup chain in hand for the next call, or None, at the hit rate of its match's length class."""
         at = self._current()
         if at is None:
             return None
-        return LookupOffer(tuple(self.history[at : at + self.max_draft]), self.rate, at < self.turn_start)
+        rate = self.class_rate(self.match_class(self.history, at))
+        return LookupOffer(tuple(self.history[at : at + self.max_draft]), rate, at < self.turn_start)
 
     def alternatives(self) -> list[LookupOffer]:
         """Other continuations of the n-gram the chain in hand was matched on, each starting with a token of its own
@@ -164,6 +195,11 @@ class LookupProposer:
         """A call verified ``proposed`` lookup drafts, ``accepted`` of them stood, at ``cost`` plain steps."""
         self.hits += accepted
         self.misses += accepted < proposed
+        at = self._current()  # (the history is still the one the verified chain was matched in: ``emitted`` is next)
+        if at is not None:
+            k = self.match_class(self.history, at)
+            self.class_hits[k] += accepted
+            self.class_misses[k] += accepted < proposed
         self.pace.add(accepted + 1, cost)
 
     def emitted(self, tokens: list[int]) -> None:
