@@ -17,7 +17,6 @@ not, the "coupled" token (the rank whose estimated bin holds ``u``), and chains 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from ptp_mlx.models import load
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import SamplingSettings, UniformStream
 from ptp_mlx.train.windows import student_logits, teacher_kv
+from tree_oracle import spread_prompts  # (run as a script from this folder: its neighbour)
 
 DEV = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "prompts" / "dev_prompts.jsonl"
 
@@ -55,11 +55,7 @@ def main() -> None:
     base, tok = load(None)
     adapter, _ = load_adapter(shipped_adapter(), base)
     pm = PTPModel(base, adapter)
-    rows = [json.loads(line) for line in open(args.file)]
-    by_cat: dict[str, list[dict]] = {}
-    for r in rows:
-        by_cat.setdefault(r["category"], []).append(r)
-    chosen = [r for grp in zip(*by_cat.values(), strict=False) for r in grp][: args.prompts]
+    chosen = spread_prompts(args.file, args.prompts)
     W, K = args.width, args.k
     out = {k: [] for k in ("toks", "p1", "pt", "u", "labels")}
     t0 = time.perf_counter()

@@ -38,6 +38,14 @@ from ptp_mlx.train.windows import GREEDY_U, student_logits, teacher_kv
 DEV = Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "prompts" / "dev_prompts.jsonl"
 
 
+def spread_prompts(path: str, n: int) -> list[dict]:
+    """The first ``n`` prompts of a JSONL file taken from its categories in turn."""
+    by_cat: dict[str, list[dict]] = {}
+    for r in (json.loads(line) for line in open(path)):
+        by_cat.setdefault(r["category"], []).append(r)
+    return [r for grp in zip(*by_cat.values(), strict=False) for r in grp][:n]
+
+
 def greedy_answer(base, ids: list[int], n: int, eos: int | None) -> list[int]:
     from mlx_lm.generate import generate_step
 
@@ -65,11 +73,7 @@ def main() -> None:
     base, tok = load(None)
     adapter, _ = load_adapter(shipped_adapter(), base)
     pm = PTPModel(base, adapter)
-    rows = [json.loads(line) for line in open(args.file)]
-    by_cat: dict[str, list[dict]] = {}
-    for r in rows:
-        by_cat.setdefault(r["category"], []).append(r)
-    chosen = [r for grp in zip(*by_cat.values(), strict=False) for r in grp][: args.prompts]
+    chosen = spread_prompts(args.file, args.prompts)
     W, K = args.width, args.k
     toks, probs, labels = [], [], []
     t0 = time.perf_counter()
