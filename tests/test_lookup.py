@@ -170,6 +170,23 @@ def test_the_policy_verifies_the_offer_expected_to_land_more_and_credits_it():
     assert (lookup.hits, lookup.misses) == (1.0, 9.0)  # the chain's calls are not lookup evidence
 
 
+def test_a_long_match_offers_a_longer_chain_cut_where_its_rows_pay():
+    """After a match of 10 tokens or more (``LONG_CHAIN``) the chain offered is twice ``max_draft`` long; the policy
+    verifies as much of it as pays at the budget's curve (flat: all of it; steep: no more than a short chain)."""
+    text = list(range(100, 130))
+    lookup = LookupProposer([*text, 7, *text[:12]], max_draft=4, prior=(19.0, 1.0))
+    offer = lookup.offer()
+    assert offer.drafts == tuple(text[12:20]) and lookup.match_class(lookup.history, 12) == 4  # (12 tokens)
+    for curve, n in ((CostCurve(), 8), (CostCurve.linear(1.0), 4)):
+        budget = Budget(curve, max_width=4)
+        lookup.class_hits = [0.0] * len(lookup.class_hits)
+        policy = DraftPolicy(budget, ChainDrafter(budget), lookup)
+        plan = policy.plan(0, 100, 100)
+        assert plan.source == "lookup" and len(plan.drafts) == n, (curve, plan)
+    short = LookupProposer([1, 2, 3, 9, 8, 1, 2, 3], max_draft=4)
+    assert len(short.offer().drafts) == 4  # (a match of 3 tokens: max_draft)
+
+
 def test_the_default_drafter_is_composed_from_one_config():
     chain = make_drafter(DraftingConfig(lookup=False, trees=False), 4)
     assert type(chain) is ChainDrafter

@@ -14,6 +14,7 @@ from .budget import BudgetPolicy
 from .chain import ChainDrafter, outcome_probs
 from .lookup import LookupOffer, LookupProposer
 from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
+from .rows import reach
 from .strands import StrandOffer
 
 
@@ -111,10 +112,27 @@ class DraftPolicy(Drafter):
         side strands (``pending``: the lookup call built ahead, preferred; ``preview``: the choice only, nothing
         noted), or None without drafts."""
         conf = self._lookup_conf(offer)
+        drafts = self._paying(list(offer.drafts), conf)
         plan = self.budget.rows_for(
-            list(offer.drafts), conf, remaining, room, self.chain.step, beside, pending, preview=preview
+            drafts, conf[: len(drafts)], remaining, room, self.chain.step, beside, pending, preview=preview
         )
         return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
+
+    def _paying(self, drafts: list[int], conf: list[float]) -> list[int]:
+        """A chain longer than ``max_draft`` (after a long match, ``lookup.LONG_CHAIN``) cut where its expected tokens
+        per cost are best at this machine's curve (the budget verifies every draft likely enough to stand, whatever
+        its rows cost); a shorter one as it is."""
+        short = self.lookup.max_draft
+        if len(drafts) <= short:
+            return drafts
+        p = reach(conf, self.budget.ratio)
+        value = 1.0 + sum(p[1 : short + 1])
+        best, best_n = value / self.budget.curve(1 + short), short
+        for n in range(short + 1, len(drafts) + 1):
+            value += p[n]
+            if value / self.budget.curve(1 + n) > best:
+                best, best_n = value / self.budget.curve(1 + n), n
+        return drafts[:best_n]
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
         if self.lookup is not None and plan.source == self.lookup.source:
