@@ -11,7 +11,8 @@ import pytest
 
 import ptp_mlx.decode.pipeline as pipeline
 from ptp_mlx.drafting.policy import DraftingConfig
-from ptp_mlx.drafting.protocol import Guess
+from ptp_mlx.drafting.protocol import Drafter, DraftPlan, Guess
+from ptp_mlx.drafting.rows import fit_rows
 from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.kv import KVState
 from ptp_mlx.prompt import encode_prompt
@@ -200,3 +201,64 @@ def test_each_chained_call_is_charged_its_own_queueing(pm_sticky, varied, monkey
         times = [st.step_time for st in steps]
         assert times == [1.0] * len(steps), (mode, times)
         assert fake.now - start >= len(steps)  # (the prefill may queue too)
+
+
+class TwoKinds(Drafter):
+    """Verifies up to two of the adapter's drafts in hand, with a branch at every depth ``d`` of ``2 + d`` rows: after
+    outcome 0 the next call verifies one draft, after the others two, so the outcomes' next calls are of two kinds
+    (one build each); it tells every outcome's next call ahead (``guess``), so no build is dropped for a wrong
+    guess."""
+
+    def __init__(self) -> None:
+        self.drafts: list[int] = []
+
+    @staticmethod
+    def _shape(in_hand: int, remaining: int, room: int) -> tuple[int, list[tuple[int, int]]]:
+        n = min(in_hand, 2)
+        return fit_rows(n, [(d, 2 + d) for d in range(n + 1)], remaining, room, 2)
+
+    def plan(self, i: int, remaining: int, room: int) -> DraftPlan:
+        n, branches = self._shape(len(self.drafts), remaining, room)
+        return DraftPlan(self.drafts[:n], branches)
+
+    def guess(self, plan, accepted, i, remaining, room):
+        rows = plan.branch_rows(accepted)
+        r, w = rows if rows is not None else (0, 1)
+        n, branches = self._shape(w - 1, remaining, room)
+        return Guess(DraftPlan([0] * n, branches), [r + 1 + k for k in range(n)])
+
+    def likely(self, plan):
+        # every draft standing said likeliest: with a random adapter outcome 0 is the usual one, served by the
+        # other kind's build
+        return [0.2] * len(plan.drafts) + [0.6]
+
+    def update(self, plan, result) -> None:
+        rows = plan.branch_rows(result.accepted, result.strand)
+        r, w = rows if rows is not None else (0, 1)
+        self.drafts = result.aux_tokens[r + 1 : r + w]
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+def test_outcomes_of_another_kind_run_their_own_build_and_stay_exact(pm_sticky, pm_random, varied, monkeypatch, name):
+    """Where the outcomes' next calls differ in shape, a second build serves the other kind once its graph is
+    compiled: reads that report such an outcome queue that build (the cache takes the state after it), and the
+    answer is the autoregressive one token for token."""
+    seen = Counter()
+    confirm = pipeline.confirm_chained
+
+    def counted(chained, result, plan, i, cache):
+        hit = chained.pick(result.accepted) if result.strand is None else None
+        call = confirm(chained, result, plan, i, cache)
+        kind = "none" if hit is None else "other" if hit[3] is not None else "likeliest"  # (none: not compiled yet)
+        if call is not None or (plan is not None and not result.resolved):  # (not the answer's end)
+            seen[f"{'hit' if call is not None else 'miss'} {kind}"] += 1
+        return call
+
+    monkeypatch.setattr(pipeline, "confirm_chained", counted)
+    tok = varied[1]
+    for pm in (pm_sticky, pm_random):
+        for k, p in enumerate(PROMPTS[:2]):
+            s = with_seed(SETTINGS[name], 60 + k)
+            assert_same(pm, tok, encode_prompt(tok, p), s, 40, {"drafter": TwoKinds()})
+    assert seen["hit other"] >= 3 and seen["hit likeliest"] >= 3, seen
+    assert seen["miss other"] + seen["miss likeliest"] == 0, seen  # (every guess is the real plan)

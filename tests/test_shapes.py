@@ -6,6 +6,7 @@ import numpy as np
 
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
+from ptp_mlx.drafting.protocol import DraftPlan
 from ptp_mlx.drafting.rows import reach
 from ptp_mlx.drafting.shapes import NOVELTY, ShapeMemory, shape_value
 
@@ -95,3 +96,39 @@ def test_a_known_priming_shape_never_replaces_verifying_the_drafts_in_hand():
         assert plan.drafts, plan
         plan = b.rows_for(drafts, conf, 100, 1000)
         assert plan.drafts, plan
+
+
+def test_the_usual_shape_after_a_branch_is_the_one_chosen_lately():
+    mem = ShapeMemory()
+    assert mem.usual(2) is None
+    mem.note_after(2, 2, [(0, 3)])
+    assert mem.usual(2) is None  # chosen once: not yet usual
+    mem.note_after(2, 2, [(0, 3)])
+    assert mem.usual(2) == (2, ((0, 3),))
+    assert mem.usual(3) is None  # kept per count of drafts in hand
+    for _ in range(8):  # the choices move on: the old shape fades
+        mem.note_after(2, 1, [(0, 4)])
+    assert mem.usual(2) == (1, ((0, 4),))
+
+
+def test_a_guess_ahead_takes_the_usual_shape_the_read_then_keeps():
+    # The prior's choice (average confidences) rarely drafts a branch at the first draft; after the read, a low
+    # first confidence makes one pay. A guess that takes the shape usually chosen with that many drafts in hand is
+    # the one the read keeps (it counts the call built ahead as cheaper).
+    b = Budget.from_histogram(CostCurve([1, 64], [1.0, 1.0 + 0.1 * 63]), [3, 3, 2, 1, 1], max_width=6)
+    b.shapes.note(3, [])  # both shapes compiled already (known shapes are preferred: not what is tested here)
+    b.shapes.note(3, [(0, 3)])
+    real = [0.3, 0.9, 0.9]
+    prior = b.prior_confidences(3)
+    chosen = b.rows_for([5, 6, 7], real, 100, 64, own=True)
+    ahead = b.rows_for([0, 0, 0], prior, 100, 64, preview=True, own=True)
+    assert (len(ahead.drafts), ahead.branches) != (len(chosen.drafts), chosen.branches)  # the case at hand
+    b.rows_for([5, 6, 7], real, 100, 64, own=True)  # chosen twice: usual now
+    ahead = b.rows_for([0, 0, 0], prior, 100, 64, preview=True, own=True)
+    assert (len(ahead.drafts), ahead.branches) == (len(chosen.drafts), chosen.branches)
+    built = DraftPlan((5, 6, 7)[: len(ahead.drafts)], ahead.branches)
+    kept = b.rows_for([5, 6, 7], real, 100, 64, pending=built, own=True)
+    assert (kept.drafts, kept.branches) == (built.drafts, built.branches)
+    # other drafters' chains (own=False) neither teach nor take it
+    other = b.rows_for([0, 0, 0], prior, 100, 64, preview=True)
+    assert (len(other.drafts), other.branches) != (len(chosen.drafts), chosen.branches)

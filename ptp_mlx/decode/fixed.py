@@ -208,6 +208,13 @@ def _ar_logits(pm, bucket: int, token, offset, kv) -> tuple[mx.array, KVState]:
 _AR_SHAPE = CallShape((-1,))
 
 
+def _what(spec: CallSpec) -> tuple:
+    """A PTP call's entry key in the bank, the bucket aside: keyed by the shape's row counts (its tree and windows
+    are inputs, so shapes alike share one graph), the settings and a lenient rule."""
+    key = ("ptp", spec.shape.graph_key, spec.settings)
+    return key if not spec.rule.lenient else (*key, spec.rule)
+
+
 class CompileBank:
     """The compiled calls of one model: one entry per (shape, bucket, sampling settings); at most ``limit`` entries
     (the least recently used goes first: a long-lived server meets many settings).
@@ -267,7 +274,7 @@ class CompileBank:
         eagerly: the host decides the processed rows per call. ``inputs.offset``: the call's offset as an int32
         array computed on the device (a chained call, ``decode/pipeline.py``), with its upper bound ``inputs.bound``;
         the state's offset then becomes ``bound + rows`` until the caller trims it."""
-        shape, s, rule = spec.shape, spec.settings, spec.rule
+        shape = spec.shape
         at = None if inputs.offset is None else (inputs.offset, inputs.bound)
         bucket, offset, end = self._prepare(state, shape.rows, at)
         if inputs.hook is not None:
@@ -278,15 +285,18 @@ class CompileBank:
             del keys, values
             state.put_buffers(st.keys, st.values, end)
             return out
-        # (keyed by the shape's row counts: its tree and windows are inputs, so shapes alike share one graph)
-        what = ("ptp", shape.graph_key, s) if not rule.lenient else ("ptp", shape.graph_key, s, rule)
-        fn = self._fn(what, bucket, lambda: partial(call_graph, self.pm, spec, bucket))
+        fn = self._fn(_what(spec), bucket, lambda: partial(call_graph, self.pm, spec, bucket))
         keys, values = state.take_buffers()  # the state lets go of the buffers: the call writes them in place
         res = fn(*graph_args(spec, inputs, offset), *keys, *values)
         del keys, values
         L = len(state)
         state.put_buffers(res[-2 * L : -L], res[-L:], end)
         return _unpack(shape, res[: -2 * L])
+
+    def compiled_for(self, spec: CallSpec, end: int) -> bool:
+        """Whether a call of ``spec`` that ends at cache row ``end`` runs a graph compiled already (a call built
+        only in case it is needed must not count towards compiling, nor run eagerly: ``decode/pipeline.py``)."""
+        return (_what(spec), round_up(end)) in self.entries
 
     def ar_step(self, state: KVState, s: SamplingSettings, token: mx.array, u: mx.array, with_logits: bool = False):
         """Queue one autoregressive step (the state gains ``token``'s row); returns the next token, lazy (it may

@@ -8,10 +8,13 @@ shape whatever is accepted; prompt lookup, whose chain continues the copied text
 next call is one fixed-shape call whose inputs are gathered on the device from this call's outputs by its
 accepted count ``c``: its token rows (the exact token at ``c``, then the drafts of branch ``c``, or the host's
 guessed drafts for outcome ``c``), its uniforms (a table with one row per outcome) and its cache offset (this
-call's plus ``1 + c``). Outcomes the drafter cannot tell, or whose next call has another shape than the likeliest
-outcomes' (``Drafter.likely``), get no row of their own: if one happens the call is dropped. Its graph is built while this call computes; after the read it is queued at once
-if the drafter's real plan is the guessed one for the outcome that happened, and dropped otherwise (the call is
-then built as ever). Either way the same call runs on the same rows, so the output is unchanged.
+call's plus ``1 + c``). Outcomes whose next calls differ in shape get one such call per kind: the likeliest
+outcomes' (``Drafter.likely``), and another kind likely enough whose graph is compiled already (the adaptive
+budget guesses the shape it usually chooses after a branch of that width: ``ShapeMemory.usual``); an outcome the
+drafter cannot tell gets none: if it happens the builds are dropped. Each is built while this call computes;
+after the read the one for the outcome that happened is queued at once if the drafter's real plan is the one
+guessed for it, and every build is dropped otherwise (the call is then built as ever). Either way the same call
+runs on the same rows, so the output is unchanged.
 
 The chained call writes the cache from row ``offset + 1 + c`` on, past every row the current call keeps, so it
 needs no copy of the state; the state before it is kept by value only until the read decides (a dropped call
@@ -21,7 +24,7 @@ gives it back), and let go before the call is queued, so its writes stay in plac
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 import numpy as np
@@ -30,26 +33,55 @@ from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from .call import NO_CLOCK, ChainInputs, PendingCall, build_call, call_shape, call_uniforms, finish_call
 from .fixed import ALTS
 from .session import DecodeSession
+from .shape import CallSpec
+
+MAX_KINDS = 2  # builds of the call after the one computing, one per kind of next call (``_kind``)
+OTHER_KIND_MIN = 0.15  # the chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest
+
+
+@dataclass
+class Other:
+    """The call after ``call`` as built for the outcomes of another kind than the likeliest's (``Chained.others``),
+    and the cache's state after that build (the cache itself holds the likeliest kind's)."""
+
+    call: PendingCall
+    guesses: list[Guess | None]
+    rows: int
+    state: tuple
 
 
 @dataclass
 class Chained:
     """The call after ``call``, built for each of its outcomes (``guesses[g]``: the drafter's plan when ``g``
-    drafts stand; None where the answer ends first). ``before``: the cache's state before the build."""
+    drafts stand; None where the answer ends first, or where ``others`` hold it). ``before``: the cache's state
+    before the build."""
 
     call: PendingCall
     guesses: list[Guess | None]
     before: tuple | None
     rows: int
     token: mx.array | None = None  # the lazy token a call after a burst was built on
+    others: list[Other] = field(default_factory=list)  # builds for outcomes of other kinds (compiled graphs only)
+
+    def pick(self, accepted: int) -> tuple[PendingCall, Guess, int, tuple | None] | None:
+        """The build for the outcome of ``accepted`` drafts: its call, its guess, its rows and the cache's state
+        after it (None: the cache's own), or None where none was built for it."""
+        if self.guesses[accepted] is not None:
+            return self.call, self.guesses[accepted], self.rows, None
+        for o in self.others:
+            if o.guesses[accepted] is not None:
+                return o.call, o.guesses[accepted], o.rows, o.state
+        return None
 
 
 def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int) -> Chained | None:
     """Build the call after ``call`` (built, not read) for all its outcomes at once, or None where that does not
     apply: the eager pass (``CallPlan``, no compile bank), a logits hook, or a drafter that cannot tell any
-    outcome's next call. Where outcomes' next calls differ in shape, the build serves the likeliest ones
-    (``Drafter.likely``). After a token tree, it is built for the chain's outcomes; a strand that stands drops it
-    (``CallQueue.read``: its K/V rows move on the host, in the state before this build)."""
+    outcome's next call. Where outcomes' next calls differ in shape (``_kind``), one build per kind serves the
+    likeliest kinds (``Drafter.likely``): the likeliest's, and up to ``MAX_KINDS - 1`` more whose outcomes are
+    likely enough and whose graphs are compiled already (the unused builds are let go unrun: host time only).
+    After a token tree, it is built for the chain's outcomes; a strand that stands drops it (``CallQueue.read``:
+    its K/V rows move on the host, in the state before this build)."""
     plan, cache = call.plan, sess.cache
     if sess.bank is None or sess.hook is not None:
         return None
@@ -65,17 +97,42 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
             guess = None
         # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
         guesses.append(guess)
-    guesses = _likeliest_kind(guesses, drafter.likely(plan))
+    chained, before = None, cache.snapshot()
+    for mine in _by_kind(guesses, drafter.likely(plan)):
+        if chained is not None and len(chained.others) + 1 >= MAX_KINDS:
+            break
+        if chained is None:
+            built = _build_kind(sess, call, mine, n)
+            if built is not None:
+                chained = Chained(built[0], mine, before, built[1])
+            continue
+        after = cache.snapshot()
+        cache.restore(before)
+        built = _build_kind(sess, call, mine, n, compiled_only=True)
+        if built is not None:
+            chained.others.append(Other(built[0], mine, built[1], cache.snapshot()))
+        cache.restore(after)
+    return chained
+
+
+def _build_kind(
+    sess: DecodeSession, call: PendingCall, guesses: list[Guess | None], n: int, compiled_only: bool = False
+) -> tuple[PendingCall, int] | None:
+    """The call after ``call`` for the outcomes ``guesses`` name (all of one kind) and its rows, or None where it
+    cannot be built ahead (``compiled_only``: nor where its graph is not compiled yet)."""
     known = [x for x in guesses if x is not None]
-    if not known:
-        return None
     nxt = known[0].plan
     if known[0].draft_rows is not None and nxt.drafts and call.out.aux_top is None:
         return None  # drafts from this call's rows, which it does not output
     if nxt.strands and call.out.alt is None:
         return None  # a tree of this call's runner-ups, which it does not output
-    if sess.rule.for_source(nxt.source, strict=nxt.strict).guarded:
+    rule = sess.rule.for_source(nxt.source, strict=nxt.strict)
+    if rule.guarded:
         return None  # a pivot rule reads the context, which this call's block may still change
+    rows = call_shape(nxt).rows
+    shape = call_shape(nxt, sess.runner_up, sess.reads_top_prob)
+    if compiled_only and not sess.bank.compiled_for(CallSpec(shape, sess.settings, rule), call.offset + 1 + n + rows):
+        return None
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
     tree = sum(len(st.tokens) for st in nxt.strands)  # a tree's tokens: this call's (row, rank) each
@@ -91,27 +148,25 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
             row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
     c = call.out.accepted  # int32 []: the outcome, known on the device only
     # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
-    rows = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
+    tokens = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
     if m:
         picked = mx.take(mx.array(per_outcome), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
         if tree:  # the drafts and the tree's tokens, from this call's argmax and runner-ups
             table = mx.concatenate([call.out.aux_top[:, None], call.out.alt], axis=1).reshape(-1)
             idx = mx.concatenate([picked[:m] * (1 + ALTS), picked[m:]])
-            rows.append(mx.take(table, idx).astype(mx.int32))
+            tokens.append(mx.take(table, idx).astype(mx.int32))
         elif known[0].draft_rows is None:
-            rows.append(picked)
+            tokens.append(picked)
         else:
-            rows.append(mx.take(call.out.aux_top, picked).astype(mx.int32))
+            tokens.append(mx.take(call.out.aux_top, picked).astype(mx.int32))
     inputs = ChainInputs(
-        tokens=mx.concatenate(rows) if len(rows) > 1 else rows[0],
+        tokens=mx.concatenate(tokens) if len(tokens) > 1 else tokens[0],
         row_u=mx.take(mx.array(row_table), c, axis=0),
         aux_u=mx.take(mx.array(aux_table), c, axis=0),
         offset=mx.array(call.offset + 1, dtype=mx.int32) + c,
         bound=call.offset + 1 + n,
     )
-    before = cache.snapshot()
-    built = build_call(sess, None, nxt, None, chain=inputs)  # (no last token or position: both follow the read)
-    return Chained(built, guesses, before, call_shape(nxt).rows)
+    return build_call(sess, None, nxt, None, chain=inputs), rows
 
 
 def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i: int, max_new: int, ctx: int):
@@ -158,43 +213,48 @@ def _kind(guess: Guess) -> tuple:
     return len(p.drafts), p.branches, p.strict, guess.draft_rows is None, tree
 
 
-def _likeliest_kind(guesses: list[Guess | None], likely: list[float] | None) -> list[Guess | None]:
-    """``guesses`` with only those of one kind kept (``_kind``): the kind the outcomes most likely to happen
-    (``likely[g]``: P(g drafts stand); None: all alike) ask for; the others get no build, and a read that
-    reports one of them drops it."""
+def _by_kind(guesses: list[Guess | None], likely: list[float] | None) -> list[list[Guess | None]]:
+    """``guesses`` split by kind (``_kind``), the kind whose outcomes are likeliest to happen first (``likely[g]``:
+    P(g drafts stand); None: all alike); after the first, only kinds at least ``OTHER_KIND_MIN`` likely. Each list
+    keeps its kind's guesses in place and None elsewhere (a read that reports an outcome of no build drops them)."""
     weight: dict[tuple, float] = {}
     for g, x in enumerate(guesses):
         if x is not None:
             p = likely[g] if likely is not None and g < len(likely) else 1.0
             weight[_kind(x)] = weight.get(_kind(x), 0.0) + p + 1e-9
-    if len(weight) <= 1:
-        return guesses
-    best = max(weight, key=weight.get)
-    return [x if x is not None and _kind(x) == best else None for x in guesses]
+    kinds = sorted(weight, key=weight.get, reverse=True)
+    kinds = kinds[:1] + [k for k in kinds[1:] if likely is None or weight[k] >= OTHER_KIND_MIN]
+    return [[x if x is not None and _kind(x) == k else None for x in guesses] for k in kinds]
 
 
 def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None, i: int, cache) -> PendingCall | None:
     """The chained call, if ``plan`` (the drafter's real next plan after ``result``, None: the answer ended) is
-    the one guessed for the outcome that happened; it then starts at generated position ``i`` and the state
-    before it is let go (its writes stay in place). None: the chained call is dropped, the cache is back at the
-    accepted path, and ``plan`` is built as usual."""
-    guess = chained.guesses[result.accepted] if result.strand is None else None
-    keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the chained call's rows
-    ok = guess is not None and plan is not None and not plan.burst and not result.resolved
+    the one guessed for the outcome that happened (in the likeliest kind's build or another's); it then starts at
+    generated position ``i`` and the state before it is let go (its writes stay in place), with every other build.
+    None: the chained call is dropped, the cache is back at the accepted path, and ``plan`` is built as usual."""
+    keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the likeliest build's rows
+    hit = chained.pick(result.accepted) if result.strand is None else None
+    ok = hit is not None and plan is not None and not plan.burst and not result.resolved
     if ok:
-        built = guess.realize(result)  # (a tree's strands: the read's argmax and runner-ups in its placeholders)
+        built = hit[1].realize(result)  # (a tree's strands: the read's argmax and runner-ups in its placeholders)
         ok = plan.branches == built.branches and plan.drafts == built.drafts and plan.strands == built.strands
         ok = ok and plan.source == built.source and plan.strict == built.strict
         ok = ok and all(t >= 0 for st in built.strands for t in st.tokens)  # (every placeholder had its token)
     if not ok:
         drop_chained(chained, cache, keep)
         return None
-    chained.before = None
-    return replace(chained.call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
+    call, _, rows, state = hit
+    if state is not None:  # another kind's build: the cache takes the state after it, past the accepted path
+        cache.restore(state)
+        cache.trim_to(keep + rows)
+    # (let go of the state before and of every other build now, so the call's writes stay in place)
+    chained.before, chained.others = None, []
+    return replace(call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
 
 
 def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:
     """Give the cache back its state before the chained build, trimmed to ``keep`` rows (None: as it was then)."""
+    chained.others = []
     if chained.before is not None:
         cache.restore(chained.before)
         chained.before = None
@@ -256,10 +316,8 @@ class CallQueue:
 
     def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
-        if self.chained is None or result.strand is not None:
-            return None
-        guess = self.chained.guesses[result.accepted]
-        return None if guess is None else guess.realize(result)
+        hit = self.chained.pick(result.accepted) if self.chained is not None and result.strand is None else None
+        return None if hit is None else hit[1].realize(result)
 
     def read(self, clock=NO_CLOCK) -> tuple[DraftPlan, CallResult]:
         """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""

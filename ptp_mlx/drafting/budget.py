@@ -63,10 +63,11 @@ class BudgetPolicy(Protocol):
         pending: DraftPlan | None = None,
         preview: bool = False,
         candidates: SlotCandidates | None = None,
+        own: bool = False,
     ) -> DraftPlan:
         """The rows of the next call for ``drafts`` in hand with ``confidences`` (``pending``: the shape built ahead
         for it; ``preview``: the choice without side effects; ``candidates``: the drafter's top tokens per slot, a
-        token tree's nodes)."""
+        token tree's nodes; ``own``: the adapter's drafts, a branch of the call before)."""
         ...
 
     def observe(self, confidences: list[float], accepted: int) -> None:
@@ -228,6 +229,7 @@ class Budget:
         pending: DraftPlan | None = None,
         preview: bool = False,
         candidates: SlotCandidates | None = None,
+        own: bool = False,
     ) -> DraftPlan:
         """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
 
@@ -238,7 +240,9 @@ class Budget:
         ``preview``: the choice only (no exploring call, nothing noted): what ``ChainDrafter.guess`` asks.
         ``candidates``: the adapter's top tokens per slot of the drafts in hand (``topk_tree``): the token tree
         beside the chain whose rows pay (a chained call is given up for it only when the tree is worth more than
-        the host time the chained call saves).
+        the host time the chained call saves). ``own``: ``drafts`` are the adapter's, a branch of the call before:
+        the shape chosen is remembered by how many were in hand, and a preview (a guess ahead of the read, which
+        has not seen their confidences) takes the shape usually chosen then (``ShapeMemory.usual``).
         """
         room = min(room, self.max_rows)
         burst = self._no_drafting()
@@ -252,6 +256,9 @@ class Budget:
             n, branches = self.choose(confidences, room, tree=tree)
             n, branches = fit_rows(min(n, len(drafts)), branches, remaining, room, 2)
             first = n, branches  # (the allocation with rows left for a tree)
+            usual = self.shapes.usual(len(drafts)) if own and preview else None
+            if usual is not None and self._fits(usual[0], usual[1], n, len(drafts), remaining, room):
+                n, branches = usual[0], list(usual[1])
             if n or branches or pending is not None:  # a shape used before, unless a new one is worth its tracing
                 n, branches = self._known(n, branches, len(drafts), confidences, remaining, room, pending)
         if n == 0 and not branches:
@@ -272,19 +279,26 @@ class Budget:
             plan = tree_call(
                 self, plan, confidences, offers, remaining, room, candidates, chained, alt, pending, preview
             )
+        if own and not preview and step == "fused":
+            self.shapes.note_after(len(drafts), len(plan.drafts), plan.branches)
         return plan
+
+    @staticmethod
+    def _fits(k: int, br, n: int, in_hand: int, remaining: int, room: int) -> bool:
+        """Whether shape ``(k, br)`` may stand in for the choice of ``n`` drafts: within the drafts in hand and the
+        rows left. A shape that verifies none of the drafts worth verifying (a priming call) is no substitute: its
+        branch's value is the next call's verifying, which would again prefer the priming shape, and drafts were
+        never verified (measured: an answer of priming calls only, at plain decoding's pace)."""
+        if k > in_hand or (n >= 1 and k == 0):
+            return False
+        widths = [w for _, w in br]
+        if k < remaining and 1 + k + sum(widths) <= room and max(widths, default=0) <= remaining - k + 1:
+            return True  # (what ``fit_rows`` would leave unchanged, told without building its lists)
+        return fit_rows(k, list(br), remaining, room, 2) == (k, list(br))
 
     def _known(self, n: int, branches, in_hand: int, confidences, remaining: int, room: int, pending=None):
         def fits(k: int, br) -> bool:
-            # A known shape that verifies none of the drafts worth verifying (a priming call) is no substitute: its
-            # branch's value is the next call's verifying, which would again prefer the known priming shape, and
-            # drafts were never verified (measured: an answer of priming calls only, at plain decoding's pace).
-            if k > in_hand or (n >= 1 and k == 0):
-                return False
-            widths = [w for _, w in br]
-            if k < remaining and 1 + k + sum(widths) <= room and max(widths, default=0) <= remaining - k + 1:
-                return True  # (what ``fit_rows`` would leave unchanged, told without building its lists)
-            return fit_rows(k, list(br), remaining, room, 2) == (k, list(br))
+            return self._fits(k, br, n, in_hand, remaining, room)
 
         built = (len(pending.drafts), tuple(pending.branches)) if pending is not None else None
         p = reach(confidences, self.ratio)

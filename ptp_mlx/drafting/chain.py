@@ -95,6 +95,7 @@ class ChainDrafter(Drafter):
                 [*self.offers(i), *offers],
                 self.pending,
                 candidates=self.candidates(i),
+                own=True,
             )
         self.pending = None
         if plan.burst:
@@ -119,7 +120,9 @@ class ChainDrafter(Drafter):
         elif self.budget.calibrate and not self.pace.behind() and hasattr(self.budget, "prior_confidences"):
             conf = self.budget.prior_confidences(n)
             cands = self.prior_candidates(conf)
-            nxt = self.budget.rows_for([0] * n, conf, remaining, room, self.step, preview=True, candidates=cands)
+            nxt = self.budget.rows_for(
+                [0] * n, conf, remaining, room, self.step, preview=True, candidates=cands, own=True
+            )
         else:
             return None
         src = self.strand_sources(nxt, r) if nxt.strands else ()

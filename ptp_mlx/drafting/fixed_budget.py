@@ -42,6 +42,7 @@ class FixedBudget:
         pending: DraftPlan | None = None,
         preview: bool = False,
         candidates=None,
+        own: bool = False,
     ) -> DraftPlan:
         k = self.num_draft  # (the same rows every call: ``pending`` is always its shape, ``preview`` changes nothing)
         if step == "simple":

@@ -20,6 +20,8 @@ NOVELTY = 0.5  # plain steps added to the price of a shape never used (a share o
 CHAINED = 0.15  # plain steps a call built ahead saves (its plan, build and queueing are off the path: ~5 ms here)
 MAX_SHAPES = 48  # graphs; past this many, only known ones (the compile bank keeps 256 entries across buckets)
 MAX_TREE_SHAPES = 24  # graphs of token trees (a chain with side strands); past this many, only known ones
+USUAL_KEEP = 0.9  # how much of its weight each shape chosen after a branch of some width keeps per later choice
+USUAL_MIN = 1.5  # the weight a shape needs (about two choices) before a guess ahead of the read takes it
 
 Shape = tuple[int, tuple[tuple[int, int], ...]]  # (drafts verified, ((depth, width), ...))
 Graph = tuple[int, int, int]  # (token rows, chain drafts as the graph counts them, auxiliary rows)
@@ -80,6 +82,27 @@ class ShapeMemory:
         self.graphs: set[Graph] = set()  # every call's row counts (a compiled graph each)
         self.tree_graphs: set[Graph] = set()  # those of token trees
         self.trees: dict[tuple, int] = {}  # (drafts, branches, ((at, tokens, width, parent), ...)) -> calls
+        self.after: dict[int, dict[Shape, float]] = {}  # drafts in hand -> shapes chosen then, faded weights
+
+    def note_after(self, in_hand: int, n: int, branches) -> None:
+        """The budget chose ``(n, branches)`` with ``in_hand`` of the adapter's drafts in hand (a branch of the call
+        before): what a guess ahead of the next such read takes (``usual``)."""
+        seen = self.after.setdefault(in_hand, {})
+        for k in seen:
+            seen[k] *= USUAL_KEEP
+        key = (n, tuple(tuple(b) for b in branches))
+        seen[key] = seen.get(key, 0.0) + 1.0
+
+    def usual(self, in_hand: int) -> Shape | None:
+        """The shape most often chosen lately with ``in_hand`` drafts in hand, once chosen about twice (None: none
+        yet). The choice after a read follows the drafts' real confidences, which a guess before it has not seen:
+        a guess of this shape is confirmed more often than the choice on prior confidences (which nearly never
+        drafts a branch at the first draft, where a low real confidence makes one pay)."""
+        seen = self.after.get(in_hand)
+        if not seen:
+            return None
+        shape, weight = max(seen.items(), key=lambda kv: kv[1])
+        return shape if weight >= USUAL_MIN else None
 
     @staticmethod
     def _tree_key(n: int, branches, strands) -> tuple:

@@ -18,6 +18,8 @@ _build, _confirm = pl.build_chained, pl.confirm_chained
 def build(sess, drafter, call, max_new, ctx):
     out = _build(sess, drafter, call, max_new, ctx)
     seen["built" if out is not None else "not built"] += 1
+    if out is not None and out.others:
+        seen["built: with another kind's build"] += 1
     if out is None:
         p = call.plan
         seen[f"not built: drafts {len(p.drafts)} strands {len(p.strands)} src {p.source}"] += 1
@@ -25,11 +27,13 @@ def build(sess, drafter, call, max_new, ctx):
 
 
 def why(chained, result, plan) -> str:
-    g = chained.guesses[result.accepted] if result.strand is None else None
     if result.strand is not None:
         return "path took a strand"
-    if g is None:
+    hit = chained.pick(result.accepted)
+    if hit is None:
         return "no guess for this outcome"
+    g = hit[1]
+    other = " (another kind's build)" if hit[3] is not None else ""
     if plan is None or plan.burst:
         return "answer ended / burst"
     if result.resolved:
@@ -41,7 +45,7 @@ def why(chained, result, plan) -> str:
         return f"tree differs now {len(plan.strands)} built {len(b.strands)}"
     if plan.source != b.source or plan.strict != b.strict:
         return "source differs"
-    return "hit"
+    return "hit" + other
 
 
 def confirm(chained, result, plan, i, cache):
