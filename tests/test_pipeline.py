@@ -255,6 +255,7 @@ def test_outcomes_of_another_kind_run_their_own_build_and_stay_exact(pm_sticky, 
         return call
 
     monkeypatch.setattr(pipeline, "confirm_chained", counted)
+    monkeypatch.setattr(pipeline, "spare", lambda left, build: True)  # (as on a GPU: time for a second build)
     tok = varied[1]
     for pm in (pm_sticky, pm_random):
         for k, p in enumerate(PROMPTS[:2]):
@@ -262,3 +263,10 @@ def test_outcomes_of_another_kind_run_their_own_build_and_stay_exact(pm_sticky, 
             assert_same(pm, tok, encode_prompt(tok, p), s, 40, {"drafter": TwoKinds()})
     assert seen["hit other"] >= 3 and seen["hit likeliest"] >= 3, seen
     assert seen["miss other"] + seen["miss likeliest"] == 0, seen  # (every guess is the real plan)
+
+
+def test_a_second_build_only_with_time_to_spare():
+    # (seconds) the read's wait after one build against one build's time; nothing measured yet: one build
+    assert not pipeline.spare(None, 0.004) and not pipeline.spare(0.01, None)
+    assert pipeline.spare(0.010, 0.004)  # a GPU: the call's compute hides a second build
+    assert not pipeline.spare(0.002, 0.004)  # this CPU: the build shares the cores, the read waits little

@@ -37,6 +37,16 @@ from .shape import CallSpec
 
 MAX_KINDS = 2  # builds of the call after the one computing, one per kind of next call (``_kind``)
 OTHER_KIND_MIN = 0.15  # the chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest
+SPARE = 1.2  # a second build needs this many times a build's time left over while the call computes
+FADE = 0.8  # the weight the running estimates of a build's time and the time left over keep per call
+
+
+def spare(left: float | None, build: float | None) -> bool:
+    """Whether the host has time for another build while a call computes: ``left`` (seconds the read waited for
+    the call after one build) at least ``SPARE`` times ``build`` (seconds a build takes). On a GPU the call's whole
+    compute is left over; on MLX's CPU backend ``async_eval`` returns near the end of the graph and the build shares
+    the cores with the compute, so a second build would mostly delay the read (nothing measured yet: no)."""
+    return left is not None and build is not None and left >= SPARE * build
 
 
 @dataclass
@@ -74,12 +84,14 @@ class Chained:
         return None
 
 
-def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int) -> Chained | None:
+def build_chained(
+    sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int, kinds: int = 1
+) -> Chained | None:
     """Build the call after ``call`` (built, not read) for all its outcomes at once, or None where that does not
     apply: the eager pass (``CallPlan``, no compile bank), a logits hook, or a drafter that cannot tell any
     outcome's next call. Where outcomes' next calls differ in shape (``_kind``), one build per kind serves the
-    likeliest kinds (``Drafter.likely``): the likeliest's, and up to ``MAX_KINDS - 1`` more whose outcomes are
-    likely enough and whose graphs are compiled already (the unused builds are let go unrun: host time only).
+    likeliest kinds (``Drafter.likely``): the likeliest's, and up to ``kinds - 1`` more whose outcomes are likely
+    enough and whose graphs are compiled already (the unused builds are let go unrun: host time only).
     After a token tree, it is built for the chain's outcomes; a strand that stands drops it (``CallQueue.read``:
     its K/V rows move on the host, in the state before this build)."""
     plan, cache = call.plan, sess.cache
@@ -99,7 +111,7 @@ def build_chained(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_
         guesses.append(guess)
     chained, before = None, cache.snapshot()
     for mine in _by_kind(guesses, drafter.likely(plan)):
-        if chained is not None and len(chained.others) + 1 >= MAX_KINDS:
+        if chained is not None and len(chained.others) + 1 >= kinds:
             break
         if chained is None:
             built = _build_kind(sess, call, mine, n)
@@ -278,6 +290,9 @@ class CallQueue:
         self.running: PendingCall | None = None
         self.chained: Chained | None = None
         self.started: Chained | None = None
+        self.build_s: float | None = None  # seconds one chained build takes (running estimate)
+        self.left_s: float | None = None  # seconds a read waits for its call after one build (running estimate)
+        self._built = 0  # builds made while the running call computes (0: none)
 
     @property
     def end(self) -> int:
@@ -302,7 +317,12 @@ class CallQueue:
         """Build the call after the running one for every outcome, while it computes (none where that does not
         apply: ``build_chained``)."""
         if self.chains and self.running is not None:
-            self.chained = build_chained(self.sess, self.drafter, self.running, self.max_new, self.ctx)
+            t0 = time.perf_counter()
+            kinds = MAX_KINDS if spare(self.left_s, self.build_s) else 1
+            self.chained = build_chained(self.sess, self.drafter, self.running, self.max_new, self.ctx, kinds)
+            if self.chained is not None:
+                self._built = 1 + len(self.chained.others)
+                self.build_s = _fade(self.build_s, (time.perf_counter() - t0) / self._built)
 
     def start_after_burst(self, token: mx.array, i: int) -> None:
         """Build the first call after a burst on its last step's ``token`` (lazy), which ends at position ``i``."""
@@ -332,7 +352,12 @@ class CallQueue:
                 drop_chained(chained, self.sess.cache)
             return 0
 
-        return call.plan, finish_call(self.sess.cache, call, clock, then=then, on_strand=unchain)
+        t0 = time.perf_counter()
+        result = finish_call(self.sess.cache, call, clock, then=then, on_strand=unchain)
+        if self._built:  # (the wait as if one build had been made: the others' time counts as left over)
+            left = time.perf_counter() - t0 + (self._built - 1) * (self.build_s or 0.0)
+            self.left_s, self._built = _fade(self.left_s, left), 0
+        return call.plan, result
 
     def confirm(self, result: CallResult, plan: DraftPlan | None, i: int) -> bool:
         """After a read: the chained call becomes the running one if ``plan`` (None: the answer ended) is the one it
@@ -360,3 +385,7 @@ class CallQueue:
         elif self.running is not None:  # queued but never read (the consumer stopped first): its rows leave
             cache.trim_to(self.running.offset)
         self.running = self.chained = self.started = None
+
+
+def _fade(old: float | None, new: float) -> float:
+    return new if old is None else FADE * old + (1 - FADE) * new
