@@ -214,7 +214,9 @@ def test_end_to_end_on_the_tiny_model_with_an_injected_clock(tiny_model_dir, ada
     budget = _budget(cost)
     real = budget.record
     # The injected clock: the fake machine compiles nothing, so every call is warm.
-    budget.record = lambda rows, tokens, seconds, cold=False: real(rows, tokens, STEP * true_rel(rows))
+    budget.record = lambda rows, tokens, seconds, cold=False, source=None: real(
+        rows, tokens, STEP * true_rel(rows), source=source
+    )
     eng.budget, eng.mode_budgets = budget, {}
     msgs = [{"role": "user", "content": "count: 1 2 3 4 5 6 7 8 9 1 2 3 4 5 6 7 8 9"}]
     s = SamplingSettings()
@@ -262,3 +264,23 @@ def test_one_call_far_faster_than_the_prior_disproves_it():
     slow.observe(1, STEP)
     slow.observe(4, 5 * STEP * true_rel(4))  # a call slowed by another process: the prior still counts
     assert slow(4) < 3 * true_rel(4)
+
+
+def test_each_drafter_is_judged_on_its_own_calls_pace():
+    """The adapter's losing calls turn its calls into bursts, not prompt lookup's chains (which pay here), and the
+    other way round."""
+    cost = LearnedCost(CostCurve.linear(0.05), STEP)
+    b = _budget(cost)
+    conf = [0.9] * 4
+    for _ in range(GUARD_MIN):
+        b.record(8, 1, 4 * STEP, source="ptp")  # the adapter's calls: 1 token in 4 steps' time
+        b.record(5, 4, 1.2 * STEP, source="lookup")  # lookup's: 4 tokens in 1.2 steps' time
+    assert b.behind() and not b.behind(own=False)
+    assert b.rows_for([5] * 4, conf, 100, 500, own=True).burst  # the adapter's drafts: a burst instead
+    assert b.rows_for([5] * 4, conf, 100, 500, source="lookup").drafts  # lookup's chain: verified
+    b2 = _budget(LearnedCost(CostCurve.linear(0.05), STEP))
+    for _ in range(GUARD_MIN):
+        b2.record(5, 1, 4 * STEP, source="lookup-strand")  # (a strand of lookup's counts as lookup's)
+    assert b2.behind(own=False) and not b2.behind()
+    assert b2.rows_for([5] * 4, conf, 100, 500, source="lookup").burst
+    assert b2.rows_for([5] * 4, conf, 100, 500, own=True).drafts

@@ -80,7 +80,7 @@ def ptp_calls(
             drafter.emitted(out.block)
             if sess.context is not None:
                 sess.context.add(out.block)
-            block, c, rows, last = out.block, out.accepted, plan.rows, out.block[-1]
+            block, c, rows, last, call_source = out.block, out.accepted, plan.rows, out.block[-1], plan.source
             strand_rows = sum(len(st.tokens) for st in plan.strands)
             n = len(plan.drafts) + strand_rows
             source = (
@@ -105,7 +105,7 @@ def ptp_calls(
             carried = queued
             # What the call cost, as measured (the budget learns costs, and its pace guard watches): cold when a
             # shape ran uncompiled in this call or the one built before it.
-            drafter.timed(rows, len(block), t, cold=_cold(sess.bank) != cold_before)
+            drafter.timed(rows, len(block), t, cold=_cold(sess.bank) != cold_before, source=call_source)
             cold_before = cold_start
             yield block, CallRecord(t, n, c, rows, source, out.logprobs, strand_rows)
     finally:

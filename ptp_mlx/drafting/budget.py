@@ -64,10 +64,12 @@ class BudgetPolicy(Protocol):
         preview: bool = False,
         candidates: SlotCandidates | None = None,
         own: bool = False,
+        source: str | None = None,
     ) -> DraftPlan:
         """The rows of the next call for ``drafts`` in hand with ``confidences`` (``pending``: the shape built ahead
         for it; ``preview``: the choice without side effects; ``candidates``: the drafter's top tokens per slot, a
-        token tree's nodes; ``own``: the adapter's drafts, a branch of the call before)."""
+        token tree's nodes; ``own``: the adapter's drafts, a branch of the call before; ``source``: whose drafts,
+        when another drafter's)."""
         ...
 
     def observe(self, confidences: list[float], accepted: int) -> None:
@@ -82,9 +84,9 @@ class BudgetPolicy(Protocol):
         """An autoregressive burst ran: fade the evidence."""
         ...
 
-    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
+    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         """One call's measured wall time (``rows`` 1: a plain step) and the tokens it emitted (``cold``: it
-        compiled a shape)."""
+        compiled a shape; ``source``: whose drafts the call verified, ``DraftPlan.source``)."""
         ...
 
 
@@ -113,7 +115,8 @@ class Budget:
     landed: bool = True  # some draft was accepted since the last burst
     builds_trees: bool = True  # it weighs the strands peers offer (``offers``) as a token tree
     shape_only: bool = False  # its rows follow the drafts' confidences
-    guard: PaceGuard = field(default_factory=PaceGuard)  # PTP's measured pace against plain steps'
+    guard: PaceGuard = field(default_factory=PaceGuard)  # the adapter's calls' measured pace against plain steps'
+    lookup_guard: PaceGuard = field(default_factory=PaceGuard)  # prompt lookup's calls' (``_guard``)
     behind_before: bool = False  # the last burst was the guard's, PTP measured slower than plain decoding
     explore_due: bool = False  # after a burst: the next call the curve prices out may be measured instead
     trials: int = 0  # PTP calls still allowed after a burst before the pace guard is heeded again
@@ -186,28 +189,38 @@ class Budget:
         self.hits *= keep
         self.expected *= keep
 
-    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
+    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         """One call's measured time: the cost curve learns from it (when it is a ``LearnedCost``; a ``cold`` call,
-        whose time holds running its shape uncompiled, only as an upper bound), and a PTP call's tokens per second feed the pace
-        guard, cold or not: a shape compiled for one call is a cost the answer paid, and a budget that keeps
-        meeting new shapes must see it (a warm call slowed by a stray spike is capped)."""
+        whose time holds running its shape uncompiled, only as an upper bound), and a PTP call's tokens per second
+        feed the pace guard of its drafter (``source``: prompt lookup's, or the adapter's), cold or not: a shape
+        compiled for one call is a cost the answer paid, and a budget that keeps meeting new shapes must see it (a
+        warm call slowed by a stray spike is capped)."""
         step = getattr(self.curve, "step_seconds", None)
         expected = self.curve(rows) * step if step and rows > 1 and not cold else None
         learn = getattr(self.curve, "observe", None)
         if learn is not None:
             learn(rows, seconds, cold=cold)
         if rows > 1:
-            self.guard.add(tokens, seconds, expected)
+            self._guard(not _is_lookup(source)).add(tokens, seconds, expected)
             self.trials = max(0, self.trials - 1)
 
-    def behind(self) -> bool:
-        """True when the latest PTP calls, as measured, were slower than plain steps (``PaceGuard``)."""
-        return self.calibrate and self.guard.behind(getattr(self.curve, "step_seconds", None))
+    def behind(self, own: bool = True) -> bool:
+        """True when the latest PTP calls of the adapter (``own``; else of prompt lookup), as measured, were slower
+        than plain steps (``PaceGuard``)."""
+        return self.calibrate and self._guard(own).behind(getattr(self.curve, "step_seconds", None))
 
-    def _no_drafting(self) -> int:
-        """A burst's length when this call must not draft (0: it may): PTP measured slower than plain decoding,
-        or no plain step measured for long (a short one re-measures its pace)."""
-        if self.behind() and self.trials <= 0:
+    def _guard(self, own: bool) -> PaceGuard:
+        """Each drafter's calls are judged on their own pace: the adapter's losing calls (text it drafts badly, a
+        curve that priced its rows too low) turned every call into bursts, prompt lookup's chains at a 0.8-0.95 hit
+        rate with them (held-out greedy, one run in six: 103 lookup drafts accepted against 180-250), and lookup
+        chains that fall do not stop the adapter's."""
+        return self.guard if own else self.lookup_guard
+
+    def _no_drafting(self, own: bool = True) -> int:
+        """A burst's length when this call must not draft (0: it may): the drafter's calls (``own``: the adapter's;
+        else prompt lookup's) measured slower than plain decoding, or no plain step measured for long (a short one
+        re-measures its pace)."""
+        if self.behind(own) and self.trials <= 0:
             return self.burst_len
         return EXPLORE_BURST if self.calibrate and getattr(self.curve, "stale_step", False) else 0
 
@@ -230,6 +243,7 @@ class Budget:
         preview: bool = False,
         candidates: SlotCandidates | None = None,
         own: bool = False,
+        source: str | None = None,
     ) -> DraftPlan:
         """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
 
@@ -242,10 +256,11 @@ class Budget:
         beside the chain whose rows pay (a chained call is given up for it only when the tree is worth more than
         the host time the chained call saves). ``own``: ``drafts`` are the adapter's, a branch of the call before:
         the shape chosen is remembered by how many were in hand, and a preview (a guess ahead of the read, which
-        has not seen their confidences) takes the shape usually chosen then (``ShapeMemory.usual``).
+        has not seen their confidences) takes the shape usually chosen then (``ShapeMemory.usual``). ``source``:
+        whose drafts (prompt lookup's are judged by their own calls' pace, ``_guard``).
         """
         room = min(room, self.max_rows)
-        burst = self._no_drafting()
+        burst = self._no_drafting(not _is_lookup(source))
         if burst:
             return DraftPlan([], [], burst=min(burst, remaining))
         trees = candidates is not None and step == "fused" and remaining >= 2  # (a preview's rows leave it room)
@@ -371,3 +386,8 @@ class Budget:
             rows += best_add
             value = new_value
         return n, [(d, w) for d, w in enumerate(widths) if w > 0]
+
+
+def _is_lookup(source: str | None) -> bool:
+    """Whether a call's drafts were prompt lookup's (``DraftPlan.source``: "lookup", or a strand of it)."""
+    return source is not None and source.startswith("lookup")

@@ -144,14 +144,14 @@ class ChainDrafter(Drafter):
         """After a burst no drafts are in hand (``emitted`` dropped them): the budget's priming call, as previewed."""
         if self.step != "fused" or (self.budget.calibrate and self.pace.behind()):
             return None
-        nxt = self.budget.rows_for([], [], remaining, room, self.step, preview=True)
+        nxt = self.budget.rows_for([], [], remaining, room, self.step, preview=True, own=True)
         return None if nxt.burst or nxt.drafts or nxt.strands or not nxt.branches else nxt
 
     def likely(self, plan: DraftPlan) -> list[float] | None:
         return outcome_probs(self.planned[: len(plan.drafts)], self.budget.ratio)
 
-    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
-        self.budget.record(rows, tokens, seconds, cold)
+    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
+        self.budget.record(rows, tokens, seconds, cold, source)
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
         own = plan.source in (None, "ptp")  # the adapter's calls; another drafter's chain (lookup) is not evidence

@@ -43,6 +43,7 @@ class FixedBudget:
         preview: bool = False,
         candidates=None,
         own: bool = False,
+        source: str | None = None,
     ) -> DraftPlan:
         k = self.num_draft  # (the same rows every call: ``pending`` is always its shape, ``preview`` changes nothing)
         if step == "simple":
@@ -61,5 +62,5 @@ class FixedBudget:
     def relax(self, keep: float = 0.5) -> None:
         pass
 
-    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
+    def record(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         pass  # (a fixed budget does not weigh rows)

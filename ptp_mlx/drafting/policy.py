@@ -114,7 +114,15 @@ class DraftPolicy(Drafter):
         conf = self._lookup_conf(offer)
         drafts = self._paying(list(offer.drafts), conf)
         plan = self.budget.rows_for(
-            drafts, conf[: len(drafts)], remaining, room, self.chain.step, beside, pending, preview=preview
+            drafts,
+            conf[: len(drafts)],
+            remaining,
+            room,
+            self.chain.step,
+            beside,
+            pending,
+            preview=preview,
+            source=self.lookup.source,
         )
         return replace(plan, source=self.lookup.source, strict=offer.earlier) if plan.drafts else None
 
@@ -148,8 +156,8 @@ class DraftPolicy(Drafter):
     def lookup_source(self) -> str | None:
         return self.lookup.source if self.lookup is not None else None
 
-    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
-        self.budget.record(rows, tokens, seconds, cold)  # (the budget the chain drafter shares: told once)
+    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
+        self.budget.record(rows, tokens, seconds, cold, source)  # (the budget the chain drafter shares: told once)
 
     def emitted(self, tokens: list[int]) -> None:
         if self.lookup is not None:
@@ -166,7 +174,15 @@ class DraftPolicy(Drafter):
         if offer is None:
             return False
         conf = self._lookup_conf(offer)
-        fit = self.budget.rows_for(list(offer.drafts), conf, len(offer.drafts) + 1, 64, self.chain.step, preview=True)
+        fit = self.budget.rows_for(
+            list(offer.drafts),
+            conf,
+            len(offer.drafts) + 1,
+            64,
+            self.chain.step,
+            preview=True,
+            source=self.lookup.source,
+        )
         return bool(fit.drafts) and self.lookup.ready()
 
 

@@ -257,10 +257,11 @@ class Drafter(ABC):
         the next ``plan`` may prefer it, as it costs no host time on the path."""
         return None  # (optional: a drafter that cannot use it plans as ever)
 
-    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False) -> None:
+    def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         """A call of ``rows`` rows (1: a plain step of a burst) emitted ``tokens`` in ``seconds`` of measured wall
         time (what a budget learns costs from). ``cold``: it ran (or followed) a shape not compiled yet, so its
-        time holds tracing: no price of its width, but a cost the answer paid."""
+        time holds tracing: no price of its width, but a cost the answer paid. ``source``: whose drafts the call
+        verified (its plan's ``source``)."""
         return None  # (optional: nothing to learn by default)
 
     def ready(self) -> bool:
