@@ -275,12 +275,12 @@ def test_each_drafter_is_judged_on_its_own_calls_pace():
     for _ in range(GUARD_MIN):
         b.record(8, 1, 4 * STEP, source="ptp")  # the adapter's calls: 1 token in 4 steps' time
         b.record(5, 4, 1.2 * STEP, source="lookup")  # lookup's: 4 tokens in 1.2 steps' time
-    assert b.behind() and not b.behind(own=False)
-    assert b.rows_for([5] * 4, conf, 100, 500, own=True).burst  # the adapter's drafts: a burst instead
+    assert b.behind() and not b.behind("lookup")
+    assert b.rows_for([5] * 4, conf, 100, 500, source="ptp").burst  # the adapter's drafts: a burst instead
     assert b.rows_for([5] * 4, conf, 100, 500, source="lookup").drafts  # lookup's chain: verified
     b2 = _budget(LearnedCost(CostCurve.linear(0.05), STEP))
     for _ in range(GUARD_MIN):
         b2.record(5, 1, 4 * STEP, source="lookup-strand")  # (a strand of lookup's counts as lookup's)
-    assert b2.behind(own=False) and not b2.behind()
+    assert b2.behind("lookup") and not b2.behind()
     assert b2.rows_for([5] * 4, conf, 100, 500, source="lookup").burst
-    assert b2.rows_for([5] * 4, conf, 100, 500, own=True).drafts
+    assert b2.rows_for([5] * 4, conf, 100, 500, source="ptp").drafts

@@ -249,7 +249,7 @@ def test_outcomes_of_another_kind_run_their_own_build_and_stay_exact(pm_sticky, 
     def counted(chained, result, plan, i, cache):
         hit = chained.pick(result.accepted) if result.strand is None else None
         call = confirm(chained, result, plan, i, cache)
-        kind = "none" if hit is None else "other" if hit[3] is not None else "likeliest"  # (none: not compiled yet)
+        kind = "none" if hit is None else "other" if hit.state is not None else "likeliest"  # (none: not compiled yet)
         if call is not None or (plan is not None and not result.resolved):  # (not the answer's end)
             seen[f"{'hit' if call is not None else 'miss'} {kind}"] += 1
         return call

@@ -120,15 +120,15 @@ def test_a_guess_ahead_takes_the_usual_shape_the_read_then_keeps():
     b.shapes.note(3, [(0, 3)])
     real = [0.3, 0.9, 0.9]
     prior = b.prior_confidences(3)
-    chosen = b.rows_for([5, 6, 7], real, 100, 64, own=True)
-    ahead = b.rows_for([0, 0, 0], prior, 100, 64, preview=True, own=True)
+    chosen = b.rows_for([5, 6, 7], real, 100, 64, source="ptp")
+    ahead = b.rows_for([0, 0, 0], prior, 100, 64, preview=True, source="ptp")
     assert (len(ahead.drafts), ahead.branches) != (len(chosen.drafts), chosen.branches)  # the case at hand
-    b.rows_for([5, 6, 7], real, 100, 64, own=True)  # chosen twice: usual now
-    ahead = b.rows_for([0, 0, 0], prior, 100, 64, preview=True, own=True)
+    b.rows_for([5, 6, 7], real, 100, 64, source="ptp")  # chosen twice: usual now
+    ahead = b.rows_for([0, 0, 0], prior, 100, 64, preview=True, source="ptp")
     assert (len(ahead.drafts), ahead.branches) == (len(chosen.drafts), chosen.branches)
     built = DraftPlan((5, 6, 7)[: len(ahead.drafts)], ahead.branches)
-    kept = b.rows_for([5, 6, 7], real, 100, 64, pending=built, own=True)
+    kept = b.rows_for([5, 6, 7], real, 100, 64, pending=built, source="ptp")
     assert (kept.drafts, kept.branches) == (built.drafts, built.branches)
-    # other drafters' chains (own=False) neither teach nor take it
+    # other drafters' chains (no source, or lookup's) neither teach nor take it
     other = b.rows_for([0, 0, 0], prior, 100, 64, preview=True)
     assert (len(other.drafts), other.branches) != (len(chosen.drafts), chosen.branches)

@@ -76,7 +76,7 @@ def spy(monkeypatch):
 
     def counted(chained, result, plan, i, cache):
         hit = chained.pick(result.accepted) if result.strand is None else None
-        built = hit[0] if hit is not None else chained.call  # (the build for this outcome's kind)
+        built = hit.call if hit is not None else chained.call  # (the build for this outcome's kind)
         call = confirm(chained, result, plan, i, cache)
         kind = "tree" if built.plan.strands else "chain"
         seen[f"{'hit' if call is not None else 'miss'} {kind}"] += 1

@@ -50,14 +50,14 @@ def spare(left: float | None, build: float | None) -> bool:
 
 
 @dataclass
-class Other:
-    """The call after ``call`` as built for the outcomes of another kind than the likeliest's (``Chained.others``),
-    and the cache's state after that build (the cache itself holds the likeliest kind's)."""
+class Build:
+    """One build of the call after the one computing, for the outcomes of one kind (``guesses[g]``, None for the
+    others), and the cache's state after it (None: the state the cache holds, the likeliest kind's build)."""
 
     call: PendingCall
     guesses: list[Guess | None]
     rows: int
-    state: tuple
+    state: tuple | None
 
 
 @dataclass
@@ -71,17 +71,14 @@ class Chained:
     before: tuple | None
     rows: int
     token: mx.array | None = None  # the lazy token a call after a burst was built on
-    others: list[Other] = field(default_factory=list)  # builds for outcomes of other kinds (compiled graphs only)
+    others: list[Build] = field(default_factory=list)  # builds for outcomes of other kinds (compiled graphs only)
 
-    def pick(self, accepted: int) -> tuple[PendingCall, Guess, int, tuple | None] | None:
-        """The build for the outcome of ``accepted`` drafts: its call, its guess, its rows and the cache's state
-        after it (None: the cache's own), or None where none was built for it."""
+    def pick(self, accepted: int) -> Build | None:
+        """The build for the outcome of ``accepted`` drafts (this one's own, its ``state`` None; or one of
+        ``others``), or None where none was built for it."""
         if self.guesses[accepted] is not None:
-            return self.call, self.guesses[accepted], self.rows, None
-        for o in self.others:
-            if o.guesses[accepted] is not None:
-                return o.call, o.guesses[accepted], o.rows, o.state
-        return None
+            return Build(self.call, self.guesses, self.rows, None)
+        return next((o for o in self.others if o.guesses[accepted] is not None), None)
 
 
 def build_chained(
@@ -122,7 +119,7 @@ def build_chained(
         cache.restore(before)
         built = _build_kind(sess, call, mine, n, compiled_only=True)
         if built is not None:
-            chained.others.append(Other(built[0], mine, built[1], cache.snapshot()))
+            chained.others.append(Build(built[0], mine, built[1], cache.snapshot()))
         cache.restore(after)
     return chained
 
@@ -141,8 +138,8 @@ def _build_kind(
     rule = sess.rule.for_source(nxt.source, strict=nxt.strict)
     if rule.guarded:
         return None  # a pivot rule reads the context, which this call's block may still change
-    rows = call_shape(nxt).rows
     shape = call_shape(nxt, sess.runner_up, sess.reads_top_prob)
+    rows = shape.rows
     if compiled_only and not sess.bank.compiled_for(CallSpec(shape, sess.settings, rule), call.offset + 1 + n + rows):
         return None
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
@@ -248,20 +245,21 @@ def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None
     hit = chained.pick(result.accepted) if result.strand is None else None
     ok = hit is not None and plan is not None and not plan.burst and not result.resolved
     if ok:
-        built = hit[1].realize(result)  # (a tree's strands: the read's argmax and runner-ups in its placeholders)
+        built = hit.guesses[result.accepted].realize(
+            result
+        )  # (a tree's strands: the read's argmax and runner-ups in its placeholders)
         ok = plan.branches == built.branches and plan.drafts == built.drafts and plan.strands == built.strands
         ok = ok and plan.source == built.source and plan.strict == built.strict
         ok = ok and all(t >= 0 for st in built.strands for t in st.tokens)  # (every placeholder had its token)
     if not ok:
         drop_chained(chained, cache, keep)
         return None
-    call, _, rows, state = hit
-    if state is not None:  # another kind's build: the cache takes the state after it, past the accepted path
-        cache.restore(state)
-        cache.trim_to(keep + rows)
+    if hit.state is not None:  # another kind's build: the cache takes the state after it, past the accepted path
+        cache.restore(hit.state)
+        cache.trim_to(keep + hit.rows)
     # (let go of the state before and of every other build now, so the call's writes stay in place)
     chained.before, chained.others = None, []
-    return replace(call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
+    return replace(hit.call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
 
 
 def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:
@@ -337,7 +335,7 @@ class CallQueue:
     def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
         hit = self.chained.pick(result.accepted) if self.chained is not None and result.strand is None else None
-        return None if hit is None else hit[1].realize(result)
+        return None if hit is None else hit.guesses[result.accepted].realize(result)
 
     def read(self, clock=NO_CLOCK) -> tuple[DraftPlan, CallResult]:
         """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""

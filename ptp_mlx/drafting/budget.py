@@ -29,6 +29,7 @@ TREE_PRIOR = 4.0  # pseudo-tokens at ratio 1 before a tree's tokens have been se
 TREE_KEEP = 0.97  # how much of its evidence the trees' calibration keeps per call that verified a tree
 MAX_BURST = 64  # the longest burst after repeated failed probes (a calibrating budget backs off up to this)
 TRIAL_CALLS = 2  # PTP calls tried after a burst before the pace guard may call for the next one
+ADAPTER = "ptp"  # ``DraftPlan.source`` of the adapter's own drafts
 EXPLORE_BURST = 4  # plain steps decoded to re-measure a plain step's time when none was measured for long
 
 
@@ -63,13 +64,12 @@ class BudgetPolicy(Protocol):
         pending: DraftPlan | None = None,
         preview: bool = False,
         candidates: SlotCandidates | None = None,
-        own: bool = False,
         source: str | None = None,
     ) -> DraftPlan:
         """The rows of the next call for ``drafts`` in hand with ``confidences`` (``pending``: the shape built ahead
         for it; ``preview``: the choice without side effects; ``candidates``: the drafter's top tokens per slot, a
-        token tree's nodes; ``own``: the adapter's drafts, a branch of the call before; ``source``: whose drafts,
-        when another drafter's)."""
+        token tree's nodes; ``source``: whose drafts, ``DraftPlan.source``: "ptp", the adapter's, a branch of the
+        call before)."""
         ...
 
     def observe(self, confidences: list[float], accepted: int) -> None:
@@ -201,26 +201,26 @@ class Budget:
         if learn is not None:
             learn(rows, seconds, cold=cold)
         if rows > 1:
-            self._guard(not _is_lookup(source)).add(tokens, seconds, expected)
+            self._guard(source).add(tokens, seconds, expected)
             self.trials = max(0, self.trials - 1)
 
-    def behind(self, own: bool = True) -> bool:
-        """True when the latest PTP calls of the adapter (``own``; else of prompt lookup), as measured, were slower
-        than plain steps (``PaceGuard``)."""
-        return self.calibrate and self._guard(own).behind(getattr(self.curve, "step_seconds", None))
+    def behind(self, source: str | None = None) -> bool:
+        """True when the latest PTP calls of the drafter ``source`` names (prompt lookup, or else the adapter), as
+        measured, were slower than plain steps (``PaceGuard``)."""
+        return self.calibrate and self._guard(source).behind(getattr(self.curve, "step_seconds", None))
 
-    def _guard(self, own: bool) -> PaceGuard:
+    def _guard(self, source: str | None) -> PaceGuard:
         """Each drafter's calls are judged on their own pace: the adapter's losing calls (text it drafts badly, a
         curve that priced its rows too low) turned every call into bursts, prompt lookup's chains at a 0.8-0.95 hit
         rate with them (held-out greedy, one run in six: 103 lookup drafts accepted against 180-250), and lookup
         chains that fall do not stop the adapter's."""
-        return self.guard if own else self.lookup_guard
+        return self.lookup_guard if source is not None and source.startswith("lookup") else self.guard
 
-    def _no_drafting(self, own: bool = True) -> int:
-        """A burst's length when this call must not draft (0: it may): the drafter's calls (``own``: the adapter's;
-        else prompt lookup's) measured slower than plain decoding, or no plain step measured for long (a short one
-        re-measures its pace)."""
-        if self.behind(own) and self.trials <= 0:
+    def _no_drafting(self, source: str | None = None) -> int:
+        """A burst's length when this call must not draft (0: it may): the calls of the drafter ``source`` names
+        measured slower than plain decoding, or no plain step measured for long (a short one re-measures its
+        pace)."""
+        if self.behind(source) and self.trials <= 0:
             return self.burst_len
         return EXPLORE_BURST if self.calibrate and getattr(self.curve, "stale_step", False) else 0
 
@@ -242,7 +242,6 @@ class Budget:
         pending: DraftPlan | None = None,
         preview: bool = False,
         candidates: SlotCandidates | None = None,
-        own: bool = False,
         source: str | None = None,
     ) -> DraftPlan:
         """The whole choice of rows for the next call, fitted to ``remaining`` tokens and ``room`` rows.
@@ -254,13 +253,14 @@ class Budget:
         ``preview``: the choice only (no exploring call, nothing noted): what ``ChainDrafter.guess`` asks.
         ``candidates``: the adapter's top tokens per slot of the drafts in hand (``topk_tree``): the token tree
         beside the chain whose rows pay (a chained call is given up for it only when the tree is worth more than
-        the host time the chained call saves). ``own``: ``drafts`` are the adapter's, a branch of the call before:
-        the shape chosen is remembered by how many were in hand, and a preview (a guess ahead of the read, which
-        has not seen their confidences) takes the shape usually chosen then (``ShapeMemory.usual``). ``source``:
-        whose drafts (prompt lookup's are judged by their own calls' pace, ``_guard``).
+        the host time the chained call saves). ``source``: whose drafts (``DraftPlan.source``). Prompt lookup's are
+        judged by their own calls' pace (``_guard``); for the adapter's ("ptp": a branch of the call before) the
+        shape chosen is remembered by how many were in hand, and a preview (a guess ahead of the read, which has
+        not seen their confidences) takes the shape usually chosen then (``ShapeMemory.usual``).
         """
         room = min(room, self.max_rows)
-        burst = self._no_drafting(not _is_lookup(source))
+        burst = self._no_drafting(source)
+        own = source == ADAPTER
         if burst:
             return DraftPlan([], [], burst=min(burst, remaining))
         trees = candidates is not None and step == "fused" and remaining >= 2  # (a preview's rows leave it room)
@@ -386,8 +386,3 @@ class Budget:
             rows += best_add
             value = new_value
         return n, [(d, w) for d, w in enumerate(widths) if w > 0]
-
-
-def _is_lookup(source: str | None) -> bool:
-    """Whether a call's drafts were prompt lookup's (``DraftPlan.source``: "lookup", or a strand of it)."""
-    return source is not None and source.startswith("lookup")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .budget import BudgetPolicy
+from .budget import ADAPTER, BudgetPolicy
 from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
 from .rows import Pace, reach, u_factor
 from .strands import StrandOffer
@@ -95,14 +95,14 @@ class ChainDrafter(Drafter):
                 [*self.offers(i), *offers],
                 self.pending,
                 candidates=self.candidates(i),
-                own=True,
+                source=ADAPTER,
             )
         self.pending = None
         if plan.burst:
             self.budget.relax()  # each autoregressive burst fades the evidence, so drafting is tried again later
             self.pace = Pace()
         elif plan.drafts:
-            plan = replace(plan, source="ptp")
+            plan = replace(plan, source=ADAPTER)
         return plan
 
     def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
@@ -121,7 +121,7 @@ class ChainDrafter(Drafter):
             conf = self.budget.prior_confidences(n)
             cands = self.prior_candidates(conf)
             nxt = self.budget.rows_for(
-                [0] * n, conf, remaining, room, self.step, preview=True, candidates=cands, own=True
+                [0] * n, conf, remaining, room, self.step, preview=True, candidates=cands, source=ADAPTER
             )
         else:
             return None
@@ -129,7 +129,7 @@ class ChainDrafter(Drafter):
         if nxt.burst or src is None:
             return None
         if nxt.drafts:
-            nxt = replace(nxt, source="ptp")
+            nxt = replace(nxt, source=ADAPTER)
         return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))], src)
 
     def strand_sources(self, plan: DraftPlan, row: int) -> tuple[tuple[int, int], ...] | None:
@@ -144,7 +144,7 @@ class ChainDrafter(Drafter):
         """After a burst no drafts are in hand (``emitted`` dropped them): the budget's priming call, as previewed."""
         if self.step != "fused" or (self.budget.calibrate and self.pace.behind()):
             return None
-        nxt = self.budget.rows_for([], [], remaining, room, self.step, preview=True, own=True)
+        nxt = self.budget.rows_for([], [], remaining, room, self.step, preview=True, source=ADAPTER)
         return None if nxt.burst or nxt.drafts or nxt.strands or not nxt.branches else nxt
 
     def likely(self, plan: DraftPlan) -> list[float] | None:
@@ -154,7 +154,7 @@ class ChainDrafter(Drafter):
         self.budget.record(rows, tokens, seconds, cold, source)
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
-        own = plan.source in (None, "ptp")  # the adapter's calls; another drafter's chain (lookup) is not evidence
+        own = plan.source in (None, ADAPTER)  # the adapter's calls; another drafter's chain (lookup) is not evidence
         if own:  # the budget calibrates on the adapter's own chain drafts only (a strand starts where the chain fell)
             self.budget.observe(self.planned[: len(plan.drafts)], chain_accepted(plan, result))
         if own:  # the adapter's calls: their real pace

@@ -42,7 +42,6 @@ class FixedBudget:
         pending: DraftPlan | None = None,
         preview: bool = False,
         candidates=None,
-        own: bool = False,
         source: str | None = None,
     ) -> DraftPlan:
         k = self.num_draft  # (the same rows every call: ``pending`` is always its shape, ``preview`` changes nothing)

@@ -32,8 +32,8 @@ def why(chained, result, plan) -> str:
     hit = chained.pick(result.accepted)
     if hit is None:
         return "no guess for this outcome"
-    g = hit[1]
-    other = " (another kind's build)" if hit[3] is not None else ""
+    g = hit.guesses[result.accepted]
+    other = " (another kind's build)" if hit.state is not None else ""
     if plan is None or plan.burst:
         return "answer ended / burst"
     if result.resolved:
