@@ -100,6 +100,13 @@ def _load_kernel() -> ctypes.CDLL | None:
             n = int(threads) if threads.isdigit() else (2 if (os.cpu_count() or 1) >= 2 else 1)
             if n >= 2:
                 lib.ptp_sgemm_set_threads(n, 0, 0)
+            # How long the second thread lingers after a product before it sleeps (PTP_MLX_SGEMM_LINGER_US; 0: it
+            # sleeps after its spin, as before): waking it costs more than its spinning, yielding, on two cores.
+            lib.ptp_sgemm_set_linger.restype = ctypes.c_longlong
+            lib.ptp_sgemm_set_linger.argtypes = [ctypes.c_longlong]
+            linger = os.environ.get("PTP_MLX_SGEMM_LINGER_US", "").strip()
+            if linger.isdigit():
+                lib.ptp_sgemm_set_linger(int(linger) * 1000)
             state["kernel_path"] = path
             _libs["kernel"] = lib
             return lib

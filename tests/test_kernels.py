@@ -161,6 +161,37 @@ def test_a_second_thread_changes_no_bit(lib, path, tb):
         lib.ptp_sgemm_set_threads(1, 0, 0)
 
 
+@pytest.mark.parametrize("linger_ns", [0, 1, 20_000_000])
+def test_the_worker_lingering_or_asleep_changes_no_bit(lib, linger_ns):
+    """Whether the worker sleeps after its spin (linger 0), lingers a moment (1 ns: it sleeps at once after), or
+    lingers past every gap between these calls (20 ms, yielding its core), each product is the one-thread one,
+    bit for bit, also after a pause long enough for it to fall asleep."""
+    import time
+
+    lib.ptp_sgemm_set_threads.restype = ctypes.c_int
+    lib.ptp_sgemm_set_linger.restype = ctypes.c_longlong
+    lib.ptp_sgemm_set_linger.argtypes = [ctypes.c_longlong]
+    rng = np.random.default_rng(7)
+    n, k = 2048, 576
+    a, b = buf(rng, 8, k, k), buf(rng, n, k, k)
+    one = np.zeros((8, n), np.float32)
+    for i in range(8):
+        gemm(lib, a[i : i + 1], b, one[i : i + 1], TR)
+    before = lib.ptp_sgemm_set_linger(-1)  # (-1: only ask)
+    assert lib.ptp_sgemm_set_linger(linger_ns) == linger_ns
+    assert lib.ptp_sgemm_set_threads(2, 1, 0) == 2
+    try:
+        for pause in (0.0, 0.0, 0.03, 0.0):
+            time.sleep(pause)
+            for m in (1, 3, 8):
+                c = np.zeros((m, n), np.float32)
+                gemm(lib, a[:m], b, c, TR)
+                assert np.array_equal(c.view(np.uint32), one[:m].view(np.uint32)), (m, pause)
+    finally:
+        lib.ptp_sgemm_set_threads(1, 0, 0)
+        lib.ptp_sgemm_set_linger(before)
+
+
 def test_forwards_what_it_does_not_take(lib):
     rng = np.random.default_rng(5)
     seen = []

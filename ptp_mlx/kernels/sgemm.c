@@ -426,9 +426,21 @@ __attribute__((constructor)) static void choose_path(void) { use_path(0); }
  * depends on who computes it. The claim word is (job << 32 | next chunk): a worker late for a job cannot claim
  * in the next one. */
 
+/* After a job the worker lingers this long, yielding its core to any thread that wants it, before it sleeps on
+ * the condition variable. Waking a sleeping worker costs the caller a futex call and, under a hypervisor, an
+ * interrupt to the other virtual CPU, once per product after a gap longer than the spin (attention and the norms
+ * between two products often take longer). How much that costs depends on the host: in one phase of this VM a
+ * plain step took 47.5-48.5 ms without lingering and 42.2-43.2 ms with it (0.5, 1, 2, 5 or 20 ms alike); in a later
+ * phase 42.2-42.8 ms either way (`docs/results/kernel/linger-2026-12-04.md`). 1 ms covers the gaps inside a pass,
+ * and the worker still sleeps through the host's longer work between calls. */
+#ifndef LINGER_NS
+#define LINGER_NS 1000000
+#endif
+
 static struct {
     pthread_t tid;
     int started, wanted, min_work, spin, busy, sleeping;
+    long long linger_ns;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* the job: written by the caller before it publishes `claim`, read after a successful claim */
@@ -440,7 +452,8 @@ static struct {
     uint64_t claim;
     unsigned job;
     int finished;
-} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .min_work = 1 << 18, .spin = 1 << 16};
+} pool = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER, .min_work = 1 << 18, .spin = 1 << 16,
+        .linger_ns = LINGER_NS};
 
 /* Claim and compute chunks of job `job` until none is left. */
 static void work(unsigned job) {
@@ -459,10 +472,19 @@ static void *worker(void *arg) {
     (void)arg;
     unsigned seen = 0;
     for (;;) {
-        /* spin a while (a pass's calls come tens of microseconds apart), then sleep until the next job. No
-         * pause instruction: under a hypervisor, pause loops get the virtual CPU descheduled. */
+        /* spin a while (a pass's calls come tens of microseconds apart), then linger, yielding the core to any
+         * thread that wants it, until `linger_ns` have passed since the last job, then sleep until the next job.
+         * No pause instruction: under a hypervisor, pause loops get the virtual CPU descheduled. */
         for (int i = 0; i < pool.spin && __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen; i++)
             __asm__ __volatile__("" ::: "memory");
+        if (pool.linger_ns > 0 && __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen) {
+            unsigned long long until = now_ns() + (unsigned long long)pool.linger_ns;
+            while (__atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen && now_ns() < until) {
+                for (int i = 0; i < 256 && __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen; i++)
+                    __asm__ __volatile__("" ::: "memory");
+                sched_yield();
+            }
+        }
         if (__atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen) {
             pthread_mutex_lock(&pool.mu);
             __atomic_store_n(&pool.sleeping, 1, __ATOMIC_SEQ_CST);
@@ -581,6 +603,13 @@ unsigned long long ptp_sgemm_forwarded_ns(void) { return __atomic_load_n(&ns_for
 /* n = 2: a second thread shares the products of at least min_work weights (N x K; 0 keeps the default), and
  * spins `spin` rounds (0: the default) before it sleeps; n = 1: none; n = 0 changes nothing. Returns the number now in use. ptp_mlx/blas.py asks
  * for it where there are two cores (PTP_MLX_SGEMM_THREADS=1: not): each step measured about 25% faster there. */
+/* How long the worker lingers after a job (yielding its core to any thread that wants it) before it sleeps;
+ * ns < 0 changes nothing. Returns the value now in use. */
+long long ptp_sgemm_set_linger(long long ns) {
+    if (ns >= 0) pool.linger_ns = ns;
+    return pool.linger_ns;
+}
+
 int ptp_sgemm_set_threads(int n, int min_work, int spin) {
     if (min_work > 0) pool.min_work = min_work;
     if (spin > 0) pool.spin = spin;
