@@ -270,3 +270,33 @@ def test_a_second_build_only_with_time_to_spare():
     assert not pipeline.spare(None, 0.004) and not pipeline.spare(0.01, None)
     assert pipeline.spare(0.010, 0.004)  # a GPU: the call's compute hides a second build
     assert not pipeline.spare(0.002, 0.004)  # this CPU: the build shares the cores, the read waits little
+
+
+def test_builds_go_to_the_outcomes_whose_guesses_the_read_confirms():
+    """``Confirmed`` weighs each outcome's chance by how often guesses of its kind (after calls of the same source)
+    were the real next plan: a lookup chain of 3 drafts whose every fall was followed by something other than the
+    adapter's guess, and whose full hit was continued as guessed, builds for the full hit even where a fall is
+    likelier; unjudged kinds stay at one half; the counts fade."""
+    adapter = Guess(DraftPlan([0, 0], [(2, 3)], source="ptp"), [1, 2])
+    lookup = Guess(DraftPlan([5, 6, 7], [(3, 2)], source="lookup"), None)
+    guesses = [adapter, adapter, adapter, lookup]
+    likely = [0.3, 0.2, 0.1, 0.4]  # P(c == g): the falls together 0.6
+    conf = pipeline.Confirmed()
+    fresh = conf.weigh("lookup", guesses, likely)
+    assert fresh == pytest.approx([0.15, 0.1, 0.05, 0.2])  # (prior: one half each)
+    assert pipeline._by_kind(guesses, fresh)[0][3] is None  # the falls' kind first: 0.3 against 0.2
+    for _ in range(6):
+        conf.judge("lookup", adapter, hit=False)
+        conf.judge("lookup", lookup, hit=True)
+    weighed = conf.weigh("lookup", guesses, likely)
+    assert weighed[3] > sum(weighed[:3])
+    first = pipeline._by_kind(guesses, weighed)[0]
+    assert first[3] is lookup and first[:3] == [None, None, None]
+    assert conf.rate(("ptp", "ptp")) == 0.5  # another call's kind: not judged yet
+    assert conf.weigh("ptp", [None, adapter], None) == [1.0, 0.5]  # (no likely: all alike; no guess: unweighed)
+    many = pipeline.Confirmed()
+    for _ in range(200):
+        many.judge("lookup", lookup, hit=False)
+    for _ in range(40):  # the counts fade: a kind that starts to be confirmed is soon weighed up again
+        many.judge("lookup", lookup, hit=True)
+    assert many.rate(("lookup", "lookup")) > 0.8

@@ -72,6 +72,7 @@ class Chained:
     rows: int
     token: mx.array | None = None  # the lazy token a call after a burst was built on
     others: list[Build] = field(default_factory=list)  # builds for outcomes of other kinds (compiled graphs only)
+    every: list[Guess | None] = field(default_factory=list)  # each outcome's guess, built or not (``Confirmed``)
 
     def pick(self, accepted: int) -> Build | None:
         """The build for the outcome of ``accepted`` drafts (this one's own, its ``state`` None; or one of
@@ -82,13 +83,15 @@ class Chained:
 
 
 def build_chained(
-    sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int, kinds: int = 1
-) -> Chained | None:
+    sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int, kinds: int = 1,
+    confirmed: Confirmed | None = None,
+) -> Chained | None:  # fmt: skip
     """Build the call after ``call`` (built, not read) for all its outcomes at once, or None where that does not
     apply: the eager pass (``CallPlan``, no compile bank), a logits hook, or a drafter that cannot tell any
     outcome's next call. Where outcomes' next calls differ in shape (``_kind``), one build per kind serves the
-    likeliest kinds (``Drafter.likely``): the likeliest's, and up to ``kinds - 1`` more whose outcomes are likely
-    enough and whose graphs are compiled already (the unused builds are let go unrun: host time only).
+    likeliest kinds (``Drafter.likely``, each outcome's chance weighed by how often guesses like its own were
+    confirmed after calls like this one: ``confirmed``): the likeliest's, and up to ``kinds - 1`` more whose
+    outcomes are likely enough and whose graphs are compiled already (the unused builds are let go unrun).
     After a token tree, it is built for the chain's outcomes; a strand that stands drops it (``CallQueue.read``:
     its K/V rows move on the host, in the state before this build)."""
     plan, cache = call.plan, sess.cache
@@ -107,13 +110,16 @@ def build_chained(
         # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
         guesses.append(guess)
     chained, before = None, cache.snapshot()
-    for mine in _by_kind(guesses, drafter.likely(plan)):
+    likely = drafter.likely(plan)
+    if confirmed is not None:
+        likely = confirmed.weigh(plan.source, guesses, likely)
+    for mine in _by_kind(guesses, likely):
         if chained is not None and len(chained.others) + 1 >= kinds:
             break
         if chained is None:
             built = _build_kind(sess, call, mine, n)
             if built is not None:
-                chained = Chained(built[0], mine, before, built[1])
+                chained = Chained(built[0], mine, before, built[1], every=guesses)
             continue
         after = cache.snapshot()
         cache.restore(before)
@@ -244,13 +250,8 @@ def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the likeliest build's rows
     hit = chained.pick(result.accepted) if result.strand is None else None
     ok = hit is not None and plan is not None and not plan.burst and not result.resolved
-    if ok:
-        built = hit.guesses[result.accepted].realize(
-            result
-        )  # (a tree's strands: the read's argmax and runner-ups in its placeholders)
-        ok = plan.branches == built.branches and plan.drafts == built.drafts and plan.strands == built.strands
-        ok = ok and plan.source == built.source and plan.strict == built.strict
-        ok = ok and all(t >= 0 for st in built.strands for t in st.tokens)  # (every placeholder had its token)
+    # (a tree's strands: the read's argmax and runner-ups in its placeholders)
+    ok = ok and _matches(plan, hit.guesses[result.accepted].realize(result))
     if not ok:
         drop_chained(chained, cache, keep)
         return None
@@ -272,6 +273,45 @@ def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:
         cache.trim_to(keep)
 
 
+CONFIRMED_PRIOR = 2.0  # pseudo-guesses at a rate of one half before a kind of guess has been judged
+
+
+class Confirmed:
+    """How often the read confirmed guesses of each kind: ``(source of the call, source of the guessed plan)``, a
+    faded count of the guesses judged (whether built or not: the read tells for every outcome that happened) and of
+    those the drafter's real plan matched. After prompt lookup's chain falls, the adapter's guess is rarely the next
+    call (lookup finds another match, or a burst follows), while the chain that continues the copied text is nearly
+    always right when every draft stands; so the build goes to the outcomes likeliest to run it, not merely to
+    happen."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, list[float]] = {}  # key -> [confirmed, judged]
+
+    def rate(self, key: tuple) -> float:
+        hit, n = self.seen.get(key, (0.0, 0.0))
+        return (hit + 0.5 * CONFIRMED_PRIOR) / (n + CONFIRMED_PRIOR)
+
+    def weigh(self, source: str | None, guesses: list[Guess | None], likely: list[float] | None) -> list[float]:
+        """Each outcome's chance (``likely``; None: all alike) times its guess's confirm rate."""
+        return [
+            (likely[g] if likely is not None and g < len(likely) else 1.0)
+            * (self.rate((source, x.plan.source)) if x is not None else 1.0)
+            for g, x in enumerate(guesses)
+        ]
+
+    def judge(self, source: str | None, guess: Guess, hit: bool) -> None:
+        entry = self.seen.setdefault((source, guess.plan.source), [0.0, 0.0])
+        entry[0], entry[1] = FADE * entry[0] + hit, FADE * entry[1] + 1.0
+
+
+def _matches(plan: DraftPlan | None, built: DraftPlan) -> bool:
+    """Whether ``plan`` (the drafter's real next plan) is the one a guess realized as ``built``."""
+    ok = plan is not None and not plan.burst
+    ok = ok and plan.branches == built.branches and plan.drafts == built.drafts and plan.strands == built.strands
+    ok = ok and plan.source == built.source and plan.strict == built.strict
+    return ok and all(t >= 0 for st in built.strands for t in st.tokens)  # (every placeholder had its token)
+
+
 class CallQueue:
     """The PTP calls in flight for one answer, and the one owner of their offsets in the cache.
 
@@ -291,6 +331,8 @@ class CallQueue:
         self.build_s: float | None = None  # seconds one chained build takes (running estimate)
         self.left_s: float | None = None  # seconds a read waits for its call after one build (running estimate)
         self._built = 0  # builds made while the running call computes (0: none)
+        self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
+        self._source: str | None = None  # the source of the call the chained one was built after
 
     @property
     def end(self) -> int:
@@ -317,7 +359,10 @@ class CallQueue:
         if self.chains and self.running is not None:
             t0 = time.perf_counter()
             kinds = MAX_KINDS if spare(self.left_s, self.build_s) else 1
-            self.chained = build_chained(self.sess, self.drafter, self.running, self.max_new, self.ctx, kinds)
+            self._source = self.running.plan.source
+            self.chained = build_chained(
+                self.sess, self.drafter, self.running, self.max_new, self.ctx, kinds, self.confirmed
+            )
             if self.chained is not None:
                 self._built = 1 + len(self.chained.others)
                 self.build_s = _fade(self.build_s, (time.perf_counter() - t0) / self._built)
@@ -362,6 +407,9 @@ class CallQueue:
         was built for; otherwise it is dropped. True when a call is ready to submit."""
         if self.chained is not None:
             chained, self.chained = self.chained, None
+            guess = chained.every[result.accepted] if result.strand is None and chained.every else None
+            if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
+                self.confirmed.judge(self._source, guess, _matches(plan, guess.realize(result)))
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache)
         return self.running is not None
 

@@ -15,8 +15,8 @@ seen: Counter = Counter()
 _build, _confirm = pl.build_chained, pl.confirm_chained
 
 
-def build(sess, drafter, call, max_new, ctx, kinds=1):
-    out = _build(sess, drafter, call, max_new, ctx, kinds)
+def build(sess, drafter, call, *more):
+    out = _build(sess, drafter, call, *more)
     seen["built" if out is not None else "not built"] += 1
     if out is not None and out.others:
         seen["built: with another kind's build"] += 1
