@@ -300,28 +300,3 @@ def test_builds_go_to_the_outcomes_whose_guesses_the_read_confirms():
     for _ in range(40):  # the counts fade: a kind that starts to be confirmed is soon weighed up again
         many.judge("lookup", lookup, hit=True)
     assert many.rate(("lookup", "lookup")) > 0.8
-
-
-def test_the_drafter_hears_how_long_builds_take_on_and_off_the_path(pm_sticky, varied):
-    """``Drafter.built``: the call queue times each compiled call's build, after the read (on the path) and beside
-    the computing call (chained), never a build that traced a new shape; the answer stays exact."""
-
-    class Timed(TwoKinds):
-        def __init__(self) -> None:
-            super().__init__()
-            self.heard: list[tuple[float, bool]] = []
-
-        def built(self, seconds: float, ahead: bool) -> None:
-            self.heard.append((seconds, ahead))
-
-    tok = varied[1]
-    drafter = Timed()
-    for k, p in enumerate(PROMPTS[:2]):
-        drafter.drafts = []
-        assert_same(
-            pm_sticky, tok, encode_prompt(tok, p), with_seed(SETTINGS["greedy"], 70 + k), 30, {"drafter": drafter}
-        )
-    ahead = [s for s, a in drafter.heard if a]
-    alone = [s for s, a in drafter.heard if not a]
-    assert len(ahead) >= 5 and len(alone) >= 1, drafter.heard
-    assert all(0 < s < 1.0 for s, _ in drafter.heard)  # (a traced shape takes seconds here: never told)

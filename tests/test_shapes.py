@@ -8,7 +8,7 @@ from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.protocol import DraftPlan
 from ptp_mlx.drafting.rows import reach
-from ptp_mlx.drafting.shapes import CHAINED, CHAINED_BOUNDS, NOVELTY, ChainedSaving, ShapeMemory, shape_value
+from ptp_mlx.drafting.shapes import NOVELTY, ShapeMemory, shape_value
 
 
 def test_shape_value_is_what_choose_counts():
@@ -132,49 +132,3 @@ def test_a_guess_ahead_takes_the_usual_shape_the_read_then_keeps():
     # other drafters' chains (no source, or lookup's) neither teach nor take it
     other = b.rows_for([0, 0, 0], prior, 100, 64, preview=True)
     assert (len(other.drafts), other.branches) != (len(chosen.drafts), chosen.branches)
-
-
-def test_what_a_chained_call_saves_is_measured_per_machine():
-    """``ChainedSaving``: ``CHAINED`` until builds on and off the path are both measured; then the build after the
-    read, less what a build beside the compute took beyond it (the cores it shared), over a plain step: nearly the
-    whole build where the compute is elsewhere (a GPU), little where the build shares two cores with it."""
-    gpu, cpu = ChainedSaving(), ChainedSaving()
-    assert gpu.steps(0.004) == CHAINED
-    gpu.note(0.0015, ahead=False)
-    assert gpu.steps(0.004) == CHAINED  # (only one side measured)
-    for _ in range(30):
-        gpu.note(0.0015, ahead=False)
-        gpu.note(0.0016, ahead=True)
-        cpu.note(0.0040, ahead=False)  # the build alone, 40 ms steps
-        cpu.note(0.0075, ahead=True)  # beside the compute: it shared the cores 3.5 ms
-    assert abs(gpu.steps(0.004) - (0.0015 - 0.0001) / 0.004) < 1e-6  # 0.35 of a 4 ms step
-    assert abs(cpu.steps(0.040) - 0.0005 / 0.040) < 0.02 and cpu.steps(0.040) >= CHAINED_BOUNDS[0]
-    assert gpu.steps(None) == CHAINED  # (no plain step measured)
-    slow = ChainedSaving()
-    slow.note(0.05, ahead=False), slow.note(0.05, ahead=True)
-    assert slow.steps(0.004) == CHAINED_BOUNDS[1]  # bounded: at most a plain step
-    # The running estimates follow a change (another app starts beside the compute).
-    for _ in range(40):
-        gpu.note(0.0040, ahead=True)
-    assert gpu.steps(0.004) == CHAINED_BOUNDS[0]
-
-
-def test_the_shape_built_ahead_is_kept_as_far_as_its_measured_saving_pays():
-    """After the read the budget keeps the shape built ahead unless another is worth more than the host time the
-    chained call saves, as measured here: a saving of a third of a step keeps it, one of 0.02 steps does not."""
-    mem = ShapeMemory()
-    cost = CostCurve([1, 64], [1.0, 1.0 + 0.05 * 63])
-    p = reach([0.9, 0.8, 0.7, 0.6])
-    s = lambda k: 0.6**k  # noqa: E731
-    always = lambda k, br: True  # noqa: E731
-    mem.note(4, [(4, 3)])
-    mem.note(2, [(2, 3)])
-    best = mem.prefer(4, [(4, 3)], p, s, cost, always)
-    assert best == (4, ((4, 3),))
-    built = (2, ((2, 3),))
-    assert mem.prefer(4, [(4, 3)], p, s, cost, always, built, chained=0.33) == built
-    assert mem.prefer(4, [(4, 3)], p, s, cost, always, built, chained=0.02) == best
-    b = Budget(CostCurve([1, 64], [1.0, 1.0]), calibrate=True)
-    assert b.chained_steps == CHAINED
-    b.built(0.003, ahead=False), b.built(0.003, ahead=True)
-    assert b.chained_steps == CHAINED  # (no plain step's time known to this curve)

@@ -343,16 +343,8 @@ class CallQueue:
         return cache.offset - (self.chained.rows if self.chained is not None else 0)
 
     def build(self, last: int, plan: DraftPlan, i: int) -> None:
-        """Build the call that verifies ``plan`` after ``last`` (the next one to queue); the drafter is told how
-        long a compiled call's build took on the path (``Drafter.built``: what chaining saves)."""
-        t0, cold = time.perf_counter(), self._cold()
+        """Build the call that verifies ``plan`` after ``last`` (the next one to queue)."""
         self.running = build_call(self.sess, last, plan, i)
-        if self.chains and self._cold() == cold and cold >= 0:  # (a shape traced now: not a build's time)
-            self.drafter.built(time.perf_counter() - t0, ahead=False)
-
-    def _cold(self) -> int:
-        bank = self.sess.bank
-        return bank.cold if bank is not None else -1
 
     def submit(self) -> float:
         """Queue the running call's compute; returns the seconds queueing took (on MLX's CPU backend
@@ -368,16 +360,12 @@ class CallQueue:
             t0 = time.perf_counter()
             kinds = MAX_KINDS if spare(self.left_s, self.build_s) else 1
             self._source = self.running.plan.source
-            cold = self._cold()
             self.chained = build_chained(
                 self.sess, self.drafter, self.running, self.max_new, self.ctx, kinds, self.confirmed
             )
             if self.chained is not None:
                 self._built = 1 + len(self.chained.others)
-                each = (time.perf_counter() - t0) / self._built
-                self.build_s = _fade(self.build_s, each)
-                if self._cold() == cold:  # (a shape traced now: not a build's time)
-                    self.drafter.built(each, ahead=True)
+                self.build_s = _fade(self.build_s, (time.perf_counter() - t0) / self._built)
 
     def start_after_burst(self, token: mx.array, i: int) -> None:
         """Build the first call after a burst on its last step's ``token`` (lazy), which ends at position ``i``."""

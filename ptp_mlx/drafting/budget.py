@@ -19,7 +19,7 @@ from .cost import CostCurve
 from .learn import PaceGuard
 from .protocol import DraftPlan
 from .rows import fit_rows, reach, simple_rows
-from .shapes import ChainedSaving, ShapeMemory
+from .shapes import ShapeMemory
 from .strands import StrandOffer
 from .topk_tree import SlotCandidates
 from .tree_budget import tree_call, tree_nodes
@@ -121,7 +121,6 @@ class Budget:
     explore_due: bool = False  # after a burst: the next call the curve prices out may be measured instead
     trials: int = 0  # PTP calls still allowed after a burst before the pace guard is heeded again
     shapes: ShapeMemory = field(default_factory=ShapeMemory)  # the call shapes used so far (each one compiled)
-    saving: ChainedSaving = field(default_factory=ChainedSaving)  # what a call built ahead saves here (measured)
     tree_expected: float = 0.0  # the adapter's tree tokens predicted to stand, over the calls that verified a tree
     tree_hits: float = 0.0  # and those that stood (``tree_ratio``)
 
@@ -204,17 +203,6 @@ class Budget:
         if rows > 1:
             self._guard(source).add(tokens, seconds, expected)
             self.trials = max(0, self.trials - 1)
-
-    def built(self, seconds: float, ahead: bool) -> None:
-        """One compiled call's host build took ``seconds`` (``ahead``: beside the call computing before it; else
-        after the read, on the path): what prices a chained call's saving (``chained_steps``)."""
-        self.saving.note(seconds, ahead)
-
-    @property
-    def chained_steps(self) -> float:
-        """Plain steps a call built ahead of the read saves on this machine (``ChainedSaving``): what the shape
-        built ahead is preferred by after the read."""
-        return self.saving.steps(getattr(self.curve, "step_seconds", None))
 
     def behind(self, source: str | None = None) -> bool:
         """True when the latest PTP calls of the drafter ``source`` names (prompt lookup, or else the adapter), as
@@ -329,7 +317,7 @@ class Budget:
 
         built = (len(pending.drafts), tuple(pending.branches)) if pending is not None else None
         p = reach(confidences, self.ratio)
-        k, br = self.shapes.prefer(n, branches, p, self.survive, self.curve, fits, built, self.chained_steps)
+        k, br = self.shapes.prefer(n, branches, p, self.survive, self.curve, fits, built)
         return k, list(br)
 
     def prior_confidences(self, n: int) -> list[float]:

@@ -150,11 +150,6 @@ class ChainDrafter(Drafter):
     def likely(self, plan: DraftPlan) -> list[float] | None:
         return outcome_probs(self.planned[: len(plan.drafts)], self.budget.ratio)
 
-    def built(self, seconds: float, ahead: bool) -> None:
-        note = getattr(self.budget, "built", None)  # (a fixed budget prices nothing)
-        if note is not None:
-            note(seconds, ahead)
-
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         self.budget.record(rows, tokens, seconds, cold, source)
 

@@ -156,11 +156,6 @@ class DraftPolicy(Drafter):
     def lookup_source(self) -> str | None:
         return self.lookup.source if self.lookup is not None else None
 
-    def built(self, seconds: float, ahead: bool) -> None:
-        note = getattr(self.budget, "built", None)  # (a fixed budget prices nothing)
-        if note is not None:
-            note(seconds, ahead)
-
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         self.budget.record(rows, tokens, seconds, cold, source)  # (the budget the chain drafter shares: told once)
 

@@ -264,11 +264,6 @@ class Drafter(ABC):
         verified (its plan's ``source``)."""
         return None  # (optional: nothing to learn by default)
 
-    def built(self, seconds: float, ahead: bool) -> None:
-        """A compiled call of this drafter's took ``seconds`` of host time to build (``ahead``: built beside the
-        call computing before it, chained; else after the read, on the path): what a budget prices chaining by."""
-        return None  # (optional: nothing to learn by default)
-
     def ready(self) -> bool:
         """During an autoregressive burst: whether a draft worth a call is in hand (ends the burst early)."""
         return False

@@ -17,9 +17,7 @@ from collections.abc import Callable, Sequence
 from .protocol import DraftPlan
 
 NOVELTY = 0.5  # plain steps added to the price of a shape never used (a share of its eager call and tracing)
-CHAINED = 0.15  # plain steps a call built ahead saves, before this machine's are measured (``ChainedSaving``)
-CHAINED_BOUNDS = (0.02, 1.0)  # the measured saving, in plain steps, is kept within these
-CHAINED_FADE = 0.9  # the weight the running build times keep per build
+CHAINED = 0.15  # plain steps a call built ahead saves (its plan, build and queueing are off the path: ~5 ms here)
 MAX_SHAPES = 48  # graphs; past this many, only known ones (the compile bank keeps 256 entries across buckets)
 MAX_TREE_SHAPES = 24  # graphs of token trees (a chain with side strands); past this many, only known ones
 USUAL_KEEP = 0.9  # how much of its weight each shape chosen after a branch of some width keeps per later choice
@@ -74,33 +72,6 @@ class Values:
         if s is None:
             s = self.sums[w] = sum(self.survival(k) for k in range(1, w))
         return s
-
-
-class ChainedSaving:
-    """What a call built ahead of the read saves on this machine, in plain steps: the host's build of a call after
-    the read (``alone``: on the path) less what a build beside the computing call took beyond that (``beside``: the
-    time it shared the cores with the compute, which the compute lost; nothing on a GPU, about as much as the build
-    itself on two CPU cores), over a plain step's time. ``CHAINED`` until both have been measured."""
-
-    def __init__(self) -> None:
-        self.alone: float | None = None  # seconds a build after the read took (running estimate)
-        self.beside: float | None = None  # seconds a build beside the computing call took (running estimate)
-
-    def note(self, seconds: float, ahead: bool) -> None:
-        """One build of a compiled call took ``seconds`` (``ahead``: beside the call computing before it)."""
-        old = self.beside if ahead else self.alone
-        new = seconds if old is None else CHAINED_FADE * old + (1 - CHAINED_FADE) * seconds
-        if ahead:
-            self.beside = new
-        else:
-            self.alone = new
-
-    def steps(self, step_seconds: float | None) -> float:
-        """Plain steps a chained call saves (``step_seconds``: a plain step's measured time; None: ``CHAINED``)."""
-        if self.alone is None or self.beside is None or not step_seconds:
-            return CHAINED
-        saved = self.alone - max(0.0, self.beside - self.alone)
-        return min(CHAINED_BOUNDS[1], max(CHAINED_BOUNDS[0], saved / step_seconds))
 
 
 class ShapeMemory:
@@ -164,13 +135,11 @@ class ShapeMemory:
         """Whether a call of this shape runs a graph compiled before (its row counts met already)."""
         return graph(n, branches) in self.graphs
 
-    def prefer(
-        self, n: int, branches, p_reach, survival, cost: Callable[[int], float], fits, built=None, chained=CHAINED
-    ) -> Shape:
+    def prefer(self, n: int, branches, p_reach, survival, cost: Callable[[int], float], fits, built=None) -> Shape:
         """``(n, branches)`` if its graph is known or it is worth its novelty; otherwise the known shape with the
         best expected tokens per cost among those ``fits`` accepts (drafts in hand, rows left). ``built``: the
-        shape already built for this call (chained on the one before), which costs ``chained`` steps less (no host
-        work on the path: ``ChainedSaving``)."""
+        shape already built for this call (chained on the one before), which costs ``CHAINED`` steps less (no host
+        work on the path)."""
         branches = tuple(tuple(b) for b in branches)
         known = self.known(n, branches) or not self.used
         if built is None and known:
@@ -181,7 +150,7 @@ class ShapeMemory:
         def score(shape: Shape, extra: float = 0.0) -> float:
             k, br = shape
             if shape == built:
-                extra -= chained
+                extra -= CHAINED
             return value(k, br) / (cost(1 + k + sum(w for _, w in br)) + extra)
 
         best, best_score = (n, branches), score((n, branches), 0.0 if known else NOVELTY)

@@ -14,11 +14,6 @@ from .strands import TreeCosts, choose_strands
 from .topk_tree import MAX_NODES, SlotCandidates, choose_tree, grow, tree_value
 
 
-def _saving(b) -> float:
-    """Plain steps budget ``b``'s chained calls save (``Budget.chained_steps``; ``CHAINED`` for another budget)."""
-    return getattr(b, "chained_steps", CHAINED)
-
-
 def tree_nodes(b, confidences: list[float], candidates: SlotCandidates, remaining: int) -> Callable[[int], list[float]]:
     """``tree(n)`` for ``Budget.choose``: the chances of the adapter's tree nodes beside a chain of ``n`` drafts,
     best first."""
@@ -34,15 +29,15 @@ def with_tree(b, plan: DraftPlan, confidences, offers, remaining: int, room: int
     """``(plan with its tree, expected tokens the tree adds)`` for budget ``b``: the adapter's top-k tree and the
     offered strands whose rows pay; a tree graph never compiled is taken only while fewer than
     ``MAX_TREE_SHAPES`` are known (the compile bank stays bounded). ``chained``: the plan's call was built ahead,
-    so the chain alone costs ``_saving(b)`` steps less. Nothing is noted (the caller notes the plan it takes)."""
+    so the chain alone costs ``CHAINED`` steps less. Nothing is noted (the caller notes the plan it takes)."""
     n = len(plan.drafts)
     p = reach(confidences[:n], b.ratio)
     values = Values(p, b.survive)
     cost = b.curve
     if chained:  # the chain alone costs less by the host time its chained call keeps off the path
 
-        def cost(r: int, curve=b.curve, alone=plan.rows, saved=_saving(b)) -> float:
-            return curve(r) - (saved if r == alone else 0.0)
+        def cost(r: int, curve=b.curve, alone=plan.rows) -> float:
+            return curve(r) - (CHAINED if r == alone else 0.0)
 
     costs = TreeCosts(cost, values.window, b.max_width, min(room, b.max_rows), remaining)
     value, rows = values(n, plan.branches), plan.rows
@@ -66,23 +61,23 @@ def tree_call(
 ) -> DraftPlan:
     """The call budget ``b`` makes of ``plan``: with its tree where one pays (noted in the shape memory unless
     ``preview``). The best expected tokens per cost among: ``plan`` with its tree (``chained``: ``plan``'s call was
-    built ahead, so the chain alone costs ``_saving(b)`` steps less); ``alt``, the allocation that left rows for a
+    built ahead, so the chain alone costs ``CHAINED`` steps less); ``alt``, the allocation that left rows for a
     tree before a known shape replaced it, with its tree; and ``pending``, the call built ahead with a tree whose
-    tokens were just read, at ``_saving(b)`` steps less."""
+    tokens were just read, at ``CHAINED`` steps less."""
     built = pending if chained and pending is not None and pending.strands and candidates is not None else None
     options: list[tuple[float, DraftPlan]] = []
     for base, bonus in ((plan, chained and built is None), (alt, False)):
         if base is None:
             continue
         tree, gain = with_tree(b, base, confidences, offers, remaining, room, candidates, bonus)
-        off = _saving(b) if bonus and not tree.strands else 0.0
+        off = CHAINED if bonus and not tree.strands else 0.0
         options.append(((_worth(b, base, confidences) + gain) / (b.curve(tree.rows) - off), tree))
     if built is not None:
         n = len(plan.drafts)
         p = reach(confidences[:n], b.ratio)
         c = TreeCosts(b.curve, Values(p, b.survive).window, b.max_width, min(room, b.max_rows), remaining)
         kept = _worth(b, plan, confidences) + tree_value(n, p, candidates, b.ratio, built.strands, c)
-        options.append((kept / (b.curve(built.rows) - _saving(b)), replace(plan, strands=built.strands)))
+        options.append((kept / (b.curve(built.rows) - CHAINED), replace(plan, strands=built.strands)))
     tree = max(options, key=lambda o: o[0])[1]  # (the first of equals: ``plan``'s)
     if tree.strands and not preview:
         b.shapes.note_tree(len(tree.drafts), tree.branches, tree.strands)
