@@ -31,22 +31,13 @@ import numpy as np
 
 from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from .call import NO_CLOCK, ChainInputs, PendingCall, build_call, call_shape, call_uniforms, finish_call
+from .chain_odds import Confirmed, fade, spare
 from .fixed import ALTS
 from .session import DecodeSession
 from .shape import CallSpec
 
 MAX_KINDS = 2  # builds of the call after the one computing, one per kind of next call (``_kind``)
 OTHER_KIND_MIN = 0.15  # the chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest
-SPARE = 1.2  # a second build needs this many times a build's time left over while the call computes
-FADE = 0.8  # the weight the running estimates of a build's time and the time left over keep per call
-
-
-def spare(left: float | None, build: float | None) -> bool:
-    """Whether the host has time for another build while a call computes: ``left`` (seconds the read waited for
-    the call after one build) at least ``SPARE`` times ``build`` (seconds a build takes). On a GPU the call's whole
-    compute is left over; on MLX's CPU backend ``async_eval`` returns near the end of the graph and the build shares
-    the cores with the compute, so a second build would mostly delay the read (nothing measured yet: no)."""
-    return left is not None and build is not None and left >= SPARE * build
 
 
 @dataclass
@@ -73,6 +64,7 @@ class Chained:
     token: mx.array | None = None  # the lazy token a call after a burst was built on
     others: list[Build] = field(default_factory=list)  # builds for outcomes of other kinds (compiled graphs only)
     every: list[Guess | None] = field(default_factory=list)  # each outcome's guess, built or not (``Confirmed``)
+    source: str | None = None  # the source of the call it was built after (``Confirmed``)
 
     def pick(self, accepted: int) -> Build | None:
         """The build for the outcome of ``accepted`` drafts (this one's own, its ``state`` None; or one of
@@ -119,7 +111,7 @@ def build_chained(
         if chained is None:
             built = _build_kind(sess, call, mine, n)
             if built is not None:
-                chained = Chained(built[0], mine, before, built[1], every=guesses)
+                chained = Chained(built[0], mine, before, built[1], every=guesses, source=plan.source)
             continue
         after = cache.snapshot()
         cache.restore(before)
@@ -273,37 +265,6 @@ def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:
         cache.trim_to(keep)
 
 
-CONFIRMED_PRIOR = 2.0  # pseudo-guesses at a rate of one half before a kind of guess has been judged
-
-
-class Confirmed:
-    """How often the read confirmed guesses of each kind: ``(source of the call, source of the guessed plan)``, a
-    faded count of the guesses judged (whether built or not: the read tells for every outcome that happened) and of
-    those the drafter's real plan matched. After prompt lookup's chain falls, the adapter's guess is rarely the next
-    call (lookup finds another match, or a burst follows), while the chain that continues the copied text is nearly
-    always right when every draft stands; so the build goes to the outcomes likeliest to run it, not merely to
-    happen."""
-
-    def __init__(self) -> None:
-        self.seen: dict[tuple, list[float]] = {}  # key -> [confirmed, judged]
-
-    def rate(self, key: tuple) -> float:
-        hit, n = self.seen.get(key, (0.0, 0.0))
-        return (hit + 0.5 * CONFIRMED_PRIOR) / (n + CONFIRMED_PRIOR)
-
-    def weigh(self, source: str | None, guesses: list[Guess | None], likely: list[float] | None) -> list[float]:
-        """Each outcome's chance (``likely``; None: all alike) times its guess's confirm rate."""
-        return [
-            (likely[g] if likely is not None and g < len(likely) else 1.0)
-            * (self.rate((source, x.plan.source)) if x is not None else 1.0)
-            for g, x in enumerate(guesses)
-        ]
-
-    def judge(self, source: str | None, guess: Guess, hit: bool) -> None:
-        entry = self.seen.setdefault((source, guess.plan.source), [0.0, 0.0])
-        entry[0], entry[1] = FADE * entry[0] + hit, FADE * entry[1] + 1.0
-
-
 def _matches(plan: DraftPlan | None, built: DraftPlan) -> bool:
     """Whether ``plan`` (the drafter's real next plan) is the one a guess realized as ``built``."""
     ok = plan is not None and not plan.burst
@@ -332,7 +293,6 @@ class CallQueue:
         self.left_s: float | None = None  # seconds a read waits for its call after one build (running estimate)
         self._built = 0  # builds made while the running call computes (0: none)
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
-        self._source: str | None = None  # the source of the call the chained one was built after
 
     @property
     def end(self) -> int:
@@ -359,13 +319,12 @@ class CallQueue:
         if self.chains and self.running is not None:
             t0 = time.perf_counter()
             kinds = MAX_KINDS if spare(self.left_s, self.build_s) else 1
-            self._source = self.running.plan.source
             self.chained = build_chained(
                 self.sess, self.drafter, self.running, self.max_new, self.ctx, kinds, self.confirmed
             )
             if self.chained is not None:
                 self._built = 1 + len(self.chained.others)
-                self.build_s = _fade(self.build_s, (time.perf_counter() - t0) / self._built)
+                self.build_s = fade(self.build_s, (time.perf_counter() - t0) / self._built)
 
     def start_after_burst(self, token: mx.array, i: int) -> None:
         """Build the first call after a burst on its last step's ``token`` (lazy), which ends at position ``i``."""
@@ -399,7 +358,7 @@ class CallQueue:
         result = finish_call(self.sess.cache, call, clock, then=then, on_strand=unchain)
         if self._built:  # (the wait as if one build had been made: the others' time counts as left over)
             left = time.perf_counter() - t0 + (self._built - 1) * (self.build_s or 0.0)
-            self.left_s, self._built = _fade(self.left_s, left), 0
+            self.left_s, self._built = fade(self.left_s, left), 0
         return call.plan, result
 
     def confirm(self, result: CallResult, plan: DraftPlan | None, i: int) -> bool:
@@ -408,9 +367,12 @@ class CallQueue:
         if self.chained is not None:
             chained, self.chained = self.chained, None
             guess = chained.every[result.accepted] if result.strand is None and chained.every else None
-            if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
-                self.confirmed.judge(self._source, guess, _matches(plan, guess.realize(result)))
+            built = guess is not None and chained.pick(result.accepted) is not None
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache)
+            if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
+                # (a built guess was just compared: it matched if its call is the running one now)
+                matched = self.running is not None if built else _matches(plan, guess.realize(result))
+                self.confirmed.judge(chained.source, guess, matched)
         return self.running is not None
 
     def confirm_start(self, plan: DraftPlan | None, last: int) -> bool:
@@ -431,7 +393,3 @@ class CallQueue:
         elif self.running is not None:  # queued but never read (the consumer stopped first): its rows leave
             cache.trim_to(self.running.offset)
         self.running = self.chained = self.started = None
-
-
-def _fade(old: float | None, new: float) -> float:
-    return new if old is None else FADE * old + (1 - FADE) * new

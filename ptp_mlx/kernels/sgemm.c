@@ -477,8 +477,9 @@ static void *worker(void *arg) {
          * No pause instruction: under a hypervisor, pause loops get the virtual CPU descheduled. */
         for (int i = 0; i < pool.spin && __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen; i++)
             __asm__ __volatile__("" ::: "memory");
-        if (pool.linger_ns > 0 && __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen) {
-            unsigned long long until = now_ns() + (unsigned long long)pool.linger_ns;
+        long long linger = __atomic_load_n(&pool.linger_ns, __ATOMIC_RELAXED); /* (set from another thread) */
+        if (linger > 0 && __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen) {
+            unsigned long long until = now_ns() + (unsigned long long)linger;
             while (__atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen && now_ns() < until) {
                 for (int i = 0; i < 256 && __atomic_load_n(&pool.job, __ATOMIC_SEQ_CST) == seen; i++)
                     __asm__ __volatile__("" ::: "memory");
@@ -600,16 +601,16 @@ unsigned long long ptp_sgemm_forwarded(void) { return __atomic_load_n(&n_forward
 unsigned long long ptp_sgemm_taken_ns(void) { return __atomic_load_n(&ns_taken, __ATOMIC_RELAXED); }
 unsigned long long ptp_sgemm_forwarded_ns(void) { return __atomic_load_n(&ns_forwarded, __ATOMIC_RELAXED); }
 
-/* n = 2: a second thread shares the products of at least min_work weights (N x K; 0 keeps the default), and
- * spins `spin` rounds (0: the default) before it sleeps; n = 1: none; n = 0 changes nothing. Returns the number now in use. ptp_mlx/blas.py asks
- * for it where there are two cores (PTP_MLX_SGEMM_THREADS=1: not): each step measured about 25% faster there. */
 /* How long the worker lingers after a job (yielding its core to any thread that wants it) before it sleeps;
  * ns < 0 changes nothing. Returns the value now in use. */
 long long ptp_sgemm_set_linger(long long ns) {
-    if (ns >= 0) pool.linger_ns = ns;
-    return pool.linger_ns;
+    if (ns >= 0) __atomic_store_n(&pool.linger_ns, ns, __ATOMIC_RELAXED);
+    return __atomic_load_n(&pool.linger_ns, __ATOMIC_RELAXED);
 }
 
+/* n = 2: a second thread shares the products of at least min_work weights (N x K; 0 keeps the default), and
+ * spins `spin` rounds (0: the default) before it sleeps; n = 1: none; n = 0 changes nothing. Returns the number now in use. ptp_mlx/blas.py asks
+ * for it where there are two cores (PTP_MLX_SGEMM_THREADS=1: not): each step measured about 25% faster there. */
 int ptp_sgemm_set_threads(int n, int min_work, int spin) {
     if (min_work > 0) pool.min_work = min_work;
     if (spin > 0) pool.spin = spin;
