@@ -1,8 +1,9 @@
-"""ptp-gated-linear: a fused projection group and its gated LoRA as one MLX primitive on the CPU.
+"""ptp-mlx's CPU primitives: a fused projection group and its gated LoRA (``gated_linear.cpp``), a layer's
+attention over our K/V state (``attention.cpp``) and SwiGLU (``swiglu.cpp``), each one MLX primitive on the CPU.
 
-``gated_linear.cpp`` says why. It is an MLX C++ extension, built at first use with CMake and nanobind (the
+Each source says why. They are one MLX C++ extension, built at first use with CMake and nanobind (the
 nanobind whose internals MLX's own bindings were built with, so arrays pass between the two) into
-``<PTP_MLX_HOME>/kernels/gated_linear-<hash>-<cpu>.so``; the hash covers the source, MLX's and nanobind's
+``<PTP_MLX_HOME>/kernels/cpu_ops-<hash>-<cpu>.so``; the hash covers the sources, MLX's and nanobind's
 versions and the Python, the CPU key what ``-march=native`` targets. Only Linux (where MLX runs on the CPU and
 ``ptp_mlx/blas.py`` placed the sgemm both use); with no compiler, CMake or nanobind, or where the built module
 does not pass its own check, decoding keeps the graph form with one notice (``PTP_MLX_GATED=0`` skips it).
@@ -21,8 +22,9 @@ from pathlib import Path
 
 from . import cpu_key, kernel_dir, shared_path
 
-SOURCE = Path(__file__).with_name("gated_linear.cpp")
-MODULE = "_ptp_gated_linear"
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("gated_linear.cpp", "attention.cpp", "swiglu.cpp"))
+HEADERS = (Path(__file__).with_name("simd16.h"),)
+MODULE = "_ptp_cpu_ops"
 FLAGS = ["-O3", "-march=native"]
 CMAKE = """cmake_minimum_required(VERSION 3.18)
 project(ptp_gated_linear LANGUAGES CXX)
@@ -31,7 +33,7 @@ set(CMAKE_CXX_STANDARD_REQUIRED ON)
 find_package(Python 3.10 COMPONENTS Interpreter Development.Module REQUIRED)
 find_package(nanobind CONFIG REQUIRED)
 find_package(MLX CONFIG REQUIRED)
-nanobind_add_module({module} NB_STATIC NOMINSIZE NB_DOMAIN mlx "{source}")
+nanobind_add_module({module} NB_STATIC NOMINSIZE NB_DOMAIN mlx {sources})
 target_link_libraries({module} PRIVATE mlx)
 target_compile_options({module} PRIVATE {flags})
 set_target_properties({module} PROPERTIES BUILD_RPATH "{mlx_lib}")
@@ -54,8 +56,8 @@ def library_name() -> str | None:
     if versions is None:
         return None
     tag = "|".join([*versions, sys.version, " ".join(FLAGS)])
-    digest = hashlib.sha256(SOURCE.read_bytes() + tag.encode()).hexdigest()[:12]
-    return f"gated_linear-{digest}-{cpu_key()}.so"
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + tag.encode()).hexdigest()[:12]
+    return f"cpu_ops-{digest}-{cpu_key()}.so"
 
 
 def _cmake() -> str | None:
@@ -91,8 +93,9 @@ def build(force: bool = False) -> tuple[str | None, str]:
     ever sees a complete one; a failed toolchain is recorded beside it and not retried at every start."""
     if not sys.platform.startswith("linux"):
         return None, "built on Linux only (elsewhere MLX runs on its GPU)"
-    if not SOURCE.is_file():
-        return None, f"{SOURCE.name} is missing from the installed package"
+    missing = [p.name for p in SOURCES + HEADERS if not p.is_file()]
+    if missing:
+        return None, f"{', '.join(missing)} missing from the installed package"
     name = library_name()
     if name is None:
         return None, "nanobind is not installed"
@@ -121,7 +124,7 @@ def build(force: bool = False) -> tuple[str | None, str]:
         return None, f"cannot write {target.parent}: {e.strerror or type(e).__name__}"
     try:
         (work / "CMakeLists.txt").write_text(
-            CMAKE.format(module=MODULE, source=SOURCE.resolve(), flags=" ".join(FLAGS), mlx_lib=mlx_root / "lib")
+            CMAKE.format(module=MODULE, sources=" ".join(f'"{p.resolve()}"' for p in SOURCES), flags=" ".join(FLAGS), mlx_lib=mlx_root / "lib")
         )
         configure = [
             cmake, "-S", str(work), "-B", str(work / "build"), "-DCMAKE_BUILD_TYPE=Release",
@@ -160,6 +163,20 @@ def _self_check(mod) -> str:
     got = mod.gated_linear(x, W, B, gate, spans, 4)
     if not mx.allclose(got, want, atol=1e-5).item():  # a sync, once per process
         return "its self-check disagreed with the graph form"
+    q = mx.sin(mx.arange(1 * 4 * 3 * 8, dtype=mx.float32)).reshape(1, 4, 3, 8)
+    k = mx.cos(mx.arange(1 * 2 * 5 * 8, dtype=mx.float32)).reshape(1, 2, 5, 8)
+    v = mx.sin(mx.arange(1 * 2 * 5 * 8, dtype=mx.float32) * 0.3).reshape(1, 2, 5, 8)
+    sees = mx.arange(5)[None] <= mx.arange(2, 5)[:, None]  # causal: rows at positions 2, 3, 4
+    kk, vv = mx.repeat(k, 2, axis=1), mx.repeat(v, 2, axis=1)
+    scores = mx.where(sees, (q * 0.5) @ mx.swapaxes(kk, -1, -2), -float("inf"))
+    want = mx.softmax(scores, axis=-1) @ vv
+    got = mod.attention(q, k, v, 0.5, sees)
+    if not mx.allclose(got, want, atol=1e-5).item():  # a sync, once per process
+        return "its attention's self-check disagreed with the graph form"
+    g = mx.linspace(-30, 30, 37).reshape(1, 37)
+    x = mx.cos(mx.arange(37, dtype=mx.float32)).reshape(1, 37)
+    if not mx.allclose(mod.swiglu(g, x), g * mx.sigmoid(g) * x, atol=1e-5).item():  # a sync, once per process
+        return "its SwiGLU's self-check disagreed with the graph form"
     return ""
 
 

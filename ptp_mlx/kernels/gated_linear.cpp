@@ -200,8 +200,13 @@ mx::array gated_linear(const mx::array& x, const mx::array& W, const mx::array& 
 
 }  // namespace
 
-NB_MODULE(_ptp_gated_linear, m) {
-  m.doc() = "ptp-gated-linear: a fused projection group with its gated LoRA as one MLX CPU primitive";
+void register_attention(nb::module_& m);  // attention.cpp
+void register_swiglu(nb::module_& m);     // swiglu.cpp
+
+NB_MODULE(_ptp_cpu_ops, m) {
+  m.doc() = "ptp-mlx's CPU primitives: a fused projection group with its gated LoRA, a layer's attention and SwiGLU";
+  register_attention(m);
+  register_swiglu(m);
   m.def("gated_linear", &gated_linear, nb::arg("x"), nb::arg("W"), nb::arg("B"), nb::arg("gate"),
         nb::arg("spans"), nb::arg("out"), nb::arg("bias") = nb::none(),
         "y = x @ W[:out].T (+ bias), plus (x @ W[out:].T * gate) @ B on rows whose gate is not zero.");

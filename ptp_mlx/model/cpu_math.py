@@ -60,6 +60,11 @@ def silu(x: mx.array) -> mx.array:
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    """``silu(gate) * x``: one primitive (``kernels/swiglu.cpp``) for float32 where the extension is built (it is
+    elementwise, so every pass length takes it), else with ``exp`` above."""
+    fused = _fused("swiglu")
+    if fused is not None and gate.dtype == mx.float32 and x.dtype == mx.float32 and gate.shape == x.shape:
+        return fused(gate, x)
     return silu(gate) * x
 
 
@@ -82,6 +87,11 @@ def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
         mask = _causal(L, S)
     if mask is not None and mask.ndim == 4 and mask.shape[1] not in (1, Hq):
         return None
+    fused = _fused("attention")
+    if fused is not None and L <= FUSED_MAX_ROWS and queries.dtype == mx.float32 and keys.dtype == mx.float32:
+        if mask is not None and mask.dtype != mx.bool_:
+            mask = mask.astype(mx.float32)
+        return fused(queries, keys, values, scale, mask)
     q = queries * mx.array(scale, queries.dtype)
     rep = Hq // Hkv
     if rep > 1:  # [B, Hkv, rep, L, D] against [B, Hkv, 1, S, D]
@@ -97,6 +107,23 @@ def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
             scores = scores + mask.astype(scores.dtype)
     out = softmax(scores) @ values
     return out.reshape(B, Hq, L, D)
+
+
+# Passes of at most this many rows (every decode call: the budget's widest is 64) run attention as one primitive
+# (kernels/attention.cpp); longer ones (prefill chunks) keep the graph form, whose matmuls a BLAS runs on both
+# cores. A row's bits depend on which form ran it, so the line sits where no row is ever compared across it.
+FUSED_MAX_ROWS = 64
+
+
+def _fused(name: str):
+    """The extension's ``attention`` or ``swiglu`` (``kernels/``), or None: not built, or ``PTP_MLX_ATTENTION=0``
+    / ``PTP_MLX_SWIGLU=0`` (the graph forms, for comparison)."""
+    if os.environ.get(f"PTP_MLX_{name.upper()}", "1").lower() in ("0", "false", "no", "off"):
+        return None
+    from ..kernels.extension import module
+
+    mod = module()
+    return None if mod is None else getattr(mod, name)
 
 
 def _attention_dispatcher(stock):

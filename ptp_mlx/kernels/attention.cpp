@@ -1,0 +1,315 @@
+// ptp-attention: one decode pass's attention of one layer as one MLX primitive on the CPU (issue 41).
+//
+// Why: on MLX's CPU backend every node of a call's graph costs about 5 us on the stream thread, and about as much
+// again on the thread that replays the compiled graph, whatever its size (docs/results/kernel/attention-*.md).
+// Attention over our K/V state was ~25 of them a layer: the scaled queries, two batched matmuls, the mask's add,
+// and the softmax's max, exp (five fused kernels around two bit casts), sum and divide, with the reshapes and
+// broadcasts between. Here it is one node, and its work skips the keys a row does not see (the rest of the
+// fixed-capacity bucket), which the graph form computes and masks.
+//
+// For every batch b, query head h and row l (key/value head h / (Hq / Hkv)):
+//   visible = the keys s whose mask entry is true (bool) or not -inf (additive), in increasing s
+//   score_s = dot(q * scale, k_s) (+ mask_s when additive)        over visible s
+//   p_s     = exp(score_s - max score) / sum of those exps
+//   out     = sum_s p_s v_s                                       in increasing s
+// Each row's result depends only on its own query, its visible keys' K/V and their order: never on how many rows
+// the pass has, where the row sits, or at which slots of the buffer its keys are (a tree strand's ancestors sit
+// elsewhere than a plain step's, with the same values in the same order). So a k-row pass is k one-row passes,
+// bit for bit. Reductions run in 16 fixed lanes, the exponential is MLX's CPU algorithm (2^round(x log2 e) through
+// the exponent bits, the fraction by a degree-6 polynomial), all in plain C++ the compiler vectorises.
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/primitives.h"
+#include "mlx/stream.h"
+#include "simd16.h"
+
+namespace mx = mlx::core;
+namespace nb = nanobind;
+
+namespace {
+
+using namespace ptp16;
+constexpr int RB = 4;  // query rows computed together (8 accumulator vectors)
+
+
+struct View4 {  // a 4-d array's data and element strides, broadcast dimensions at stride 0
+  const char* data;
+  int64_t st[4];
+};
+
+View4 view4(const mx::array& a, const mx::Shape& full) {
+  View4 v{a.data<char>(), {0, 0, 0, 0}};
+  const int off = 4 - static_cast<int>(a.ndim());
+  for (int d = 0; d < static_cast<int>(a.ndim()); ++d)
+    v.st[d + off] = a.shape(d) == 1 && full[d + off] != 1 ? 0 : a.strides()[d];
+  return v;
+}
+
+// q, k or v with a contiguous last axis as it is; the rare other view copied into ``buf`` (row-major).
+View4 dense_last(const mx::array& a, std::vector<float>& buf) {
+  if (a.strides()[3] == 1 || a.shape(3) == 1) return view4(a, a.shape());
+  buf.resize(a.size());
+  const float* src = a.data<float>();
+  const auto& st = a.strides();
+  size_t n = 0;
+  for (int i0 = 0; i0 < a.shape(0); ++i0)
+    for (int i1 = 0; i1 < a.shape(1); ++i1)
+      for (int i2 = 0; i2 < a.shape(2); ++i2)
+        for (int i3 = 0; i3 < a.shape(3); ++i3) buf[n++] = src[i0 * st[0] + i1 * st[1] + i2 * st[2] + i3 * st[3]];
+  const int64_t S3 = a.shape(3), S2 = a.shape(2) * S3, S1 = a.shape(1) * S2;
+  return View4{reinterpret_cast<const char*>(buf.data()), {S1, S2, S3, 1}};
+}
+
+class Attention : public mx::Primitive {
+ public:
+  Attention(mx::Stream stream, float scale, int mask_kind)
+      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("ptp-attention runs on the CPU stream only");
+  }
+  const char* name() const override { return "PTPAttention"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const Attention&>(other);
+    return scale_ == o.scale_ && mask_kind_ == o.mask_kind_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  float scale_;
+  int mask_kind_;  // 0: none (causal is built by the caller), 1: bool, 2: additive float32
+};
+
+void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const mx::array& q = inputs[0];  // [B, Hq, L, D], last axis contiguous
+  const mx::array& k = inputs[1];  // [B, Hkv, S, D], last axis contiguous
+  const mx::array& v = inputs[2];
+  mx::array& out = outputs[0];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  const int mk = mask_kind_;
+  std::optional<mx::array> mask;
+  if (mk != 0) mask = mx::array::unsafe_weak_copy(inputs[3]);
+  encoder.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
+                    v = mx::array::unsafe_weak_copy(v), mask, mk, op = out.data<float>(), scale = scale_]() {
+    const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+    const int Hkv = k.shape(1), S = k.shape(2), rep = Hq / Hkv;
+    const mx::Shape full = {B, Hq, L, S};
+    thread_local std::vector<float> qbuf, kbuf, vbuf, kt, qs, sc, c, pf;
+    thread_local std::vector<int> vis, nvis;
+    const View4 qv = dense_last(q, qbuf), kv = dense_last(k, kbuf), vv = dense_last(v, vbuf);
+    View4 mv{nullptr, {0, 0, 0, 0}};
+    if (mask) mv = view4(*mask, full);
+    const int R = rep * L;  // the query rows that share one key/value head
+    const int KB = 2 * LANES;  // keys (scores) or columns (output) a row block holds per pass
+    const int Sp = (S + KB - 1) / KB * KB;
+    qs.assign(static_cast<size_t>(RB) * D, 0.0f);
+    sc.resize(static_cast<size_t>(RB) * Sp);
+    c.resize(S + LANES);
+    pf.resize(static_cast<size_t>(RB) * Sp);
+    vis.resize(static_cast<size_t>(R) * S);
+    nvis.resize(R);
+    const float ninf = -std::numeric_limits<float>::infinity();
+    const float* Q = reinterpret_cast<const float*>(qv.data);
+    const float* K = reinterpret_cast<const float*>(kv.data);
+    const float* V = reinterpret_cast<const float*>(vv.data);
+    for (int b = 0; b < B; ++b)
+      for (int g = 0; g < Hkv; ++g) {
+        // Each row's visible keys, in increasing order, and the end of the keys any row sees.
+        int send = 0;
+        for (int r = 0; r < R; ++r) {
+          const int h = g * rep + r / L, l = r % L;
+          int* vr = vis.data() + static_cast<size_t>(r) * S;
+          int n = 0;
+          if (mk == 0) {
+            for (int s = 0; s < S; ++s) vr[n++] = s;
+          } else if (mk == 1) {
+            const bool* mr = reinterpret_cast<const bool*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
+            for (int s = 0; s < S; ++s)
+              if (mr[s * mv.st[3]]) vr[n++] = s;
+          } else {
+            const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
+            for (int s = 0; s < S; ++s)
+              if (mr[s * mv.st[3]] != ninf) vr[n++] = s;
+          }
+          nvis[r] = n;
+          if (n > 0 && vr[n - 1] + 1 > send) send = vr[n - 1] + 1;
+        }
+        // Those keys transposed, [D, width], so that scores are multiply-adds over keys in lanes: each score is
+        // the sum over d in order, whatever lane or slot its key has.
+        const int width = (send + KB - 1) / KB * KB;
+        kt.assign(static_cast<size_t>(D) * width, 0.0f);
+        const float* kb = K + b * kv.st[0] + g * kv.st[1];
+        for (int s = 0; s < send; ++s) {
+          const float* ks = kb + s * kv.st[2];
+          for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * width + s] = ks[d];
+        }
+        const float* vb = V + b * vv.st[0] + g * vv.st[1];
+        // Rows in blocks of RB: each load of a key's K or V serves the block's rows (a missing row: zeros).
+        for (int r0 = 0; r0 < R; r0 += RB) {
+          const int nr = R - r0 < RB ? R - r0 : RB;
+          for (int i = 0; i < RB; ++i) {
+            float* qd = qs.data() + static_cast<size_t>(i) * D;
+            if (i >= nr) {
+              std::fill(qd, qd + D, 0.0f);
+              continue;
+            }
+            const int h = g * rep + (r0 + i) / L, l = (r0 + i) % L;
+            const float* qr = Q + b * qv.st[0] + h * qv.st[1] + l * qv.st[2];
+            for (int d = 0; d < D; ++d) qd[d] = qr[d] * scale;
+          }
+          for (int s0 = 0; s0 < width; s0 += KB) {
+            v16 a[RB][2] = {};
+            const float* kr = kt.data() + s0;
+            for (int d = 0; d < D; ++d, kr += width) {
+              const v16 k0 = load(kr), k1 = load(kr + LANES);
+              for (int i = 0; i < RB; ++i) {
+                const v16 qd = splat(qs[static_cast<size_t>(i) * D + d]);
+                a[i][0] += qd * k0;
+                a[i][1] += qd * k1;
+              }
+            }
+            for (int i = 0; i < RB; ++i) {
+              store(sc.data() + static_cast<size_t>(i) * Sp + s0, a[i][0]);
+              store(sc.data() + static_cast<size_t>(i) * Sp + s0 + LANES, a[i][1]);
+            }
+          }
+          // Per row: the visible scores packed in order (padded with -inf to whole vectors), their softmax in
+          // lanes, then the probabilities spread back over the keys (zero where the row does not see).
+          for (int i = 0; i < RB; ++i) {
+            float* p = pf.data() + static_cast<size_t>(i) * Sp;
+            std::fill(p, p + width, 0.0f);
+            if (i >= nr) continue;
+            const int r = r0 + i, n = nvis[r];
+            const int* vr = vis.data() + static_cast<size_t>(r) * S;
+            if (n == 0) continue;
+            const float* si = sc.data() + static_cast<size_t>(i) * Sp;
+            if (mk == 2) {
+              const int h = g * rep + r / L, l = r % L;
+              const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
+              for (int j = 0; j < n; ++j) c[j] = si[vr[j]] + mr[vr[j] * mv.st[3]];
+            } else {
+              for (int j = 0; j < n; ++j) c[j] = si[vr[j]];
+            }
+            const int np = (n + LANES - 1) / LANES * LANES;
+            for (int j = n; j < np; ++j) c[j] = ninf;
+            v16 mx16 = splat(ninf);
+            for (int j = 0; j < np; j += LANES) {
+              const v16 x = load(c.data() + j);
+              mx16 = x > mx16 ? x : mx16;
+            }
+            float m = ninf;
+            for (int j = 0; j < LANES; ++j) m = mx16[j] > m ? mx16[j] : m;
+            v16 sum{};
+            for (int j = 0; j < np; j += LANES) {
+              const v16 e = exp16(load(c.data() + j) - m);  // the padding: exp(-inf) = 0
+              store(c.data() + j, e);
+              sum += e;
+            }
+            const float inv = 1.0f / lane_sum(sum);
+            for (int j = 0; j < n; ++j) p[vr[j]] = c[j] * inv;
+          }
+          // Output: for each column block, the sum over keys in order; a key no row of the block sees is skipped
+          // (for the others its probability is zero: adding 0 * v changes no bit).
+          int lo = send, hi = 0;
+          for (int i = 0; i < nr; ++i) {
+            const int r = r0 + i, n = nvis[r];
+            if (n == 0) continue;
+            const int* vr = vis.data() + static_cast<size_t>(r) * S;
+            lo = vr[0] < lo ? vr[0] : lo;
+            hi = vr[n - 1] + 1 > hi ? vr[n - 1] + 1 : hi;
+          }
+          float* ob[RB];
+          for (int i = 0; i < RB; ++i) {
+            const int r = r0 + (i < nr ? i : 0), h = g * rep + r / L, l = r % L;
+            ob[i] = op + ((static_cast<int64_t>(b) * Hq + h) * L + l) * D;
+          }
+          int d0 = 0;
+          for (; d0 + KB <= D; d0 += KB) {
+            v16 a[RB][2] = {};
+            for (int s = lo; s < hi; ++s) {
+              bool any = false;
+              for (int i = 0; i < RB; ++i) any |= pf[static_cast<size_t>(i) * Sp + s] != 0.0f;
+              if (!any) continue;
+              const float* vs = vb + s * vv.st[2] + d0;
+              const v16 v0 = load(vs), v1 = load(vs + LANES);
+              for (int i = 0; i < RB; ++i) {
+                const v16 pi = splat(pf[static_cast<size_t>(i) * Sp + s]);
+                a[i][0] += pi * v0;
+                a[i][1] += pi * v1;
+              }
+            }
+            for (int i = 0; i < nr; ++i) {
+              store(ob[i] + d0, a[i][0]);
+              store(ob[i] + d0 + LANES, a[i][1]);
+            }
+          }
+          for (; d0 < D; ++d0) {  // columns past the last whole block
+            for (int i = 0; i < nr; ++i) {
+              float a0 = 0.0f;
+              for (int s = lo; s < hi; ++s)  // fused explicitly: however this loop is compiled, one rounding a term
+                a0 = std::fma(pf[static_cast<size_t>(i) * Sp + s], vb[s * vv.st[2] + d0], a0);
+              ob[i][d0] = a0;
+            }
+          }
+          for (int i = 0; i < nr; ++i)
+            if (nvis[r0 + i] == 0)  // a row that sees nothing: the graph form's softmax gives NaN
+              std::fill(ob[i], ob[i] + D, std::numeric_limits<float>::quiet_NaN());
+        }
+      }
+  });
+}
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+                    std::optional<mx::array> mask) {
+  auto check = [](bool ok, const char* what) {
+    if (!ok) throw std::invalid_argument(std::string("attention: ") + what);
+  };
+  check(q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32, "float32 q, k, v");
+  check(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4, "q, k, v are [B, H, rows, D]");
+  check(k.shape() == v.shape() && k.shape(0) == q.shape(0) && k.shape(3) == q.shape(3), "k and v match q");
+  check(k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0, "query heads are a multiple of key heads");
+  int kind = 0;
+  std::vector<mx::array> inputs = {q, k, v};
+  if (mask) {
+    check(mask->dtype() == mx::bool_ || mask->dtype() == mx::float32, "a bool or float32 mask");
+    check(mask->ndim() >= 1 && mask->ndim() <= 4, "a mask of at most 4 axes");
+    const mx::Shape full = {q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
+    const int off = 4 - static_cast<int>(mask->ndim());
+    for (int d = 0; d < static_cast<int>(mask->ndim()); ++d)
+      check(mask->shape(d) == 1 || mask->shape(d) == full[d + off], "a mask that broadcasts to [B, Hq, rows, keys]");
+    kind = mask->dtype() == mx::bool_ ? 1 : 2;
+    inputs.push_back(*mask);
+  }
+  auto stream = mx::default_stream(mx::Device::cpu);
+  return mx::array(q.shape(), mx::float32, std::make_shared<Attention>(stream, scale, kind), std::move(inputs));
+}
+
+}  // namespace
+
+void register_attention(nb::module_& m) {
+  m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
+        nb::arg("mask") = nb::none(),
+        "softmax(q k^T * scale + mask) v over each row's visible keys; q [B, Hq, L, D], k and v [B, Hkv, S, D]. "
+        "The last axis of q, k and v must be contiguous.");
+}
