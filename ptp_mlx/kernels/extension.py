@@ -124,7 +124,12 @@ def build(force: bool = False) -> tuple[str | None, str]:
         return None, f"cannot write {target.parent}: {e.strerror or type(e).__name__}"
     try:
         (work / "CMakeLists.txt").write_text(
-            CMAKE.format(module=MODULE, sources=" ".join(f'"{p.resolve()}"' for p in SOURCES), flags=" ".join(FLAGS), mlx_lib=mlx_root / "lib")
+            CMAKE.format(
+                module=MODULE,
+                sources=" ".join(f'"{p.resolve()}"' for p in SOURCES),
+                flags=" ".join(FLAGS),
+                mlx_lib=mlx_root / "lib",
+            )
         )
         configure = [
             cmake, "-S", str(work), "-B", str(work / "build"), "-DCMAKE_BUILD_TYPE=Release",
