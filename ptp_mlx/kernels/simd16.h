@@ -1,4 +1,4 @@
-// 16-float vectors for ptp-mlx's CPU primitives (attention.cpp, swiglu.cpp): GCC and Clang vector extensions, one
+// 16-float vectors for ptp-mlx's CPU primitives (attention.cpp, rowwise.cpp): GCC and Clang vector extensions, one
 // AVX-512 register, two AVX2 or four NEON ones, so that the lanes, and with them every rounding, are the same on
 // every machine and in every loop. Multiply-adds written `a += b * c` are fused where the target has FMA (GNU
 // mode contracts them), the same way in every loop of one build.

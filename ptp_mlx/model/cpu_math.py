@@ -27,7 +27,7 @@ import threading
 import mlx.core as mx
 
 from ..fused_exp import exp
-from .kv import LayerKV
+from .kv import LayerKV, in_our_pass, mark_pass
 
 _local = threading.local()  # .ours: the latest attention call of this thread ran on our K/V state
 
@@ -60,9 +60,9 @@ def silu(x: mx.array) -> mx.array:
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
-    """``silu(gate) * x``: one primitive (``kernels/swiglu.cpp``) for float32 where the extension is built (it is
+    """``silu(gate) * x``: one primitive (``kernels/rowwise.cpp``) for float32 where the extension is built (it is
     elementwise, so every pass length takes it), else with ``exp`` above."""
-    fused = _fused("swiglu")
+    fused = fused_op("swiglu")
     if fused is not None and gate.dtype == mx.float32 and x.dtype == mx.float32 and gate.shape == x.shape:
         return fused(gate, x)
     return silu(gate) * x
@@ -87,7 +87,7 @@ def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
         mask = _causal(L, S)
     if mask is not None and mask.ndim == 4 and mask.shape[1] not in (1, Hq):
         return None
-    fused = _fused("attention")
+    fused = fused_op("attention")
     if fused is not None and L <= FUSED_MAX_ROWS and queries.dtype == mx.float32 and keys.dtype == mx.float32:
         if mask is not None and mask.dtype != mx.bool_:
             mask = mask.astype(mx.float32)
@@ -115,10 +115,11 @@ def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
 FUSED_MAX_ROWS = 64
 
 
-def _fused(name: str):
-    """The extension's ``attention`` or ``swiglu`` (``kernels/``), or None: not built, or ``PTP_MLX_ATTENTION=0``
-    / ``PTP_MLX_SWIGLU=0`` (the graph forms, for comparison)."""
-    if os.environ.get(f"PTP_MLX_{name.upper()}", "1").lower() in ("0", "false", "no", "off"):
+def fused_op(name: str):
+    """The extension's ``attention``, ``swiglu``, ``rms_norm`` or ``rope_table`` (``kernels/``), or None: not on
+    the CPU device, not built, or switched off (``PTP_MLX_CPU_MATH=0`` for all, ``PTP_MLX_<NAME>=0`` for one: the
+    graph forms, for comparison)."""
+    if not enabled() or os.environ.get(f"PTP_MLX_{name.upper()}", "1").lower() in ("0", "false", "no", "off"):
         return None
     from ..kernels.extension import module
 
@@ -126,10 +127,25 @@ def _fused(name: str):
     return None if mod is None else getattr(mod, name)
 
 
+def _rms_norm_dispatcher(stock):
+    def rms_norm(x, weight, eps, *args, **kwargs):
+        # Passes over our K/V state only (``kv.mark_pass``): training's and mlx-lm's own keep the stock norm, and
+        # every pass over our state, prefill included, takes the same form, so no row is compared across the two.
+        if in_our_pass() and not args and not kwargs and x.dtype == mx.float32:
+            fused = fused_op("rms_norm")
+            if fused is not None and (weight is None or (weight.dtype == mx.float32 and weight.ndim == 1)):
+                return fused(x, weight, float(eps))
+        return stock(x, weight, eps, *args, **kwargs)
+
+    rms_norm.ptp_stock = stock
+    return rms_norm
+
+
 def _attention_dispatcher(stock):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         ours = sinks is None and isinstance(cache, LayerKV) and enabled()
         _local.ours = ours  # (this layer's SwiGLU, called next, follows)
+        mark_pass(ours)  # (and the norms after it)
         out = attention(queries, keys, values, scale, mask) if ours else None
         if out is None:
             return stock(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
@@ -149,7 +165,9 @@ def _swiglu_dispatcher(stock):
 
 def install(layers) -> None:
     """Route the attention and SwiGLU of these transformer layers through the dispatchers (once per family
-    module)."""
+    module), and ``mx.fast.rms_norm`` through its dispatcher (once per process)."""
+    if not hasattr(mx.fast.rms_norm, "ptp_stock"):
+        mx.fast.rms_norm = _rms_norm_dispatcher(mx.fast.rms_norm)
     for name in {type(getattr(layer, "self_attn", layer)).__module__ for layer in layers}:
         mod = sys.modules.get(name)
         if mod is None:

@@ -19,11 +19,24 @@ mlx-lm's attention talks to one ``LayerKV`` per layer (``state[i]``): ``offset``
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.models.cache import create_attention_mask
+
+_pass = threading.local()  # .ours: the pass this thread is building runs over our K/V state
+
+
+def mark_pass(ours: bool) -> None:
+    """Say whether the pass this thread builds runs over our K/V state. Every pass starts out
+    (``layers.TokenEmbedding``); our state's ``make_mask`` and each attention call over it say so."""
+    _pass.ours = ours
+
+
+def in_our_pass() -> bool:
+    return getattr(_pass, "ours", False)
 
 CHUNK = 256  # capacity and attention views grow in whole chunks of this many rows
 
@@ -66,6 +79,7 @@ class LayerKV:
         return self._state._write(self._i, keys, values)
 
     def make_mask(self, N: int, window_size: int | None = None, return_array: bool = False):
+        mark_pass(True)  # a pass over our K/V state: its norms take one primitive each (model/cpu_math.py)
         return self._state._mask(N, window_size, return_array)
 
     # mlx-lm's cache verbs (``trim_prompt_cache`` calls them on every layer with the same count): the offset is

@@ -28,7 +28,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from ..errors import UserError
 from . import cpu_math
 from .fused import FusedGate
-from .kv import KVState
+from .kv import KVState, mark_pass
 from .rope import table_rope, uses_table
 from .shape import CallPlan, FixedPlan, PassKind
 
@@ -76,6 +76,7 @@ class TokenEmbedding(nn.Module):
         self._ctx = ctx
 
     def __call__(self, ids: mx.array) -> mx.array:
+        mark_pass(False)  # every pass starts here; one over our K/V state says so next (``LayerKV.make_mask``)
         aux = self._ctx.aux
         if aux is not None and ids.size == 0:  # auxiliary rows only (training); quantized lookups reject empty ids
             e = self.embedding

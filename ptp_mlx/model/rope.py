@@ -21,6 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from . import cpu_math
+
 # RoPE modules whose ``__call__`` is ``mx.fast.rope(x, ...)`` of the unscaled input.
 _PLAIN_ROPE = ("RoPE", "Llama3RoPE")
 
@@ -67,6 +69,9 @@ def table_rope(rope: nn.Module, x: mx.array, positions: mx.array, tables: dict) 
         tables[key] = _table(rope, positions, x.dtype)
     cos, sin = tables[key]
     dims, half = rope.dims, rope.dims // 2
+    fused = cpu_math.fused_op("rope_table")
+    if fused is not None and x.dtype == mx.float32:  # one node, the same products and sums: the same bits
+        return fused(x, cos, sin, dims, rope.traditional)
     if rope.traditional:
         x1, x2 = x[..., 0:dims:2], x[..., 1:dims:2]
     else:
