@@ -1,0 +1,186 @@
+"""ptp-mlx's one-node CPU primitives (ptp_mlx/kernels/attention.cpp, rowwise.cpp): attention over our K/V state,
+SwiGLU, RMS norm and the table RoPE.
+
+Each agrees with its graph form (RoPE bit for bit, the others to rounding) and computes a row the same way whatever
+rows surround it, how many there are and, for attention, at which slots its visible keys sit (a tree strand's
+ancestors): the batch invariance PTP's exactness rests on. The norm runs only in passes over our K/V state, never in
+mlx-lm's own steps or in training. Without the extension, the graph forms run."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import ptp_mlx  # noqa: F401  (the sgemm before MLX)
+
+# isort: split
+import mlx.core as mx
+import mlx.nn as nn
+
+from ptp_mlx.kernels import extension
+from ptp_mlx.model import cpu_math
+from ptp_mlx.model.rope import _table, table_rope
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built on Linux only")
+
+
+@pytest.fixture(scope="module")
+def ops():
+    mod = extension.module()
+    if mod is None:
+        pytest.skip(f"the CPU primitives are not available here: {extension._state['why']}")
+    return mod
+
+
+def _graph_attention(monkeypatch, q, k, v, scale, mask):
+    monkeypatch.setenv("PTP_MLX_ATTENTION", "0")
+    try:
+        return cpu_math.attention(q, k, v, scale, mask)
+    finally:
+        monkeypatch.delenv("PTP_MLX_ATTENTION")
+
+
+def _mask(rng, kind: str, L: int, S: int, ctx: int):
+    if kind == "none":
+        return None
+    sees = np.arange(S)[None] <= np.arange(ctx, ctx + L)[:, None]
+    if kind == "tree":  # rows that skip some keys, as a tree strand skips its siblings
+        sees &= rng.random((L, S)) < 0.7
+        sees[:, 0] = True
+    if kind == "additive":
+        return mx.array(np.where(sees, 0.0, -np.inf).astype(np.float32))
+    return mx.array(sees)
+
+
+@pytest.mark.parametrize("kind", ["bool", "additive", "tree", "none"])
+@pytest.mark.parametrize(
+    "B,Hq,Hkv,D,S,L", [(1, 9, 3, 64, 256, 1), (1, 9, 3, 64, 256, 7), (2, 4, 2, 80, 40, 5), (1, 6, 2, 72, 33, 9)]
+)
+def test_attention_agrees_with_the_graph_and_a_row_alone_is_the_same_bits(ops, monkeypatch, kind, B, Hq, Hkv, D, S, L):
+    rng = np.random.default_rng(S + L)
+    q = mx.array(rng.standard_normal((B, L, Hq, D)).astype(np.float32)).transpose(0, 2, 1, 3)  # a strided view
+    k = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))
+    v = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))
+    mask = _mask(rng, kind, L, S, S - L - 2)
+    got = ops.attention(q, k, v, 0.3, mask)
+    want = _graph_attention(monkeypatch, q, k, v, 0.3, mask)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=2e-5)
+    for l in range(L):
+        one = ops.attention(q[:, :, l : l + 1], k, v, 0.3, None if mask is None else mask[l : l + 1])
+        assert np.array_equal(np.array(one), np.array(got[:, :, l : l + 1]))
+
+
+def test_attention_depends_on_the_visible_keys_in_order_not_on_their_slots(ops):
+    """A strand's row sees its ancestors at other slots than a plain step's row does: same bits."""
+    rng = np.random.default_rng(3)
+    S, D = 48, 64
+    keys = rng.standard_normal((20, D)).astype(np.float32)
+    vals = rng.standard_normal((20, D)).astype(np.float32)
+    q = mx.array(rng.standard_normal((1, 3, 1, D)).astype(np.float32))
+    results = []
+    for slots in (np.arange(20), np.sort(rng.choice(S, 20, replace=False))):
+        k, v = np.zeros((1, 1, S, D), np.float32), np.ones((1, 1, S, D), np.float32)  # unseen slots hold junk
+        k[0, 0, slots], v[0, 0, slots] = keys, vals
+        sees = np.zeros((1, S), bool)
+        sees[0, slots] = True
+        results.append(np.array(ops.attention(q, mx.array(k), mx.array(v), 0.125, mx.array(sees))))
+    assert np.array_equal(results[0], results[1])
+
+
+def test_a_row_that_sees_no_key_is_nan_as_in_the_graph(ops):
+    q = mx.ones((1, 1, 2, 16))
+    k = mx.ones((1, 1, 4, 16))
+    out = np.array(ops.attention(q, k, k, 1.0, mx.array([[True, False, False, False], [False] * 4])))
+    assert np.isfinite(out[0, 0, 0]).all() and np.isnan(out[0, 0, 1]).all()
+
+
+@pytest.mark.parametrize("n", [576, 1536, 37])
+def test_swiglu_agrees_and_an_element_never_depends_on_its_place(ops, n):
+    rng = np.random.default_rng(n)
+    g = mx.array((rng.standard_normal((5, n)) * 6).astype(np.float32))
+    x = mx.array(rng.standard_normal((5, n)).astype(np.float32))
+    got = np.array(ops.swiglu(g, x))
+    np.testing.assert_allclose(got, np.array(g * mx.sigmoid(g) * x), rtol=2e-6, atol=1e-6)
+    # The same values shifted by 5 places (another lane, or the padded tail) and one row alone: the same bits.
+    gs, xs = mx.concatenate([g[:, :5] * 0, g], 1), mx.concatenate([x[:, :5] * 0, x], 1)
+    assert np.array_equal(np.array(ops.swiglu(gs, xs))[:, 5:], got)
+    assert np.array_equal(np.array(ops.swiglu(g[2:3], x[2:3])), got[2:3])
+    both = mx.split(mx.concatenate([g, x], axis=-1), 2, axis=-1)  # views of a fused gate|up product
+    assert np.array_equal(np.array(ops.swiglu(*both)), got)
+
+
+def test_swiglu_ends():
+    g = mx.array([-200.0, -88.5, 0.0, 88.5, 200.0, float("nan")])
+    got = np.array(cpu_math.swiglu(g, mx.ones_like(g)))
+    assert got[0] == 0 and got[2] == 0 and got[3] == np.float32(88.5) and got[4] == 200 and np.isnan(got[5])
+
+
+@pytest.mark.parametrize("n", [576, 100])
+def test_rms_norm_agrees_and_rows_are_their_own(ops, n):
+    rng = np.random.default_rng(n)
+    x = mx.array(rng.standard_normal((3, 7, n)).astype(np.float32))
+    w = mx.array(rng.standard_normal(n).astype(np.float32))
+    for weight in (w, None):
+        got = np.array(ops.rms_norm(x, weight, 1e-5))
+        want = np.array(cpu_math._rms_norm_dispatcher(mx.fast.rms_norm).ptp_stock(x, weight, 1e-5))
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6)
+        assert np.array_equal(np.array(ops.rms_norm(x[1:2, 3:4], weight, 1e-5)), got[1:2, 3:4])
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims", [64, 32])
+def test_table_rope_is_the_graph_form_bit_for_bit(ops, monkeypatch, traditional, dims):
+    rng = np.random.default_rng(dims)
+    rope = nn.RoPE(dims, traditional=traditional, base=10000)
+    pos = mx.array([5, 9, 10, 11, 13, 40, 41], dtype=mx.int32)
+    x = mx.array(rng.standard_normal((1, 7, 9, 64)).astype(np.float32)).transpose(0, 2, 1, 3)
+    got = table_rope(rope, x, pos, {})
+    monkeypatch.setenv("PTP_MLX_ROPE_TABLE", "0")
+    want = table_rope(rope, x, pos, {})
+    cos, sin = _table(rope, pos, mx.float32)
+    assert np.array_equal(np.array(got), np.array(want))
+    assert np.array_equal(np.array(ops.rope_table(x, cos, sin, dims, traditional)), np.array(want))
+    stock = mx.swapaxes(rope(mx.swapaxes(x, 0, 2), offset=pos), 0, 2)  # MLX's own, one offset per row
+    assert np.array_equal(np.array(got), np.array(stock))
+
+
+def _names(*outs) -> set[str]:
+    import os
+    import re
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *outs)
+        with open(path) as f:
+            return set(re.findall(r'label ="([^"]+)", shape=rectangle', f.read()))
+    finally:
+        os.unlink(path)
+
+
+def test_the_norm_primitive_runs_only_in_passes_over_our_state(ops, tiny):
+    """Our K/V state: one node per norm. mlx-lm's own cache right after (the bench's mlx-lm method): the stock
+    norm, with nothing of ours."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from ptp_mlx.model.ptp import PTPModel
+
+    pm = PTPModel(tiny[0], None, None)
+    ids = mx.array([[1, 2, 3, 4]])
+    ours = pm.base(ids, cache=pm.make_cache())
+    assert {"PTPRMSNorm", "PTPAttention"} <= _names(ours)
+    stock = pm.base(ids, cache=make_prompt_cache(pm.base))
+    assert not {n for n in _names(stock) if n.startswith("PTP")}
+
+
+def test_without_the_extension_the_graph_forms_run(monkeypatch):
+    monkeypatch.setattr(extension, "_state", {"module": None, "tried": True, "why": "test"})
+    for name in ("attention", "swiglu", "rms_norm", "rope_table"):
+        assert cpu_math.fused_op(name) is None
+    q = mx.ones((1, 2, 3, 8))
+    out = cpu_math.attention(q, q, q, 0.5, "causal")
+    assert out is not None and "PTPAttention" not in _names(out)
+    assert "PTPSwiGLU" not in _names(cpu_math.swiglu(q, q))
