@@ -67,9 +67,9 @@ def test_attention_agrees_with_the_graph_and_a_row_alone_is_the_same_bits(ops, m
     got = ops.attention(q, k, v, 0.3, mask)
     want = _graph_attention(monkeypatch, q, k, v, 0.3, mask)
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=2e-5)
-    for l in range(L):
-        one = ops.attention(q[:, :, l : l + 1], k, v, 0.3, None if mask is None else mask[l : l + 1])
-        assert np.array_equal(np.array(one), np.array(got[:, :, l : l + 1]))
+    for r in range(L):
+        one = ops.attention(q[:, :, r : r + 1], k, v, 0.3, None if mask is None else mask[r : r + 1])
+        assert np.array_equal(np.array(one), np.array(got[:, :, r : r + 1]))
 
 
 def test_attention_depends_on_the_visible_keys_in_order_not_on_their_slots(ops):
@@ -184,3 +184,29 @@ def test_without_the_extension_the_graph_forms_run(monkeypatch):
     out = cpu_math.attention(q, q, q, 0.5, "causal")
     assert out is not None and "PTPAttention" not in _names(out)
     assert "PTPSwiGLU" not in _names(cpu_math.swiglu(q, q))
+
+
+@pytest.mark.parametrize("V", [49152, 1000, 130])
+def test_the_aux_head_reads_what_the_graph_reads(ops, V):
+    """Drafts, their probabilities, three runner-ups (ties to the lower id) and the top probability at T."""
+    rng = np.random.default_rng(V)
+    x = (rng.standard_normal((6, V)) * 3).astype(np.float32)
+    x[1, 7] = x[1, 900 % V] = x[1].max() + 1  # a tie for the argmax: the lower id wins
+    x[2, [5, 60, 61]] = x[2].max() + 1  # a tie among runner-ups
+    x[3, -1] = x[3].max() + 2  # the argmax in the last, partial block
+    top, conf, alt, alt_conf, top_prob = (np.array(a) for a in ops.aux_head(mx.array(x), 3, 1 / 0.7))
+    p = np.exp(x - x.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    pt = np.exp((x - x.max(1, keepdims=True)) / 0.7)
+    pt /= pt.sum(1, keepdims=True)
+    for i in range(6):
+        order = sorted(range(V), key=lambda j: (-x[i, j], j))
+        assert top[i] == order[0] and list(alt[i]) == order[1:4]
+        np.testing.assert_allclose(conf[i], p[i, order[0]], rtol=1e-5)
+        np.testing.assert_allclose(alt_conf[i], p[i, order[1:4]], rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose(top_prob[i], pt[i, order[0]], rtol=1e-5)
+
+
+def test_the_aux_head_of_a_tiny_vocabulary(ops):
+    top, conf, alt, alt_conf, top_prob = (np.array(a) for a in ops.aux_head(mx.array([[0.0, 2.0, 1.0]]), 3, 0.0))
+    assert top[0] == 1 and list(alt[0]) == [2, 0, 1] and alt_conf[0, 2] == 0 and top_prob[0] == 0

@@ -87,6 +87,15 @@ def outputs_head(spec: CallSpec, logits: mx.array, inputs: CallInputs) -> CallOu
         out.scored = hook.score(rows, targets)
     if shape.windows:
         aux = logits[n_tok:].astype(mx.float32)
+        head = cpu_math.fused_op("aux_head")
+        if head is not None:  # one node on the CPU (kernels/heads.cpp): the same reads, ties to the lower id
+            inv_t = 1.0 / s.temperature if shape.reads_top_prob else 0.0
+            out.aux_top, out.aux_conf, alt, alt_conf, top_prob = head(aux, ALTS if shape.runner_up else 0, inv_t)
+            if shape.reads_top_prob:
+                out.top_prob = top_prob
+            if shape.runner_up:
+                out.alt, out.alt_conf = alt, alt_conf
+            return out
         top = mx.argmax(aux, axis=-1)
         best = mx.max(aux, axis=-1)
         # (the drafts' confidences only price rows: the CPU's exp is dear, the fused one is close enough)

@@ -1,6 +1,6 @@
 """ptp-mlx's CPU primitives: a fused projection group and its gated LoRA (``gated_linear.cpp``), a layer's
-attention over our K/V state (``attention.cpp``), and SwiGLU, RMS norm and a table RoPE (``rowwise.cpp``), each one
-MLX primitive on the CPU.
+attention over our K/V state (``attention.cpp``), SwiGLU, RMS norm and a table RoPE (``rowwise.cpp``), and what a
+call reads from its auxiliary rows' logits (``heads.cpp``), each one MLX primitive on the CPU.
 
 Each source says why. They are one MLX C++ extension, built at first use with CMake and nanobind (the
 nanobind whose internals MLX's own bindings were built with, so arrays pass between the two) into
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from . import cpu_key, kernel_dir, shared_path
 
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("gated_linear.cpp", "attention.cpp", "rowwise.cpp"))
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("gated_linear.cpp", "attention.cpp", "rowwise.cpp", "heads.cpp"))
 HEADERS = (Path(__file__).with_name("simd16.h"),)
 MODULE = "_ptp_cpu_ops"
 FLAGS = ["-O3", "-march=native"]

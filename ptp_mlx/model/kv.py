@@ -38,6 +38,7 @@ def mark_pass(ours: bool) -> None:
 def in_our_pass() -> bool:
     return getattr(_pass, "ours", False)
 
+
 CHUNK = 256  # capacity and attention views grow in whole chunks of this many rows
 
 
