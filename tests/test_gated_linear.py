@@ -7,6 +7,7 @@ cannot be built, decoding keeps the graph form with one notice."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,7 +106,10 @@ def test_without_cmake_decoding_keeps_the_graph_form_with_one_notice(tmp_path, m
     assert extension.build() == (None, "no cmake found")
     assert extension.module() is None and extension.module() is None
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["notice: ptp-gated-linear not built (no cmake found); the adapter's LoRA runs as graph nodes"]
+    assert err == [
+        "notice: ptp-mlx's CPU primitives not built (no cmake found); the adapter's LoRA, attention, norms and heads "
+        "run as graph nodes (slower)"
+    ]
     assert extension.gated_state() == "off (no cmake found)"
 
 
@@ -130,3 +134,19 @@ def test_cmake_comes_from_the_wheel_where_the_system_has_none(monkeypatch):
     monkeypatch.setattr(extension.shutil, "which", lambda name: None)
     path = extension._cmake()
     assert path is not None and path.endswith("cmake")
+
+
+@linux
+def test_mlx_is_found_by_its_core_module_not_a_folder_named_mlx(tmp_path, monkeypatch):
+    """``mlx`` is a namespace package: a folder named mlx first on sys.path (MLX's own JIT cache, /tmp/mlx, when a
+    script runs from /tmp) joins its path, and CMake was pointed there (the build failed)."""
+    (tmp_path / "mlx").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(extension, "shared_path", lambda name: None)
+    monkeypatch.setattr(extension, "kernel_dir", lambda: tmp_path / "kernels")
+    seen = []
+    monkeypatch.setattr(extension, "_run", lambda cmd, cwd: seen.append(cmd) or "stopped here")
+    assert extension.build() == (None, "stopped here")
+    root = next(a for a in seen[0] if a.startswith("-DMLX_ROOT="))
+    assert root == f"-DMLX_ROOT={Path(mx.__file__).resolve().parent}"

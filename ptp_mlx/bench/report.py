@@ -134,7 +134,7 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
 
 def _gated_tag(env: dict) -> str:
     """The header's note of the one-primitive LoRA (kernels/gated_linear.cpp) where it serves the run."""
-    return " + gated-linear" if env.get("gated_linear") == "in use" else ""
+    return " + cpu-ops" if env.get("gated_linear") == "in use" else ""
 
 
 def check_doc(

@@ -114,10 +114,12 @@ def build(force: bool = False) -> tuple[str | None, str]:
     failed = target.with_suffix(".failed")
     if failed.is_file() and not force:
         return None, failed.read_text(errors="replace").strip()
-    import mlx
+    import mlx.core
     import nanobind
 
-    mlx_root = Path(mlx.__path__[0])
+    # (the folder of mlx.core's own module: ``mlx`` is a namespace package, and a folder named mlx on sys.path,
+    # such as MLX's own JIT cache in /tmp when a script runs from there, would join its path first)
+    mlx_root = Path(mlx.core.__file__).resolve().parent
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{name}.build-", dir=target.parent))
@@ -208,7 +210,11 @@ def module():
     except Exception as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     _state["why"] = why
-    print(f"notice: ptp-gated-linear not built ({why}); the adapter's LoRA runs as graph nodes", file=sys.stderr)
+    print(
+        f"notice: ptp-mlx's CPU primitives not built ({why}); the adapter's LoRA, attention, norms and heads run as "
+        "graph nodes (slower)",
+        file=sys.stderr,
+    )
     return None
 
 
