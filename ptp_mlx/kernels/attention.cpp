@@ -115,14 +115,14 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
     const int Hkv = k.shape(1), S = k.shape(2), rep = Hq / Hkv;
     const mx::Shape full = {B, Hq, L, S};
-    thread_local std::vector<float> qbuf, kbuf, vbuf, kt, qs, sc, c, pf;
+    thread_local std::vector<float> qbuf, kbuf, vbuf, qs, sc, c, pf;
     thread_local std::vector<int> vis, nvis;
     const View4 qv = dense_last(q, qbuf), kv = dense_last(k, kbuf), vv = dense_last(v, vbuf);
     View4 mv{nullptr, {0, 0, 0, 0}};
     if (mask) mv = view4(*mask, full);
     const int R = rep * L;  // the query rows that share one key/value head
-    const int KB = 2 * LANES;  // keys (scores) or columns (output) a row block holds per pass
-    const int Sp = (S + KB - 1) / KB * KB;
+    const int KB = 2 * LANES;  // output columns a row block holds per pass
+    const int Sp = (S + LANES - 1) / LANES * LANES;
     qs.assign(static_cast<size_t>(RB) * D, 0.0f);
     sc.resize(static_cast<size_t>(RB) * Sp);
     c.resize(S + LANES);
@@ -155,15 +155,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
           nvis[r] = n;
           if (n > 0 && vr[n - 1] + 1 > send) send = vr[n - 1] + 1;
         }
-        // Those keys transposed, [D, width], so that scores are multiply-adds over keys in lanes: each score is
-        // the sum over d in order, whatever lane or slot its key has.
-        const int width = (send + KB - 1) / KB * KB;
-        kt.assign(static_cast<size_t>(D) * width, 0.0f);
         const float* kb = K + b * kv.st[0] + g * kv.st[1];
-        for (int s = 0; s < send; ++s) {
-          const float* ks = kb + s * kv.st[2];
-          for (int d = 0; d < D; ++d) kt[static_cast<size_t>(d) * width + s] = ks[d];
-        }
         const float* vb = V + b * vv.st[0] + g * vv.st[1];
         // Rows in blocks of RB: each load of a key's K or V serves the block's rows (a missing row: zeros).
         for (int r0 = 0; r0 < R; r0 += RB) {
@@ -178,27 +170,38 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
             const float* qr = Q + b * qv.st[0] + h * qv.st[1] + l * qv.st[2];
             for (int d = 0; d < D; ++d) qd[d] = qr[d] * scale;
           }
-          for (int s0 = 0; s0 < width; s0 += KB) {
-            v16 a[RB][2] = {};
-            const float* kr = kt.data() + s0;
-            for (int d = 0; d < D; ++d, kr += width) {
-              const v16 k0 = load(kr), k1 = load(kr + LANES);
-              for (int i = 0; i < RB; ++i) {
-                const v16 qd = splat(qs[static_cast<size_t>(i) * D + d]);
-                a[i][0] += qd * k0;
-                a[i][1] += qd * k1;
+          // Scores of keys [0, send): 16 keys at a time, each key's products in 16 lanes over d (chunks in order),
+          // the lanes summed by one fixed tree (sum16) that also gathers the 16 keys' scores into one vector. A
+          // key's score depends on nothing else: not its slot, its block or the rows beside it. K is read once
+          // per block of rows, in place (no copy).
+          for (int s0 = 0; s0 < send; s0 += LANES) {
+            const float* kr[LANES];
+            for (int t = 0; t < LANES; ++t) kr[t] = kb + std::min(s0 + t, send - 1) * kv.st[2];  // (the tail: repeats)
+            for (int i = 0; i < nr; ++i) {
+              const float* qd = qs.data() + static_cast<size_t>(i) * D;
+              v16 x[LANES] = {};
+              int d = 0;
+              for (; d + LANES <= D; d += LANES) {
+                const v16 qv16 = load(qd + d);
+                for (int t = 0; t < LANES; ++t) x[t] += qv16 * load(kr[t] + d);
               }
-            }
-            for (int i = 0; i < RB; ++i) {
-              store(sc.data() + static_cast<size_t>(i) * Sp + s0, a[i][0]);
-              store(sc.data() + static_cast<size_t>(i) * Sp + s0 + LANES, a[i][1]);
+              if (d < D) {  // a head size that is not a multiple of 16: the last chunk through padded copies
+                float tq[LANES] = {}, tk[LANES] = {};
+                std::copy(qd + d, qd + D, tq);
+                const v16 qv16 = load(tq);
+                for (int t = 0; t < LANES; ++t) {
+                  std::copy(kr[t] + d, kr[t] + D, tk);
+                  x[t] += qv16 * load(tk);
+                }
+              }
+              store(sc.data() + static_cast<size_t>(i) * Sp + s0, sum16(x));
             }
           }
           // Per row: the visible scores packed in order (padded with -inf to whole vectors), their softmax in
           // lanes, then the probabilities spread back over the keys (zero where the row does not see).
           for (int i = 0; i < RB; ++i) {
             float* p = pf.data() + static_cast<size_t>(i) * Sp;
-            std::fill(p, p + width, 0.0f);
+            std::fill(p, p + send, 0.0f);
             if (i >= nr) continue;
             const int r = r0 + i, n = nvis[r];
             const int* vr = vis.data() + static_cast<size_t>(r) * S;

@@ -48,4 +48,28 @@ inline float lane_sum(v16 x) {  // a fixed pairwise order
   return t[0];
 }
 
+// Lanes of two vectors picked by constant indices (0-15: a's, 16-31: b's).
+#if defined(__has_builtin) && __has_builtin(__builtin_shufflevector)
+#define PTP_SHUF(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+#define PTP_SHUF(a, b, ...) __builtin_shuffle(a, b, i16{__VA_ARGS__})
+#endif
+
+// The 16 lane sums of x[0..15], as one vector (lane t: the sum of x[t]'s lanes), by one fixed tree for every t:
+// lanes j and j + 8 first, then j and j + 4, j and j + 2, j and j + 1.
+inline v16 sum16(const v16* x) {
+  v16 y[8], z[4], w[2];
+  for (int t = 0; t < 8; ++t)
+    y[t] = PTP_SHUF(x[2 * t], x[2 * t + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           PTP_SHUF(x[2 * t], x[2 * t + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  for (int t = 0; t < 4; ++t)
+    z[t] = PTP_SHUF(y[2 * t], y[2 * t + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           PTP_SHUF(y[2 * t], y[2 * t + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  for (int t = 0; t < 2; ++t)
+    w[t] = PTP_SHUF(z[2 * t], z[2 * t + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           PTP_SHUF(z[2 * t], z[2 * t + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return PTP_SHUF(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         PTP_SHUF(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+
 }  // namespace ptp16
