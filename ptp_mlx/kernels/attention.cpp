@@ -116,7 +116,8 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     const int Hkv = k.shape(1), S = k.shape(2), rep = Hq / Hkv;
     const mx::Shape full = {B, Hq, L, S};
     thread_local std::vector<float> qbuf, kbuf, vbuf, qs, sc, c, pf;
-    thread_local std::vector<int> vis, nvis;
+    thread_local std::vector<int> vis, nvis, nscan;
+    thread_local std::vector<const int*> vrow;
     const View4 qv = dense_last(q, qbuf), kv = dense_last(k, kbuf), vv = dense_last(v, vbuf);
     View4 mv{nullptr, {0, 0, 0, 0}};
     if (mask) mv = view4(*mask, full);
@@ -127,33 +128,42 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     sc.resize(static_cast<size_t>(RB) * Sp);
     c.resize(S + LANES);
     pf.resize(static_cast<size_t>(RB) * Sp);
+    const bool shared = mk == 0 || (mv.st[0] == 0 && mv.st[1] == 0);
     vis.resize(static_cast<size_t>(R) * S);
     nvis.resize(R);
+    nscan.resize(R);
+    vrow.resize(R);
     const float ninf = -std::numeric_limits<float>::infinity();
     const float* Q = reinterpret_cast<const float*>(qv.data);
     const float* K = reinterpret_cast<const float*>(kv.data);
     const float* V = reinterpret_cast<const float*>(vv.data);
     for (int b = 0; b < B; ++b)
       for (int g = 0; g < Hkv; ++g) {
-        // Each row's visible keys, in increasing order, and the end of the keys any row sees.
+        // Each row's visible keys, in increasing order, and the end of the keys any row sees. A mask shared by
+        // the batch and the heads (every call's) is scanned once per row of the pass, not once per head.
         int send = 0;
         for (int r = 0; r < R; ++r) {
           const int h = g * rep + r / L, l = r % L;
-          int* vr = vis.data() + static_cast<size_t>(r) * S;
-          int n = 0;
-          if (mk == 0) {
-            for (int s = 0; s < S; ++s) vr[n++] = s;
-          } else if (mk == 1) {
-            const bool* mr = reinterpret_cast<const bool*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
-            for (int s = 0; s < S; ++s)
-              if (mr[s * mv.st[3]]) vr[n++] = s;
-          } else {
-            const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
-            for (int s = 0; s < S; ++s)
-              if (mr[s * mv.st[3]] != ninf) vr[n++] = s;
+          const int slot = shared ? l : r;
+          if (!shared || (b == 0 && g == 0 && r < L)) {
+            int* vr = vis.data() + static_cast<size_t>(slot) * S;
+            int n = 0;
+            if (mk == 0) {
+              for (int s = 0; s < S; ++s) vr[n++] = s;
+            } else if (mk == 1) {
+              const bool* mr = reinterpret_cast<const bool*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
+              for (int s = 0; s < S; ++s)
+                if (mr[s * mv.st[3]]) vr[n++] = s;
+            } else {
+              const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
+              for (int s = 0; s < S; ++s)
+                if (mr[s * mv.st[3]] != ninf) vr[n++] = s;
+            }
+            nscan[slot] = n;
           }
-          nvis[r] = n;
-          if (n > 0 && vr[n - 1] + 1 > send) send = vr[n - 1] + 1;
+          vrow[r] = vis.data() + static_cast<size_t>(slot) * S;
+          nvis[r] = nscan[slot];
+          if (nvis[r] > 0 && vrow[r][nvis[r] - 1] + 1 > send) send = vrow[r][nvis[r] - 1] + 1;
         }
         const float* kb = K + b * kv.st[0] + g * kv.st[1];
         const float* vb = V + b * vv.st[0] + g * vv.st[1];
@@ -204,7 +214,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
             std::fill(p, p + send, 0.0f);
             if (i >= nr) continue;
             const int r = r0 + i, n = nvis[r];
-            const int* vr = vis.data() + static_cast<size_t>(r) * S;
+            const int* vr = vrow[r];
             if (n == 0) continue;
             const float* si = sc.data() + static_cast<size_t>(i) * Sp;
             if (mk == 2) {
@@ -238,7 +248,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
           for (int i = 0; i < nr; ++i) {
             const int r = r0 + i, n = nvis[r];
             if (n == 0) continue;
-            const int* vr = vis.data() + static_cast<size_t>(r) * S;
+            const int* vr = vrow[r];
             lo = vr[0] < lo ? vr[0] : lo;
             hi = vr[n - 1] + 1 > hi ? vr[n - 1] + 1 : hi;
           }
