@@ -150,3 +150,13 @@ def test_mlx_is_found_by_its_core_module_not_a_folder_named_mlx(tmp_path, monkey
     assert extension.build() == (None, "stopped here")
     root = next(a for a in seen[0] if a.startswith("-DMLX_ROOT="))
     assert root == f"-DMLX_ROOT={Path(mx.__file__).resolve().parent}"
+
+
+@linux
+def test_a_recorded_failure_says_how_to_retry(tmp_path, monkeypatch):
+    monkeypatch.setattr(extension, "shared_path", lambda name: None)
+    monkeypatch.setattr(extension, "kernel_dir", lambda: tmp_path)
+    monkeypatch.setattr(extension, "_cmake", lambda: "cmake")
+    (tmp_path / extension.library_name()).with_suffix(".failed").write_text("cmake failed: no MLX\n")
+    path, why = extension.build()
+    assert path is None and why == "cmake failed: no MLX; `python -m ptp_mlx.kernels --force` retries"

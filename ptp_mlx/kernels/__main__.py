@@ -1,4 +1,5 @@
-"""``python -m ptp_mlx.kernels [--force]``: build ptp-sgemm and the CPU primitives (ptp-gated-linear, attention, norms, heads; again, with ``--force``) and
+"""``python -m ptp_mlx.kernels [--force]``: build ptp-sgemm and the CPU primitives (ptp-gated-linear, attention,
+norms, heads; again, with ``--force``) and
 print their paths, or why not. The exit status is ptp-sgemm's: the primitives are an extra on top."""
 
 import sys

@@ -112,8 +112,8 @@ def build(force: bool = False) -> tuple[str | None, str]:
     if cmake is None:
         return None, "no cmake found"
     failed = target.with_suffix(".failed")
-    if failed.is_file() and not force:
-        return None, failed.read_text(errors="replace").strip()
+    if failed.is_file() and not force:  # (recorded once; `python -m ptp_mlx.kernels --force` tries again)
+        return None, failed.read_text(errors="replace").strip() + "; `python -m ptp_mlx.kernels --force` retries"
     import mlx.core
     import nanobind
 
