@@ -133,7 +133,8 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
 
 
 def _gated_tag(env: dict) -> str:
-    """The header's note of the one-primitive LoRA (kernels/gated_linear.cpp) where it serves the run."""
+    """The header's note of the CPU primitives (kernels/extension.py: the LoRA, attention, norms, heads) where they
+    serve the run."""
     return " + cpu-ops" if env.get("gated_linear") == "in use" else ""
 
 

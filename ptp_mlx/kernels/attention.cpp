@@ -1,7 +1,7 @@
 // ptp-attention: one decode pass's attention of one layer as one MLX primitive on the CPU (issue 41).
 //
 // Why: on MLX's CPU backend every node of a call's graph costs about 5 us on the stream thread, and about as much
-// again on the thread that replays the compiled graph, whatever its size (docs/results/kernel/attention-*.md).
+// again on the thread that replays the compiled graph, whatever its size (docs/results/kernel/nodes-2026-12-04.md).
 // Attention over our K/V state was ~25 of them a layer: the scaled queries, two batched matmuls, the mask's add,
 // and the softmax's max, exp (five fused kernels around two bit casts), sum and divide, with the reshapes and
 // broadcasts between. Here it is one node, and its work skips the keys a row does not see (the rest of the
@@ -15,14 +15,12 @@
 // Each row's result depends only on its own query, its visible keys' K/V and their order: never on how many rows
 // the pass has, where the row sits, or at which slots of the buffer its keys are (a tree strand's ancestors sit
 // elsewhere than a plain step's, with the same values in the same order). So a k-row pass is k one-row passes,
-// bit for bit. Reductions run in 16 fixed lanes, the exponential is MLX's CPU algorithm (2^round(x log2 e) through
-// the exponent bits, the fraction by a degree-6 polynomial), all in plain C++ the compiler vectorises.
+// bit for bit. Reductions run in 16 fixed lanes (simd16.h), the exponential is MLX's CPU algorithm (2^round(x log2 e)
+// through the exponent bits, the fraction by a degree-6 polynomial).
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -36,6 +34,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
+#include "cpu_ops.h"
 #include "simd16.h"
 
 namespace mx = mlx::core;
@@ -45,7 +44,6 @@ namespace {
 
 using namespace ptp16;
 constexpr int RB = 4;  // query rows computed together (8 accumulator vectors)
-
 
 struct View4 {  // a 4-d array's data and element strides, broadcast dimensions at stride 0
   const char* data;
@@ -64,33 +62,21 @@ View4 view4(const mx::array& a, const mx::Shape& full) {
 View4 dense_last(const mx::array& a, std::vector<float>& buf) {
   if (a.strides()[3] == 1 || a.shape(3) == 1) return view4(a, a.shape());
   buf.resize(a.size());
-  const float* src = a.data<float>();
-  const auto& st = a.strides();
-  size_t n = 0;
-  for (int i0 = 0; i0 < a.shape(0); ++i0)
-    for (int i1 = 0; i1 < a.shape(1); ++i1)
-      for (int i2 = 0; i2 < a.shape(2); ++i2)
-        for (int i3 = 0; i3 < a.shape(3); ++i3) buf[n++] = src[i0 * st[0] + i1 * st[1] + i2 * st[2] + i3 * st[3]];
+  ptpcpu::dense(a, buf.data());
   const int64_t S3 = a.shape(3), S2 = a.shape(2) * S3, S1 = a.shape(1) * S2;
   return View4{reinterpret_cast<const char*>(buf.data()), {S1, S2, S3, 1}};
 }
 
-class Attention : public mx::Primitive {
+class Attention : public ptpcpu::CpuPrimitive {
  public:
   Attention(mx::Stream stream, float scale, int mask_kind)
-      : mx::Primitive(stream), scale_(scale), mask_kind_(mask_kind) {}
+      : CpuPrimitive(stream), scale_(scale), mask_kind_(mask_kind) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("ptp-attention runs on the CPU stream only");
-  }
   const char* name() const override { return "PTPAttention"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const Attention&>(other);
     return scale_ == o.scale_ && mask_kind_ == o.mask_kind_;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
   }
 
  private:
@@ -99,8 +85,8 @@ class Attention : public mx::Primitive {
 };
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  const mx::array& q = inputs[0];  // [B, Hq, L, D], last axis contiguous
-  const mx::array& k = inputs[1];  // [B, Hkv, S, D], last axis contiguous
+  const mx::array& q = inputs[0];  // [B, Hq, L, D]
+  const mx::array& k = inputs[1];  // [B, Hkv, S, D]
   const mx::array& v = inputs[2];
   mx::array& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -323,6 +309,6 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
 void register_attention(nb::module_& m) {
   m.def("attention", &attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
         nb::arg("mask") = nb::none(),
-        "softmax(q k^T * scale + mask) v over each row's visible keys; q [B, Hq, L, D], k and v [B, Hkv, S, D]. "
-        "The last axis of q, k and v must be contiguous.");
+        "softmax(q k^T * scale + mask) v over each row's visible keys; q [B, Hq, L, D], k and v [B, Hkv, S, D] "
+        "(float32).");
 }

@@ -34,6 +34,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
+#include "cpu_ops.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
@@ -50,32 +51,11 @@ sgemm_fn blas_sgemm() {
   return fn;
 }
 
-// Copies a strided float32 array into a dense row-major buffer (the rare input that is a view).
-void gather(const mx::array& a, float* dst) {
-  const float* src = a.data<float>();
-  const auto& shape = a.shape();
-  const auto& strides = a.strides();
-  const int nd = static_cast<int>(shape.size());
-  std::vector<int64_t> idx(nd, 0);
-  for (size_t n = 0; n < a.size(); ++n) {
-    int64_t off = 0;
-    for (int d = 0; d < nd; ++d) off += idx[d] * strides[d];
-    dst[n] = src[off];
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
-  }
-}
-
-class GatedLinear : public mx::Primitive {
+class GatedLinear : public ptpcpu::CpuPrimitive {
  public:
-  GatedLinear(mx::Stream stream, int out, bool has_bias) : mx::Primitive(stream), out_(out), bias_(has_bias) {}
+  GatedLinear(mx::Stream stream, int out, bool has_bias) : CpuPrimitive(stream), out_(out), bias_(has_bias) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("ptp-gated-linear runs on the CPU stream only");
-  }
   const char* name() const override { return "PTPGatedLinear"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const GatedLinear&>(other);
@@ -120,13 +100,13 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     const float* xs = x.data<float>();
     if (!x.flags().row_contiguous) {
       xbuf.resize(static_cast<size_t>(M) * K);
-      gather(x, xbuf.data());
+      ptpcpu::dense(x, xbuf.data());
       xs = xbuf.data();
     }
     const float* gp = gate.data<float>();
     if (!gate.flags().row_contiguous) {
       gbuf.resize(M);
-      gather(gate, gbuf.data());
+      ptpcpu::dense(gate, gbuf.data());
       gp = gbuf.data();
     }
     sgemm_fn sgemm = blas_sgemm();

@@ -23,6 +23,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
+#include "cpu_ops.h"
 #include "simd16.h"
 
 namespace mx = mlx::core;
@@ -110,13 +111,10 @@ Head row_head(const float* x, int64_t V, int alts, float inv_t, std::vector<floa
   return h;
 }
 
-class AuxHead : public mx::Primitive {
+class AuxHead : public ptpcpu::CpuPrimitive {
  public:
-  AuxHead(mx::Stream stream, int alts, float inv_t) : mx::Primitive(stream), alts_(alts), inv_t_(inv_t) {}
+  AuxHead(mx::Stream stream, int alts, float inv_t) : CpuPrimitive(stream), alts_(alts), inv_t_(inv_t) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("ptp-aux-head runs on the CPU stream only");
-  }
   const char* name() const override { return "PTPAuxHead"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const AuxHead&>(other);
@@ -143,17 +141,12 @@ void AuxHead::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
                     conf = outputs[1].data<float>(), alt = outputs[2].data<int32_t>(),
                     alt_conf = outputs[3].data<float>(), top_prob = outputs[4].data<float>(), alts = alts_,
                     inv_t = inv_t_]() {
-    thread_local std::vector<float> bm, row;
+    thread_local std::vector<float> bm, buf;
     const int n = x.shape(0);
     const int64_t V = x.shape(1);
-    const auto& st = x.strides();
+    const auto rows = ptpcpu::rows_of(x, buf);  // (a view: copied)
     for (int i = 0; i < n; ++i) {
-      const float* xr = x.data<float>() + i * st[0];
-      if (st[1] != 1) {  // (a strided view: its row copied)
-        row.resize(V);
-        for (int64_t j = 0; j < V; ++j) row[j] = xr[j * st[1]];
-        xr = row.data();
-      }
+      const float* xr = rows.p + i * rows.stride;
       const Head h = row_head(xr, V, alts, inv_t, bm, alt + static_cast<int64_t>(i) * alts,
                               alt_conf + static_cast<int64_t>(i) * alts);
       top[i] = h.top;

@@ -22,6 +22,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
+#include "cpu_ops.h"
 #include "simd16.h"
 
 namespace mx = mlx::core;
@@ -30,58 +31,17 @@ namespace nb = nanobind;
 namespace {
 
 using namespace ptp16;
+using ptpcpu::CpuPrimitive;
+using ptpcpu::rows_of;
 
 inline v16 silu_mul(v16 g, v16 x) { return g / (1.0f + exp16(-g)) * x; }
 
-// An array as rows of its last axis: (rows, row stride) when its other axes collapse into one stride and its last
-// axis is contiguous; rows = -1 otherwise.
-std::pair<int64_t, int64_t> as_rows(const mx::array& a) {
-  const int nd = static_cast<int>(a.ndim());
-  const int64_t n = a.shape(-1);
-  if (n > 1 && a.strides()[nd - 1] != 1) return {-1, 0};
-  int64_t rows = 1, stride = -1, inner = 0;  // inner: the stride one step out of the previous axis kept
-  for (int d = nd - 2; d >= 0; --d) {
-    if (a.shape(d) == 1) continue;
-    if (stride < 0)
-      stride = a.strides()[d];
-    else if (a.strides()[d] != inner)
-      return {-1, 0};
-    inner = a.strides()[d] * a.shape(d);
-    rows *= a.shape(d);
-  }
-  return {rows, stride < 0 ? n : stride};
-}
-
-void dense(const mx::array& a, std::vector<float>& buf) {  // a row-major copy of any view
-  const float* src = a.data<float>();
-  const auto& shape = a.shape();
-  const auto& st = a.strides();
-  const int nd = static_cast<int>(shape.size());
-  buf.resize(a.size());
-  std::vector<int64_t> idx(nd, 0);
-  for (size_t n = 0; n < a.size(); ++n) {
-    int64_t off = 0;
-    for (int d = 0; d < nd; ++d) off += idx[d] * st[d];
-    buf[n] = src[off];
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
-  }
-}
-
-class SwiGLU : public mx::Primitive {
+class SwiGLU : public CpuPrimitive {
  public:
-  explicit SwiGLU(mx::Stream stream) : mx::Primitive(stream) {}
+  using CpuPrimitive::CpuPrimitive;
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("ptp-swiglu runs on the CPU stream only");
-  }
   const char* name() const override { return "PTPSwiGLU"; }
   bool is_equivalent(const mx::Primitive&) const override { return true; }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
 };
 
 void SwiGLU::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -95,21 +55,10 @@ void SwiGLU::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
                     op = out.data<float>()]() {
     thread_local std::vector<float> gbuf, xbuf;
     const int64_t N = g.shape(-1);
-    auto [gr, gs] = as_rows(g);
-    auto [xr, xs] = as_rows(x);
-    const float* gp = g.data<float>();
-    const float* xp = x.data<float>();
-    if (gr < 0) {
-      dense(g, gbuf);
-      gp = gbuf.data(), gs = N, gr = static_cast<int64_t>(g.size()) / std::max<int64_t>(N, 1);
-    }
-    if (xr < 0) {
-      dense(x, xbuf);
-      xp = xbuf.data(), xs = N, xr = static_cast<int64_t>(x.size()) / std::max<int64_t>(N, 1);
-    }
-    for (int64_t r = 0; r < gr; ++r) {
-      const float* gi = gp + r * gs;
-      const float* xi = xp + r * xs;
+    const auto gr = rows_of(g, gbuf), xr = rows_of(x, xbuf);
+    for (int64_t r = 0; r < gr.rows; ++r) {
+      const float* gi = gr.p + r * gr.stride;
+      const float* xi = xr.p + r * xr.stride;
       float* o = op + r * N;
       int64_t j = 0;
       for (; j + LANES <= N; j += LANES) store(o + j, silu_mul(load(gi + j), load(xi + j)));
@@ -133,20 +82,14 @@ mx::array swiglu(const mx::array& gate, const mx::array& x) {
 
 
 // out = x * (1 / sqrt(mean(x^2) + eps)) (* w), over the last axis; the sum of squares in 16 fixed lanes.
-class RMSNorm : public mx::Primitive {
+class RMSNorm : public CpuPrimitive {
  public:
-  RMSNorm(mx::Stream stream, float eps, bool weighted) : mx::Primitive(stream), eps_(eps), weighted_(weighted) {}
+  RMSNorm(mx::Stream stream, float eps, bool weighted) : CpuPrimitive(stream), eps_(eps), weighted_(weighted) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("ptp-rms-norm runs on the CPU stream only");
-  }
   const char* name() const override { return "PTPRMSNorm"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const RMSNorm&>(other);
     return eps_ == o.eps_ && weighted_ == o.weighted_;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
   }
 
  private:
@@ -165,22 +108,10 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), w, op = out.data<float>(), eps = eps_]() {
     thread_local std::vector<float> xbuf, wbuf;
     const int64_t N = x.shape(-1);
-    auto [rows, xs] = as_rows(x);
-    const float* xp = x.data<float>();
-    if (rows < 0) {
-      dense(x, xbuf);
-      xp = xbuf.data(), xs = N, rows = static_cast<int64_t>(x.size()) / std::max<int64_t>(N, 1);
-    }
-    const float* wp = nullptr;
-    if (w) {
-      wp = w->data<float>();
-      if (w->strides().back() != 1 && N > 1) {
-        dense(*w, wbuf);
-        wp = wbuf.data();
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xi = xp + r * xs;
+    const auto xr = rows_of(x, xbuf);
+    const float* wp = w ? rows_of(*w, wbuf).p : nullptr;
+    for (int64_t r = 0; r < xr.rows; ++r) {
+      const float* xi = xr.p + r * xr.stride;
       float* o = op + r * N;
       v16 acc{};
       int64_t j = 0;
@@ -249,21 +180,15 @@ PTP_NO_CONTRACT void rope_rows(const float* x, const int64_t* xst, const float* 
       }
 }
 
-class RopeTable : public mx::Primitive {
+class RopeTable : public CpuPrimitive {
  public:
   RopeTable(mx::Stream stream, int dims, bool traditional)
-      : mx::Primitive(stream), dims_(dims), traditional_(traditional) {}
+      : CpuPrimitive(stream), dims_(dims), traditional_(traditional) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("ptp-rope runs on the CPU stream only");
-  }
   const char* name() const override { return "PTPRope"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const RopeTable&>(other);
     return dims_ == o.dims_ && traditional_ == o.traditional_;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
   }
 
  private:
@@ -280,27 +205,12 @@ void RopeTable::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), c = mx::array::unsafe_weak_copy(inputs[1]),
                     s = mx::array::unsafe_weak_copy(inputs[2]), op = out.data<float>(), dims = dims_,
                     trad = traditional_]() {
-    // The tables: [..., R, half] views whose last axis is contiguous or not; rows at a stride.
+    // The tables: [..., R, half] views (of one table for every layer), read as rows in place where they can be.
     thread_local std::vector<float> cbuf, sbuf;
-    auto table = [](const mx::array& t, std::vector<float>& buf, int64_t& st) -> const float* {
-      const int nd = static_cast<int>(t.ndim());
-      if (t.strides()[nd - 1] == 1 || t.shape(-1) == 1) {
-        auto [rows, rs] = as_rows(t);
-        if (rows >= 0) {
-          st = rs;
-          return t.data<float>();
-        }
-      }
-      dense(t, buf);
-      st = t.shape(-1);
-      return buf.data();
-    };
-    int64_t cst = 0, sst = 0;
-    const float* cp = table(c, cbuf, cst);
-    const float* sp = table(s, sbuf, sst);
+    const auto cr = rows_of(c, cbuf), sr = rows_of(s, sbuf);
     const int shape[4] = {x.shape(0), x.shape(1), x.shape(2), x.shape(3)};
     const int64_t xst[4] = {x.strides()[0], x.strides()[1], x.strides()[2], x.strides()[3]};
-    rope_rows(x.data<float>(), xst, cp, sp, cst, sst, op, shape, dims, trad);
+    rope_rows(x.data<float>(), xst, cr.p, sr.p, cr.stride, sr.stride, op, shape, dims, trad);
   });
 }
 

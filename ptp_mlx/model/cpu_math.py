@@ -15,21 +15,18 @@ so PTP still equals our plain decoding bit for bit, and a difference from stock 
 Scope: only on the CPU device, only for passes over our own K/V state (``LayerKV``: mlx-lm's own caches, and so
 the bench's ``mlx-lm`` method, keep the stock kernels), and not when ``PTP_MLX_CPU_MATH=0``. ``install`` swaps
 the two names the supported families' modules call (``scaled_dot_product_attention``, ``swiglu``) for
-dispatchers; SwiGLU takes no cache, so it follows the attention call of its own layer (``_local.ours``).
+dispatchers; SwiGLU takes no cache, so it follows the attention call of its own layer (``kv.in_our_pass``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import threading
 
 import mlx.core as mx
 
 from ..fused_exp import exp
 from .kv import LayerKV, in_our_pass, mark_pass
-
-_local = threading.local()  # .ours: the latest attention call of this thread ran on our K/V state
 
 
 def enabled() -> bool:
@@ -144,8 +141,7 @@ def _rms_norm_dispatcher(stock):
 def _attention_dispatcher(stock):
     def scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks=None):
         ours = sinks is None and isinstance(cache, LayerKV) and enabled()
-        _local.ours = ours  # (this layer's SwiGLU, called next, follows)
-        mark_pass(ours)  # (and the norms after it)
+        mark_pass(ours)  # (this layer's SwiGLU and the norms after it follow)
         out = attention(queries, keys, values, scale, mask) if ours else None
         if out is None:
             return stock(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
@@ -157,7 +153,7 @@ def _attention_dispatcher(stock):
 
 def _swiglu_dispatcher(stock):
     def dispatch(gate, x):
-        return swiglu(gate, x) if getattr(_local, "ours", False) else stock(gate, x)
+        return swiglu(gate, x) if in_our_pass() else stock(gate, x)
 
     dispatch.ptp_stock = stock
     return dispatch

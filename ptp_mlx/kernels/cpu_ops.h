@@ -1,0 +1,76 @@
+// What ptp-mlx's CPU primitives share (gated_linear.cpp, attention.cpp, rowwise.cpp, heads.cpp): a base class for a
+// primitive that runs on MLX's CPU stream only, and reading an input that may be a view.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/array.h"
+#include "mlx/primitives.h"
+
+namespace ptpcpu {
+
+namespace mx = mlx::core;
+
+// A primitive of the CPU stream: its GPU evaluation refuses, and by default its one output has its first input's
+// shape.
+class CpuPrimitive : public mx::Primitive {
+ public:
+  using mx::Primitive::Primitive;
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(std::string(name()) + " runs on the CPU stream only");
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+};
+
+// A row-major copy of any float32 view into `dst` (a.size() floats).
+inline void dense(const mx::array& a, float* dst) {
+  const float* src = a.data<float>();
+  const auto& shape = a.shape();
+  const auto& st = a.strides();
+  const int nd = static_cast<int>(shape.size());
+  std::vector<int64_t> idx(nd, 0);
+  for (size_t n = 0; n < a.size(); ++n) {
+    int64_t off = 0;
+    for (int d = 0; d < nd; ++d) off += idx[d] * st[d];
+    dst[n] = src[off];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// A float32 array as rows of its last axis: row r starts at p + r * stride, its elements contiguous.
+struct Rows {
+  const float* p;
+  int64_t rows, stride;
+};
+
+// In place where the last axis is contiguous and the other axes collapse into one stride (a slice of rows, a split
+// of a fused product); otherwise a row-major copy in `buf`.
+inline Rows rows_of(const mx::array& a, std::vector<float>& buf) {
+  const int nd = static_cast<int>(a.ndim());
+  const int64_t n = nd == 0 ? 1 : a.shape(-1);
+  bool in_place = nd > 0 && (n == 1 || a.strides()[nd - 1] == 1);
+  int64_t rows = 1, stride = -1, inner = 0;  // inner: the stride one step out of the previous axis kept
+  for (int d = nd - 2; d >= 0 && in_place; --d) {
+    if (a.shape(d) == 1) continue;
+    if (stride < 0)
+      stride = a.strides()[d];
+    else if (a.strides()[d] != inner)
+      in_place = false;
+    inner = a.strides()[d] * a.shape(d);
+    rows *= a.shape(d);
+  }
+  if (in_place) return {a.data<float>(), rows, stride < 0 ? n : stride};
+  buf.resize(a.size());
+  dense(a, buf.data());
+  return {buf.data(), static_cast<int64_t>(a.size()) / (n > 0 ? n : 1), n};
+}
+
+}  // namespace ptpcpu
