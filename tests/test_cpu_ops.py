@@ -1,5 +1,5 @@
-"""ptp-mlx's one-node CPU primitives (ptp_mlx/kernels/attention.cpp, rowwise.cpp): attention over our K/V state,
-SwiGLU, RMS norm and the table RoPE.
+"""ptp-mlx's one-node CPU primitives (ptp_mlx/kernels/attention.cpp, rowwise.cpp, linear.cpp): attention over our
+K/V state, SwiGLU, RMS norm, the table RoPE and a plain pass's projection group.
 
 Each agrees with its graph form (RoPE bit for bit, the others to rounding) and computes a row the same way whatever
 rows surround it, how many there are and, for attention, at which slots its visible keys sit (a tree strand's
@@ -87,6 +87,36 @@ def test_attention_depends_on_the_visible_keys_in_order_not_on_their_slots(ops):
         sees[0, slots] = True
         results.append(np.array(ops.attention(q, mx.array(k), mx.array(v), 0.125, mx.array(sees))))
     assert np.array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("kind", ["additive", "per head", "none"])
+@pytest.mark.parametrize("B,Hq,Hkv,D,S,L", [(1, 9, 3, 64, 256, 1), (1, 9, 3, 64, 600, 16), (2, 4, 2, 80, 40, 5)])
+def test_attention_on_two_threads_is_one_thread_bit_for_bit(ops, monkeypatch, kind, B, Hq, Hkv, D, S, L):
+    """Its units (a key/value head's block of rows) shared with ptp-sgemm's second thread: the same bits as all
+    of them on MLX's stream thread (``PTP_MLX_ATTENTION_THREADS=1``), masks shared or per batch and head."""
+    from ptp_mlx import blas
+
+    lib = blas.kernel()
+    if lib is None:
+        pytest.skip("ptp-sgemm is not built here: attention runs on one thread")
+    before = lib.ptp_sgemm_set_threads(0, 0, 0)
+    assert lib.ptp_sgemm_set_threads(2, 0, 0) == 2  # (the worker, even where a test before let it go)
+    request_restore = lambda: lib.ptp_sgemm_set_threads(before, 0, 0)  # noqa: E731
+    rng = np.random.default_rng(S * L)
+    q = mx.array(rng.standard_normal((B, Hq, L, D)).astype(np.float32))
+    k = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))
+    v = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))
+    if kind == "per head":  # every batch entry and head its own keys: scanned per unit
+        mask = mx.array(rng.random((B, Hq, L, S)) < 0.6)
+    else:
+        mask = _mask(rng, kind, L, S, S - L - 2)
+    try:
+        two = np.array(ops.attention(q, k, v, 0.2, mask))
+        monkeypatch.setenv("PTP_MLX_ATTENTION_THREADS", "1")
+        one = np.array(ops.attention(q, k, v, 0.2, mask))
+    finally:
+        request_restore()
+    assert np.array_equal(one, two, equal_nan=True)
 
 
 def test_a_row_that_sees_no_key_is_nan_as_in_the_graph(ops):
@@ -210,3 +240,54 @@ def test_the_aux_head_reads_what_the_graph_reads(ops, V):
 def test_the_aux_head_of_a_tiny_vocabulary(ops):
     top, conf, alt, alt_conf, top_prob = (np.array(a) for a in ops.aux_head(mx.array([[0.0, 2.0, 1.0]]), 3, 0.0))
     assert top[0] == 1 and list(alt[0]) == [2, 0, 1] and alt_conf[0, 2] == 0 and top_prob[0] == 0
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 4, 70])
+def test_linear_is_mlx_product_bit_for_bit_one_output_per_projection(ops, with_bias, rows):
+    """A plain pass's group (kernels/linear.cpp): each projection's part of MLX's own ``x @ W[:N].T`` (or addmm with
+    the bias), for a decode width and a prefill chunk's (the BLAS's sgemm past ptp-sgemm's rows), x a view too."""
+    rng = np.random.default_rng(rows)
+    K, outs = 96, [40, 24, 24]
+    N = sum(outs)
+    W = mx.array(rng.standard_normal((N + 8, K)).astype(np.float32))  # rows past N (a LoRA's A) are not read
+    x = mx.array(rng.standard_normal((1, rows, K)).astype(np.float32))
+    view = mx.array(np.ascontiguousarray(np.array(x).transpose(0, 2, 1))).transpose(0, 2, 1)  # x as a strided view
+    bias = mx.array(rng.standard_normal(N).astype(np.float32)) if with_bias else None
+    want = np.array(x @ W[:N].T if bias is None else mx.addmm(bias, x, W[:N].T))
+    for run in (ops.linear, mx.compile(ops.linear)):
+        for arg in (x, view):  # (MLX multiplies a view its own way; ours reads it as the rows it holds)
+            parts = run(arg, W, outs, bias)
+            assert [p.shape for p in parts] == [(1, rows, n) for n in outs]
+            assert np.array_equal(np.concatenate([np.array(p) for p in parts], axis=-1), want)
+
+
+def test_linear_rejects_bad_operands_with_one_clear_error(ops):
+    W = mx.zeros((8, 4))
+    with pytest.raises(ValueError, match="linear: W is"):
+        ops.linear(mx.zeros((1, 2, 5)), W, [8])
+    with pytest.raises(ValueError, match="linear: bias is"):
+        ops.linear(mx.zeros((1, 2, 4)), W, [4, 4], mx.zeros((3,)))
+    with pytest.raises(ValueError, match="linear: float32"):
+        ops.linear(mx.zeros((1, 2, 4), mx.float16), W, [8])
+
+
+def test_a_plain_pass_runs_its_groups_as_one_node_each_with_the_same_logits(ops, tiny_model_dir, adapter_dir, monkeypatch):
+    """A pass over our K/V state of the fused model: its projection groups as ``PTPLinear`` nodes, with the very
+    logits of the graph form (``PTP_MLX_LINEAR=0``)."""
+    import mlx_lm
+
+    from ptp_mlx.adapter import load_adapter
+    from ptp_mlx.model.ptp import PTPModel
+
+    base, _ = mlx_lm.load(str(tiny_model_dir))  # (a private copy: fusing patches it)
+    ad, cfg = load_adapter(adapter_dir, base)
+    pm = PTPModel(base, ad, cfg, fuse=True)
+    ids = mx.array([[5, 9, 2, 7, 11]])
+    logits = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PTP_MLX_LINEAR", flag)
+        out = pm.base(ids, cache=pm.make_cache())
+        assert ("PTPLinear" in _names(out)) == (flag == "1")
+        logits[flag] = np.array(out)
+    assert np.array_equal(logits["1"], logits["0"])

@@ -161,6 +161,25 @@ def test_a_second_thread_changes_no_bit(lib, path, tb):
         lib.ptp_sgemm_set_threads(1, 0, 0)
 
 
+def test_parallel_runs_every_unit_once_on_one_thread_or_two(lib):
+    """``ptp_sgemm_parallel`` (the CPU primitives' way onto the worker): every unit exactly once, with the worker
+    or without it."""
+    lib.ptp_sgemm_set_threads.restype = ctypes.c_int
+    seen: list[int] = []
+    unit = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int)(lambda ctx, i: seen.append(i))
+    lib.ptp_sgemm_parallel.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    try:
+        for threads in (1, 2):
+            lib.ptp_sgemm_set_threads(threads, 0, 0)
+            for n in (0, 1, 3, 40):
+                seen.clear()
+                used = lib.ptp_sgemm_parallel(ctypes.cast(unit, ctypes.c_void_p), None, n)
+                assert sorted(seen) == list(range(n)) and used in (1, 2)
+                assert used == 1 or threads == 2
+    finally:
+        lib.ptp_sgemm_set_threads(1, 0, 0)
+
+
 @pytest.mark.parametrize("linger_ns", [0, 1, 20_000_000])
 def test_the_worker_lingering_or_asleep_changes_no_bit(lib, linger_ns):
     """Whether the worker sleeps after its spin (linger 0), lingers a moment (1 ns: it sleeps at once after), or

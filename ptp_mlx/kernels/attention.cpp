@@ -18,12 +18,16 @@
 // bit for bit. Reductions run in 16 fixed lanes (simd16.h), the exponential is MLX's CPU algorithm (2^round(x log2 e)
 // through the exponent bits, the fraction by a degree-6 polynomial).
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <stdexcept>
+#include <string>
+#include <cstdlib>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -84,6 +88,173 @@ class Attention : public ptpcpu::CpuPrimitive {
   int mask_kind_;  // 0: none (causal is built by the caller), 1: bool, 2: additive float32
 };
 
+// One call's attention, shared by the units that compute it (``unit``): the rows' visible keys, found first.
+struct Job {
+  int B, Hq, L, D, Hkv, S, rep, R, Sp, blocks, mk;
+  View4 qv, kv, vv, mv;
+  float scale;
+  float* op;
+  std::vector<const int*> vrow;  // per (b, g, r) [(b * Hkv + g) * R + r]: the row's visible keys, in order
+  std::vector<int> nvis;         // and how many
+  std::vector<int> send;         // per (b, g): the end of the keys any of its rows sees
+};
+
+// Rows [r0, r0 + RB) of key/value head g in batch b (u = (b * Hkv + g) * blocks + r0 / RB): every number a row
+// gets depends on its own query and visible keys only, so the units may run on any thread in any order.
+void unit(const Job& J, int u) {
+  const int B = J.B, Hq = J.Hq, L = J.L, D = J.D, Hkv = J.Hkv, rep = J.rep, R = J.R, Sp = J.Sp, mk = J.mk;
+  (void)B;
+  const int bg = u / J.blocks, r0 = (u % J.blocks) * RB, b = bg / Hkv, g = bg % Hkv;
+  const View4 &qv = J.qv, &kv = J.kv, &vv = J.vv, &mv = J.mv;
+  const float scale = J.scale;
+  float* op = J.op;
+  const float* Q = reinterpret_cast<const float*>(qv.data);
+  const float* K = reinterpret_cast<const float*>(kv.data);
+  const float* V = reinterpret_cast<const float*>(vv.data);
+  const int* const* vrow = J.vrow.data() + static_cast<size_t>(bg) * R;
+  const int* nvis = J.nvis.data() + static_cast<size_t>(bg) * R;
+  const int send = J.send[bg];
+  const int KB = 2 * LANES;  // output columns a row block holds per pass
+  const float ninf = -std::numeric_limits<float>::infinity();
+  thread_local std::vector<float> qs, sc, c, pf;  // (each thread its own)
+  qs.assign(static_cast<size_t>(RB) * D, 0.0f);
+  sc.resize(static_cast<size_t>(RB) * Sp);
+  c.resize(J.S + LANES);
+  pf.resize(static_cast<size_t>(RB) * Sp);
+  const float* kb = K + b * kv.st[0] + g * kv.st[1];
+  const float* vb = V + b * vv.st[0] + g * vv.st[1];
+  {
+    const int nr = R - r0 < RB ? R - r0 : RB;
+    for (int i = 0; i < RB; ++i) {
+      float* qd = qs.data() + static_cast<size_t>(i) * D;
+      if (i >= nr) {
+        std::fill(qd, qd + D, 0.0f);
+        continue;
+      }
+      const int h = g * rep + (r0 + i) / L, l = (r0 + i) % L;
+      const float* qr = Q + b * qv.st[0] + h * qv.st[1] + l * qv.st[2];
+      for (int d = 0; d < D; ++d) qd[d] = qr[d] * scale;
+    }
+    // Scores of keys [0, send): 16 keys at a time, each key's products in 16 lanes over d (chunks in order),
+    // the lanes summed by one fixed tree (sum16) that also gathers the 16 keys' scores into one vector. A
+    // key's score depends on nothing else: not its slot, its block or the rows beside it. K is read once
+    // per block of rows, in place (no copy).
+    for (int s0 = 0; s0 < send; s0 += LANES) {
+      const float* kr[LANES];
+      for (int t = 0; t < LANES; ++t) kr[t] = kb + std::min(s0 + t, send - 1) * kv.st[2];  // (the tail: repeats)
+      for (int i = 0; i < nr; ++i) {
+        const float* qd = qs.data() + static_cast<size_t>(i) * D;
+        v16 x[LANES] = {};
+        int d = 0;
+        for (; d + LANES <= D; d += LANES) {
+          const v16 qv16 = load(qd + d);
+          for (int t = 0; t < LANES; ++t) x[t] += qv16 * load(kr[t] + d);
+        }
+        if (d < D) {  // a head size that is not a multiple of 16: the last chunk through padded copies
+          float tq[LANES] = {}, tk[LANES] = {};
+          std::copy(qd + d, qd + D, tq);
+          const v16 qv16 = load(tq);
+          for (int t = 0; t < LANES; ++t) {
+            std::copy(kr[t] + d, kr[t] + D, tk);
+            x[t] += qv16 * load(tk);
+          }
+        }
+        store(sc.data() + static_cast<size_t>(i) * Sp + s0, sum16(x));
+      }
+    }
+    // Per row: the visible scores packed in order (padded with -inf to whole vectors), their softmax in
+    // lanes, then the probabilities spread back over the keys (zero where the row does not see).
+    for (int i = 0; i < RB; ++i) {
+      float* p = pf.data() + static_cast<size_t>(i) * Sp;
+      std::fill(p, p + send, 0.0f);
+      if (i >= nr) continue;
+      const int r = r0 + i, n = nvis[r];
+      const int* vr = vrow[r];
+      if (n == 0) continue;
+      const float* si = sc.data() + static_cast<size_t>(i) * Sp;
+      if (mk == 2) {
+        const int h = g * rep + r / L, l = r % L;
+        const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
+        for (int j = 0; j < n; ++j) c[j] = si[vr[j]] + mr[vr[j] * mv.st[3]];
+      } else {
+        for (int j = 0; j < n; ++j) c[j] = si[vr[j]];
+      }
+      const int np = (n + LANES - 1) / LANES * LANES;
+      for (int j = n; j < np; ++j) c[j] = ninf;
+      v16 mx16 = splat(ninf);
+      for (int j = 0; j < np; j += LANES) {
+        const v16 x = load(c.data() + j);
+        mx16 = x > mx16 ? x : mx16;
+      }
+      float m = ninf;
+      for (int j = 0; j < LANES; ++j) m = mx16[j] > m ? mx16[j] : m;
+      v16 sum{};
+      for (int j = 0; j < np; j += LANES) {
+        const v16 e = exp16(load(c.data() + j) - m);  // the padding: exp(-inf) = 0
+        store(c.data() + j, e);
+        sum += e;
+      }
+      const float inv = 1.0f / lane_sum(sum);
+      for (int j = 0; j < n; ++j) p[vr[j]] = c[j] * inv;
+    }
+    // Output: for each column block, the sum over keys in order; a key no row of the block sees is skipped
+    // (for the others its probability is zero: adding 0 * v changes no bit).
+    int lo = send, hi = 0;
+    for (int i = 0; i < nr; ++i) {
+      const int r = r0 + i, n = nvis[r];
+      if (n == 0) continue;
+      const int* vr = vrow[r];
+      lo = vr[0] < lo ? vr[0] : lo;
+      hi = vr[n - 1] + 1 > hi ? vr[n - 1] + 1 : hi;
+    }
+    float* ob[RB];
+    for (int i = 0; i < RB; ++i) {
+      const int r = r0 + (i < nr ? i : 0), h = g * rep + r / L, l = r % L;
+      ob[i] = op + ((static_cast<int64_t>(b) * Hq + h) * L + l) * D;
+    }
+    int d0 = 0;
+    for (; d0 + KB <= D; d0 += KB) {
+      v16 a[RB][2] = {};
+      for (int s = lo; s < hi; ++s) {
+        bool any = false;
+        for (int i = 0; i < RB; ++i) any |= pf[static_cast<size_t>(i) * Sp + s] != 0.0f;
+        if (!any) continue;
+        const float* vs = vb + s * vv.st[2] + d0;
+        const v16 v0 = load(vs), v1 = load(vs + LANES);
+        for (int i = 0; i < RB; ++i) {
+          const v16 pi = splat(pf[static_cast<size_t>(i) * Sp + s]);
+          a[i][0] += pi * v0;
+          a[i][1] += pi * v1;
+        }
+      }
+      for (int i = 0; i < nr; ++i) {
+        store(ob[i] + d0, a[i][0]);
+        store(ob[i] + d0 + LANES, a[i][1]);
+      }
+    }
+    for (; d0 < D; ++d0) {  // columns past the last whole block
+      for (int i = 0; i < nr; ++i) {
+        float a0 = 0.0f;
+        for (int s = lo; s < hi; ++s)  // fused explicitly: however this loop is compiled, one rounding a term
+          a0 = std::fma(pf[static_cast<size_t>(i) * Sp + s], vb[s * vv.st[2] + d0], a0);
+        ob[i][d0] = a0;
+      }
+    }
+    for (int i = 0; i < nr; ++i)
+      if (nvis[r0 + i] == 0)  // a row that sees nothing: the graph form's softmax gives NaN
+        std::fill(ob[i], ob[i] + D, std::numeric_limits<float>::quiet_NaN());
+  }
+}
+
+// fn(ctx, i) for i in [0, n) on ptp-sgemm's second thread too (ptp_sgemm_parallel), where that library is loaded
+// and PTP_MLX_ATTENTION_THREADS is not 1 (read per call: tests compare both).
+typedef int (*parallel_fn)(void (*)(void*, int), void*, int);
+parallel_fn parallel() {
+  static parallel_fn fn = reinterpret_cast<parallel_fn>(dlsym(RTLD_DEFAULT, "ptp_sgemm_parallel"));
+  const char* one = std::getenv("PTP_MLX_ATTENTION_THREADS");
+  return one != nullptr && std::string(one) == "1" ? nullptr : fn;
+}
+
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::array& q = inputs[0];  // [B, Hq, L, D]
   const mx::array& k = inputs[1];  // [B, Hkv, S, D]
@@ -98,40 +269,38 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   if (mk != 0) mask = mx::array::unsafe_weak_copy(inputs[3]);
   encoder.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
                     v = mx::array::unsafe_weak_copy(v), mask, mk, op = out.data<float>(), scale = scale_]() {
-    const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
-    const int Hkv = k.shape(1), S = k.shape(2), rep = Hq / Hkv;
-    const mx::Shape full = {B, Hq, L, S};
-    thread_local std::vector<float> qbuf, kbuf, vbuf, qs, sc, c, pf;
-    thread_local std::vector<int> vis, nvis, nscan;
-    thread_local std::vector<const int*> vrow;
-    const View4 qv = dense_last(q, qbuf), kv = dense_last(k, kbuf), vv = dense_last(v, vbuf);
-    View4 mv{nullptr, {0, 0, 0, 0}};
-    if (mask) mv = view4(*mask, full);
-    const int R = rep * L;  // the query rows that share one key/value head
-    const int KB = 2 * LANES;  // output columns a row block holds per pass
-    const int Sp = (S + LANES - 1) / LANES * LANES;
-    qs.assign(static_cast<size_t>(RB) * D, 0.0f);
-    sc.resize(static_cast<size_t>(RB) * Sp);
-    c.resize(S + LANES);
-    pf.resize(static_cast<size_t>(RB) * Sp);
+    thread_local std::vector<float> qbuf, kbuf, vbuf;
+    thread_local std::vector<int> vis, nscan;
+    thread_local Job J;
+    J.B = q.shape(0), J.Hq = q.shape(1), J.L = q.shape(2), J.D = q.shape(3);
+    J.Hkv = k.shape(1), J.S = k.shape(2), J.rep = J.Hq / J.Hkv, J.mk = mk, J.scale = scale, J.op = op;
+    const int B = J.B, L = J.L, Hkv = J.Hkv, S = J.S, rep = J.rep;
+    const mx::Shape full = {B, J.Hq, L, S};
+    J.qv = dense_last(q, qbuf), J.kv = dense_last(k, kbuf), J.vv = dense_last(v, vbuf);
+    J.mv = View4{nullptr, {0, 0, 0, 0}};
+    if (mask) J.mv = view4(*mask, full);
+    const View4& mv = J.mv;
+    const int R = J.R = rep * L;  // the query rows that share one key/value head
+    J.Sp = (S + LANES - 1) / LANES * LANES;
+    J.blocks = (R + RB - 1) / RB;
+    // Each row's visible keys, in increasing order, and the end of the keys any row sees. A mask shared by the
+    // batch and the heads (every call's) is scanned once per row of the pass, not once per head.
     const bool shared = mk == 0 || (mv.st[0] == 0 && mv.st[1] == 0);
-    vis.resize(static_cast<size_t>(R) * S);
-    nvis.resize(R);
-    nscan.resize(R);
-    vrow.resize(R);
     const float ninf = -std::numeric_limits<float>::infinity();
-    const float* Q = reinterpret_cast<const float*>(qv.data);
-    const float* K = reinterpret_cast<const float*>(kv.data);
-    const float* V = reinterpret_cast<const float*>(vv.data);
+    const int slots = shared ? L : B * Hkv * R;
+    vis.resize(static_cast<size_t>(slots) * S);
+    nscan.assign(slots, -1);
+    J.vrow.resize(static_cast<size_t>(B) * Hkv * R);
+    J.nvis.resize(static_cast<size_t>(B) * Hkv * R);
+    J.send.assign(static_cast<size_t>(B) * Hkv, 0);
     for (int b = 0; b < B; ++b)
       for (int g = 0; g < Hkv; ++g) {
-        // Each row's visible keys, in increasing order, and the end of the keys any row sees. A mask shared by
-        // the batch and the heads (every call's) is scanned once per row of the pass, not once per head.
-        int send = 0;
+        const int bg = b * Hkv + g;
+        int& send = J.send[bg];
         for (int r = 0; r < R; ++r) {
           const int h = g * rep + r / L, l = r % L;
-          const int slot = shared ? l : r;
-          if (!shared || (b == 0 && g == 0 && r < L)) {
+          const int slot = shared ? l : bg * R + r;
+          if (nscan[slot] < 0) {
             int* vr = vis.data() + static_cast<size_t>(slot) * S;
             int n = 0;
             if (mk == 0) {
@@ -147,135 +316,20 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
             }
             nscan[slot] = n;
           }
-          vrow[r] = vis.data() + static_cast<size_t>(slot) * S;
-          nvis[r] = nscan[slot];
-          if (nvis[r] > 0 && vrow[r][nvis[r] - 1] + 1 > send) send = vrow[r][nvis[r] - 1] + 1;
-        }
-        const float* kb = K + b * kv.st[0] + g * kv.st[1];
-        const float* vb = V + b * vv.st[0] + g * vv.st[1];
-        // Rows in blocks of RB: each load of a key's K or V serves the block's rows (a missing row: zeros).
-        for (int r0 = 0; r0 < R; r0 += RB) {
-          const int nr = R - r0 < RB ? R - r0 : RB;
-          for (int i = 0; i < RB; ++i) {
-            float* qd = qs.data() + static_cast<size_t>(i) * D;
-            if (i >= nr) {
-              std::fill(qd, qd + D, 0.0f);
-              continue;
-            }
-            const int h = g * rep + (r0 + i) / L, l = (r0 + i) % L;
-            const float* qr = Q + b * qv.st[0] + h * qv.st[1] + l * qv.st[2];
-            for (int d = 0; d < D; ++d) qd[d] = qr[d] * scale;
-          }
-          // Scores of keys [0, send): 16 keys at a time, each key's products in 16 lanes over d (chunks in order),
-          // the lanes summed by one fixed tree (sum16) that also gathers the 16 keys' scores into one vector. A
-          // key's score depends on nothing else: not its slot, its block or the rows beside it. K is read once
-          // per block of rows, in place (no copy).
-          for (int s0 = 0; s0 < send; s0 += LANES) {
-            const float* kr[LANES];
-            for (int t = 0; t < LANES; ++t) kr[t] = kb + std::min(s0 + t, send - 1) * kv.st[2];  // (the tail: repeats)
-            for (int i = 0; i < nr; ++i) {
-              const float* qd = qs.data() + static_cast<size_t>(i) * D;
-              v16 x[LANES] = {};
-              int d = 0;
-              for (; d + LANES <= D; d += LANES) {
-                const v16 qv16 = load(qd + d);
-                for (int t = 0; t < LANES; ++t) x[t] += qv16 * load(kr[t] + d);
-              }
-              if (d < D) {  // a head size that is not a multiple of 16: the last chunk through padded copies
-                float tq[LANES] = {}, tk[LANES] = {};
-                std::copy(qd + d, qd + D, tq);
-                const v16 qv16 = load(tq);
-                for (int t = 0; t < LANES; ++t) {
-                  std::copy(kr[t] + d, kr[t] + D, tk);
-                  x[t] += qv16 * load(tk);
-                }
-              }
-              store(sc.data() + static_cast<size_t>(i) * Sp + s0, sum16(x));
-            }
-          }
-          // Per row: the visible scores packed in order (padded with -inf to whole vectors), their softmax in
-          // lanes, then the probabilities spread back over the keys (zero where the row does not see).
-          for (int i = 0; i < RB; ++i) {
-            float* p = pf.data() + static_cast<size_t>(i) * Sp;
-            std::fill(p, p + send, 0.0f);
-            if (i >= nr) continue;
-            const int r = r0 + i, n = nvis[r];
-            const int* vr = vrow[r];
-            if (n == 0) continue;
-            const float* si = sc.data() + static_cast<size_t>(i) * Sp;
-            if (mk == 2) {
-              const int h = g * rep + r / L, l = r % L;
-              const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
-              for (int j = 0; j < n; ++j) c[j] = si[vr[j]] + mr[vr[j] * mv.st[3]];
-            } else {
-              for (int j = 0; j < n; ++j) c[j] = si[vr[j]];
-            }
-            const int np = (n + LANES - 1) / LANES * LANES;
-            for (int j = n; j < np; ++j) c[j] = ninf;
-            v16 mx16 = splat(ninf);
-            for (int j = 0; j < np; j += LANES) {
-              const v16 x = load(c.data() + j);
-              mx16 = x > mx16 ? x : mx16;
-            }
-            float m = ninf;
-            for (int j = 0; j < LANES; ++j) m = mx16[j] > m ? mx16[j] : m;
-            v16 sum{};
-            for (int j = 0; j < np; j += LANES) {
-              const v16 e = exp16(load(c.data() + j) - m);  // the padding: exp(-inf) = 0
-              store(c.data() + j, e);
-              sum += e;
-            }
-            const float inv = 1.0f / lane_sum(sum);
-            for (int j = 0; j < n; ++j) p[vr[j]] = c[j] * inv;
-          }
-          // Output: for each column block, the sum over keys in order; a key no row of the block sees is skipped
-          // (for the others its probability is zero: adding 0 * v changes no bit).
-          int lo = send, hi = 0;
-          for (int i = 0; i < nr; ++i) {
-            const int r = r0 + i, n = nvis[r];
-            if (n == 0) continue;
-            const int* vr = vrow[r];
-            lo = vr[0] < lo ? vr[0] : lo;
-            hi = vr[n - 1] + 1 > hi ? vr[n - 1] + 1 : hi;
-          }
-          float* ob[RB];
-          for (int i = 0; i < RB; ++i) {
-            const int r = r0 + (i < nr ? i : 0), h = g * rep + r / L, l = r % L;
-            ob[i] = op + ((static_cast<int64_t>(b) * Hq + h) * L + l) * D;
-          }
-          int d0 = 0;
-          for (; d0 + KB <= D; d0 += KB) {
-            v16 a[RB][2] = {};
-            for (int s = lo; s < hi; ++s) {
-              bool any = false;
-              for (int i = 0; i < RB; ++i) any |= pf[static_cast<size_t>(i) * Sp + s] != 0.0f;
-              if (!any) continue;
-              const float* vs = vb + s * vv.st[2] + d0;
-              const v16 v0 = load(vs), v1 = load(vs + LANES);
-              for (int i = 0; i < RB; ++i) {
-                const v16 pi = splat(pf[static_cast<size_t>(i) * Sp + s]);
-                a[i][0] += pi * v0;
-                a[i][1] += pi * v1;
-              }
-            }
-            for (int i = 0; i < nr; ++i) {
-              store(ob[i] + d0, a[i][0]);
-              store(ob[i] + d0 + LANES, a[i][1]);
-            }
-          }
-          for (; d0 < D; ++d0) {  // columns past the last whole block
-            for (int i = 0; i < nr; ++i) {
-              float a0 = 0.0f;
-              for (int s = lo; s < hi; ++s)  // fused explicitly: however this loop is compiled, one rounding a term
-                a0 = std::fma(pf[static_cast<size_t>(i) * Sp + s], vb[s * vv.st[2] + d0], a0);
-              ob[i][d0] = a0;
-            }
-          }
-          for (int i = 0; i < nr; ++i)
-            if (nvis[r0 + i] == 0)  // a row that sees nothing: the graph form's softmax gives NaN
-              std::fill(ob[i], ob[i] + D, std::numeric_limits<float>::quiet_NaN());
+          const size_t at = static_cast<size_t>(bg) * R + r;
+          J.vrow[at] = vis.data() + static_cast<size_t>(slot) * S;
+          J.nvis[at] = nscan[slot];
+          if (J.nvis[at] > 0 && J.vrow[at][J.nvis[at] - 1] + 1 > send) send = J.vrow[at][J.nvis[at] - 1] + 1;
         }
       }
+    // The units on both threads where ptp-sgemm has its second one (each key/value head's rows a unit or more).
+    const int units = B * Hkv * J.blocks;
+    parallel_fn par = parallel();
+    auto run = [](void* ctx, int u) { unit(*static_cast<const Job*>(ctx), u); };
+    if (par != nullptr)
+      par(run, &J, units);
+    else
+      for (int u = 0; u < units; ++u) unit(J, u);
   });
 }
 

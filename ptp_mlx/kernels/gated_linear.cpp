@@ -183,12 +183,14 @@ mx::array gated_linear(const mx::array& x, const mx::array& W, const mx::array& 
 void register_attention(nb::module_& m);  // attention.cpp
 void register_rowwise(nb::module_& m);    // rowwise.cpp
 void register_heads(nb::module_& m);      // heads.cpp
+void register_linear(nb::module_& m);     // linear.cpp
 
 NB_MODULE(_ptp_cpu_ops, m) {
-  m.doc() = "ptp-mlx's CPU primitives: a fused projection group with its gated LoRA, a layer's attention, SwiGLU, RMS norm, table RoPE and the auxiliary rows' head";
+  m.doc() = "ptp-mlx's CPU primitives: a fused projection group (plain, or with its gated LoRA), a layer's attention, SwiGLU, RMS norm, table RoPE and the auxiliary rows' head";
   register_attention(m);
   register_rowwise(m);
   register_heads(m);
+  register_linear(m);
   m.def("gated_linear", &gated_linear, nb::arg("x"), nb::arg("W"), nb::arg("B"), nb::arg("gate"),
         nb::arg("spans"), nb::arg("out"), nb::arg("bias") = nb::none(),
         "y = x @ W[:out].T (+ bias), plus (x @ W[out:].T * gate) @ B on rows whose gate is not zero.");

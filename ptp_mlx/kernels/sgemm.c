@@ -443,8 +443,11 @@ static struct {
     long long linger_ns;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    /* the job: written by the caller before it publishes `claim`, read after a successful claim */
+    /* the job: written by the caller before it publishes `claim`, read after a successful claim; `gen` (with
+     * `gctx`) instead of `fn`: a generic job of `chunks` units (ptp_sgemm_parallel) */
     kern_fn fn;
+    void (*gen)(void *, int);
+    void *gctx;
     int M, N, K, beta1, chunk, chunks;
     const float *A, *B;
     float *C;
@@ -462,7 +465,10 @@ static void work(unsigned job) {
         if ((unsigned)(c >> 32) != job || (int)(uint32_t)c >= pool.chunks) return;
         if (!__atomic_compare_exchange_n(&pool.claim, &c, c + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
         int n0 = (int)(uint32_t)c * pool.chunk, n1 = n0 + pool.chunk < pool.N ? n0 + pool.chunk : pool.N;
-        pool.fn(pool.M, n0, n1, pool.K, pool.A, pool.lda, pool.B, pool.ldb, pool.beta1, pool.C, pool.ldc);
+        if (pool.gen)
+            pool.gen(pool.gctx, n0);
+        else
+            pool.fn(pool.M, n0, n1, pool.K, pool.A, pool.lda, pool.B, pool.ldb, pool.beta1, pool.C, pool.ldc);
         __atomic_fetch_add(&pool.finished, 1, __ATOMIC_RELEASE);
         c = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
     }
@@ -499,6 +505,8 @@ static void *worker(void *arg) {
     return 0;
 }
 
+static void share(void);
+
 static void run(kern_fn fn, int M, int N, int K, const float *A, long lda, const float *B, long ldb, int beta1,
                 float *C, long ldc) {
     if (!pool.started || !pool.wanted || (long)N * K < pool.min_work || N < 64 ||
@@ -508,9 +516,14 @@ static void run(kern_fn fn, int M, int N, int K, const float *A, long lda, const
     }
     /* about 16 chunks of whole tiles: few enough that each keeps its prefetch stream, enough to balance */
     int chunk = ((N + 15) / 16 + 15) & ~15;
-    pool.fn = fn, pool.M = M, pool.N = N, pool.K = K, pool.beta1 = beta1, pool.chunk = chunk;
+    pool.fn = fn, pool.gen = 0, pool.M = M, pool.N = N, pool.K = K, pool.beta1 = beta1, pool.chunk = chunk;
     pool.chunks = (N + chunk - 1) / chunk;
     pool.A = A, pool.lda = lda, pool.B = B, pool.ldb = ldb, pool.C = C, pool.ldc = ldc;
+    share();
+}
+
+/* Publish the job written into `pool`, wake the worker if it sleeps, compute chunks beside it, wait for all. */
+static void share(void) {
     pool.finished = 0;
     unsigned job = pool.job + 1;
     __atomic_store_n(&pool.claim, (uint64_t)job << 32, __ATOMIC_RELEASE);
@@ -524,6 +537,20 @@ static void run(kern_fn fn, int M, int N, int K, const float *A, long lda, const
     for (int i = 0; __atomic_load_n(&pool.finished, __ATOMIC_ACQUIRE) != pool.chunks; i++)
         if (i > 1 << 14) sched_yield(); /* the worker was descheduled inside its chunk */
     __atomic_store_n(&pool.busy, 0, __ATOMIC_RELEASE);
+}
+
+/* fn(ctx, i) for i in [0, n), shared with the worker where there is one and it is free (else all here, in order);
+ * returns when every unit is done. For ptp-mlx's CPU primitives (attention: its heads), which find it with dlsym:
+ * the worker waits beside MLX's stream thread between products anyway. Returns the threads used (1 or 2). */
+int ptp_sgemm_parallel(void (*fn)(void *, int), void *ctx, int n) {
+    if (n <= 0) return 1;
+    if (n == 1 || !pool.started || !pool.wanted || __atomic_exchange_n(&pool.busy, 1, __ATOMIC_ACQUIRE)) {
+        for (int i = 0; i < n; i++) fn(ctx, i);
+        return 1;
+    }
+    pool.fn = 0, pool.gen = fn, pool.gctx = ctx, pool.N = n, pool.chunk = 1, pool.chunks = n;
+    share();
+    return 2;
 }
 
 /* ---- the exported entry points ---- */

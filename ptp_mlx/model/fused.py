@@ -23,6 +23,8 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels.extension import module as gated_linear_module
+from .cpu_math import fused_op
+from .kv import in_our_pass
 
 # Projections that read the same input: fused into one matmul (their LoRA ``A`` stacked with them, or alone).
 INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -62,6 +64,7 @@ class FusedGroup:
         outs = [lin.weight.shape[0] for lin in linears]
         self.out = sum(outs)
         self.splits = list(np.cumsum(outs)[:-1])
+        self.outs = outs
         with_a = [n for n in names if n in loras]
         ranks = [loras[n].A.shape[0] for n in with_a]
         parts = [lin.weight.astype(dtype) for lin in linears] + [loras[n].A.astype(dtype) for n in with_a]
@@ -80,6 +83,7 @@ class FusedGroup:
         # On the CPU a float32 group and its LoRA can be one primitive (kernels/gated_linear.cpp): B's non-zero
         # columns per rank row tell it where the block-diagonal delta lands.
         self.gated = gated_module() if self.B is not None and dtype == mx.float32 else None
+        self.plain = dtype == mx.float32  # a plain pass's group can be one node (kernels/linear.cpp)
         self.spans = _spans(self.B) if self.gated is not None else None
         self.base_W = self.W[: self.out]
         # The transposed views the matmuls read, made once: evaluated views of the same memory (no copy), so a
@@ -119,9 +123,16 @@ class FusedGroup:
             if gate.gate is not None:  # zero rows in rank space: token rows then add an exact zero
                 a = a * gate.gate.astype(a.dtype)
             y = mx.addmm(z, a, self.B)
+        elif self.plain and x.dtype == mx.float32 and in_our_pass() and (linear := fused_op("linear")) is not None:
+            # a pass over our K/V state: the group as one node, one output per projection (kernels/linear.cpp)
+            return self._take(name, x, linear(x, self.W, self.outs, self.bias))
         else:
             y = self._matmul(x, self.base_Wt, self.bias)
         parts = mx.split(y, self.splits, axis=-1) if self.splits else [y]
+        return self._take(name, x, parts)
+
+    def _take(self, name: str, x: mx.array, parts: list[mx.array]) -> mx.array:
+        """Projection ``name``'s part, the group's others kept for its next calls on the same ``x``."""
         mine = dict(zip(self.names, parts, strict=True))
         out = mine.pop(name)
         self._x, self._memo = (x, mine) if mine else (None, {})

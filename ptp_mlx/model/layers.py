@@ -28,7 +28,7 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 from ..errors import UserError
 from . import cpu_math
 from .fused import FusedGate
-from .kv import KVState, mark_pass
+from .kv import KVState, in_our_pass, mark_pass
 from .rope import table_rope, uses_table
 from .shape import CallPlan, FixedPlan, PassKind
 
@@ -87,6 +87,11 @@ class TokenEmbedding(nn.Module):
         return mx.concatenate([h, aux.astype(h.dtype)], axis=1)
 
     def as_linear(self, x: mx.array) -> mx.array:
+        w = getattr(self.embedding, "weight", None)
+        if type(self.embedding) is nn.Embedding and w.dtype == x.dtype == mx.float32 and in_our_pass():
+            linear = cpu_math.fused_op("linear")  # the tied head as one node (kernels/linear.cpp), MLX's very product
+            if linear is not None:
+                return linear(x, w, [w.shape[0]])[0]
         return self.embedding.as_linear(x)
 
 
