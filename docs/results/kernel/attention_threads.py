@@ -29,7 +29,9 @@ for ctx in [int(a) for a in sys.argv[1:]] or [128, 500, 1000, 2000]:
         col, row = mx.arange(S)[None], mx.arange(ctx, ctx + L)[:, None]
         mask = mx.where(col <= row, 0.0, -float("inf")).astype(mx.float32)
         mx.eval(qs, ks, vs, mask)
-        g = mx.compile(lambda qs, ks, vs, m: [mod.attention(q, k, v, 0.125, m) for q, k, v in zip(qs, ks, vs)])
+        g = mx.compile(
+            lambda qs, ks, vs, m: [mod.attention(q, k, v, 0.125, m) for q, k, v in zip(qs, ks, vs, strict=True)]
+        )
         mx.eval(g(qs, ks, vs, mask))  # traces and compiles
         ts = []
         for _ in range(15):
