@@ -272,7 +272,9 @@ def test_linear_rejects_bad_operands_with_one_clear_error(ops):
         ops.linear(mx.zeros((1, 2, 4), mx.float16), W, [8])
 
 
-def test_a_plain_pass_runs_its_groups_as_one_node_each_with_the_same_logits(ops, tiny_model_dir, adapter_dir, monkeypatch):
+def test_a_plain_pass_runs_its_groups_as_one_node_each_with_the_same_logits(
+    ops, tiny_model_dir, adapter_dir, monkeypatch
+):
     """A pass over our K/V state of the fused model: its projection groups as ``PTPLinear`` nodes, with the very
     logits of the graph form (``PTP_MLX_LINEAR=0``)."""
     import mlx_lm
