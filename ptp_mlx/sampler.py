@@ -8,6 +8,7 @@ trained against one order and records it (``cdf_order`` in its config), and deco
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -234,12 +235,30 @@ CANDIDATES = 1024  # the likeliest tokens a fast pick sorts
 UNRESOLVED = -2  # a fast pick's answer for a row that needs the full sort (``resolve``)
 
 
+def _top_ids(logits: mx.array, c: int) -> mx.array:
+    """The ids of each row's ``c`` largest logits, int32 in increasing order (temperature and softmax keep the
+    order). On the CPU one primitive (``kernels/heads.cpp: top_ids``, about 0.5 ms a row less than MLX's
+    argpartition and sort; ``PTP_MLX_TOP_IDS=0``: those); which of equal logits at the edge come in does not matter
+    (``_head``'s ``exact``)."""
+    if logits.dtype == mx.float32 and mx.default_device() == mx.cpu and _on("PTP_MLX_TOP_IDS"):
+        from .kernels.extension import module
+
+        mod = module()
+        if mod is not None:
+            return mod.top_ids(logits, c)
+    part = mx.argpartition(-logits, kth=c - 1, axis=-1)[..., :c]
+    return mx.sort(part.astype(mx.int32), axis=-1)
+
+
+def _on(switch: str) -> bool:
+    return os.environ.get(switch, "1").strip().lower() not in ("0", "off", "no", "false")
+
+
 def _head(logits: mx.array, probs_at, c: int) -> tuple[mx.array, mx.array, mx.array]:
     """The ``c`` likeliest tokens in the full sort's order (descending probability, ties by id): their ids, their
     probabilities (``probs_at(ids)``), and how many lead surely as in the full sort (``exact``: those strictly
     likelier than the least likely candidate; a token left out may tie with that one)."""
-    part = mx.argpartition(-logits, kth=c - 1, axis=-1)[..., :c]  # (temperature and softmax keep the order)
-    ids = mx.sort(part.astype(mx.int32), axis=-1)  # id order first: the stable sort below then breaks ties by id
+    ids = _top_ids(logits, c)  # id order first: the stable sort below then breaks ties by id
     pc = probs_at(ids)
     rank = mx.argsort(-pc, axis=-1)
     ps = mx.take_along_axis(pc, rank, axis=-1)

@@ -293,3 +293,22 @@ def test_a_plain_pass_runs_its_groups_as_one_node_each_with_the_same_logits(
         assert ("PTPLinear" in _names(out)) == (flag == "1")
         logits[flag] = np.array(out)
     assert np.array_equal(logits["1"], logits["0"])
+
+
+@pytest.mark.parametrize("V,c", [(49152, 1024), (3000, 1024), (259, 3), (40, 40)])
+def test_top_ids_are_the_largest_in_id_order_ties_to_the_lower_ids(ops, V, c):
+    """``top_ids`` (the fast pick's candidates): per row the ``c`` largest logits' ids, increasing; at equal logits
+    on the edge the lower ids; -0.0 and 0.0 apart as their order keys say, infinities at the ends."""
+    rng = np.random.default_rng(V + c)
+    x = rng.normal(size=(5, V)).astype(np.float32) * 3
+    x[1] = np.round(x[1])  # many ties, some at the edge
+    x[2, :] = 1.0  # all equal: the first c ids
+    x[3, rng.choice(V, min(V, 7), replace=False)] = np.inf
+    x[4, : V // 2] = -np.inf
+    got = np.array(ops.top_ids(mx.array(x), c))
+    for r in range(5):
+        order = np.lexsort((np.arange(V), -x[r]))  # descending value, then increasing id
+        assert got[r].tolist() == sorted(order[:c].tolist()), r
+    assert np.array(ops.top_ids(mx.array(x[None, 1:3]), c)).shape == (1, 2, c)  # leading axes kept
+    with pytest.raises(ValueError, match="top_ids"):
+        ops.top_ids(mx.array(x), V + 1)

@@ -34,8 +34,10 @@ def _logits(rows: int, vocab: int, scale: float, seed: int) -> mx.array:
     return mx.array(x.astype(np.float32))
 
 
+@pytest.mark.parametrize("top_ids", ["1", "0"])  # the candidates by the CPU primitive, or by MLX's argpartition
 @pytest.mark.parametrize("order,t,top_p,scale", CASES)
-def test_fast_pick_answers_what_the_full_sort_answers(order, t, top_p, scale):
+def test_fast_pick_answers_what_the_full_sort_answers(order, t, top_p, scale, top_ids, monkeypatch):
+    monkeypatch.setenv("PTP_MLX_TOP_IDS", top_ids)
     lg = _logits(96, 3000, scale, seed=int(10 * t + 100 * top_p))
     u = mx.array(np.random.default_rng(3).random(96, dtype=np.float32))
     s = SamplingSettings(t, 0, top_p, order=order)
