@@ -87,23 +87,18 @@ static void nn_portable(int M, int n0, int n1, int K, const float *A, long lda, 
 #define T512 __attribute__((target("avx512f")))
 #define T256 __attribute__((target("avx2,fma")))
 
-/* Tuned with scripts/bench_sgemm.py --lib on this project's AMD EPYC (Zen 4) core (-D to retry): tiles of MR512 token rows
- * x NR512 weight rows (6 x 4: 24 accumulators + 4 weights + 1 row of zmm registers; 4 x 4, 5 x 4, 4 x 6 and
- * 8 x 3 were within noise, a wider one-row tile too), and while the tiles of a block of weight rows compute,
- * they prefetch the block PF_BLOCKS ahead, one cache line per row and chunk, the rows shared among the tiles
- * (without prefetch, 8 rows cost 1.8x one row instead of 1.15x; prefetching 2-8 blocks ahead or into L2 was
- * within noise; every tile prefetching every row, 16 rows cost 1.8x instead of 1.5x). */
+/* While the tiles of a block of weight rows compute, they prefetch the block PF_BLOCKS ahead, one cache line per
+ * row and chunk, the rows shared among the tiles (without prefetch, 8 rows cost 1.8x one row instead of 1.15x;
+ * every tile prefetching every row, 16 rows cost 1.8x instead of 1.5x), into L2 (PF_HINT; -D to retry): on
+ * 2026-12-05, builds interleaved in one process, a 1-row pass of the model's products took 16.1 ms with L2
+ * prefetches and 18.0 with L1 ones, 8 rows 17.7 against 23.2 (AVX2 path: 1 row 16.5 / 18.6, 4 rows 17.6 / 23.5):
+ * the block then no longer evicts from L1 the rows the tiles are still reading (earlier sessions, on a VM of the
+ * same CPU family, had measured the two within noise). 2 blocks ahead: within noise. */
 #ifndef PF_BLOCKS
 #define PF_BLOCKS 1
 #endif
 #ifndef PF_HINT
-#define PF_HINT _MM_HINT_T0
-#endif
-#ifndef MR512
-#define MR512 6
-#endif
-#ifndef NR512
-#define NR512 4
+#define PF_HINT _MM_HINT_T1
 #endif
 /* the block to prefetch from the tiles of NR weight rows at n, if it lies inside this call's columns */
 #define PF(NR) (PF_BLOCKS && n + (PF_BLOCKS + 1) * (NR) <= n1 ? B + (n + PF_BLOCKS * (NR)) * ldb : 0)
@@ -172,20 +167,28 @@ INLINE T512 void tile_nt_512(const int MR, const int NR, int K, const float *A, 
  * (the first tile) and from L1 for the others, and the tiles share the prefetch of block pf. */
 INLINE T512 void rows_nt_512(const int MR, const int NR, int M, int K, const float *A, long lda,
                              const float *B, long ldb, int beta1, float *C, long ldc, const float *pf) {
-    int tiles = (M + MR - 1) / MR, t = 0, m = 0;
+    /* as few tiles as MR allows, of balanced heights (10 rows: 5 + 5, not 6 + 4), each of constant height */
+    int tiles = (M + MR - 1) / MR, m = 0;
+    for (int t = 0; t < tiles; t++) {
+        int h = M / tiles + (t < M % tiles);
 #define TILE(mr) tile_nt_512(mr, NR, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, pf, t, tiles)
-    for (; m + MR <= M; m += MR, t++) TILE(MR);
-    switch (M - m) { /* the last rows: one tile of constant height again (MR <= 8; none taller than MR built) */
-    case 7: if (MR > 7) TILE(7); break; case 6: if (MR > 6) TILE(6); break; case 5: if (MR > 5) TILE(5); break;
-    case 4: if (MR > 4) TILE(4); break; case 3: if (MR > 3) TILE(3); break; case 2: if (MR > 2) TILE(2); break;
-    case 1: TILE(1); break; default: break;
-    }
+        switch (h) { /* (none taller than MR built) */
+        case 8: if (MR >= 8) TILE(8); break; case 7: if (MR >= 7) TILE(7); break;
+        case 6: if (MR >= 6) TILE(6); break; case 5: if (MR >= 5) TILE(5); break;
+        case 4: if (MR >= 4) TILE(4); break; case 3: if (MR >= 3) TILE(3); break;
+        case 2: if (MR >= 2) TILE(2); break; default: TILE(1); break;
+        }
 #undef TILE
+        m += h;
+    }
 }
 
-/* The tile shape by the number of rows: 1-2 rows in tiles of 8 weight rows and 3-4 in tiles of 6 (more weight
- * rows streamed side by side: a 1-row pass 36.7 -> 30.5 ms on one thread, 19.8 -> 17.0 ms on two, 4 rows 36.2 ->
- * 33.6 ms; /tmp-style interleaved timing of the default model's products, Zen 4), more rows in MR512 x NR512.
+/* The tile shape by the number of rows, the fewest tiles of the most weight rows that fit the registers
+ * (accumulators + weights + one row: 2 x 8, 4 x 6, 6 x 4, 8 x 3). Measured on the default model's products,
+ * two threads, builds interleaved in one process (/tmp-style ctypes timing, Zen 4), ms per pass:
+ *   1 row 18.0 -> 16.1 (tiles of 8 weight rows: more rows streamed side by side; with the L2 prefetch below),
+ *   4 rows 19.6 -> 16.2, 8 rows 23.2 -> 17.0 (one 8 x 3 tile instead of 6 + 2), 10 rows 22.1 -> 20.7 (5 + 5
+ *   instead of 6 + 4), 16 rows 32.9 -> 29.5 (8 + 8 instead of 6 + 6 + 4).
  * An element's arithmetic does not depend on the tile (one accumulator over K in order, one fixed sum tree), so
  * the choice keeps every row bit for bit the same at every width. */
 static T512 void nt_512(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
@@ -198,10 +201,13 @@ static T512 void nt_512(int M, int n0, int n1, int K, const float *A, long lda, 
         COLS(2, 8);
     else if (M <= 4)
         COLS(4, 6);
+    else if (M <= 6 || (M > 8 && M <= 12))
+        COLS(6, 4);
     else
-        COLS(MR512, NR512);
+        COLS(8, 3);
+    COLS(6, 4); /* a tail of whole blocks of four weight rows (a LoRA's rank 16 after tiles of 6) */
 #undef COLS
-    for (; n < n1; n++) rows_nt_512(MR512, 1, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, 0);
+    for (; n < n1; n++) rows_nt_512(8, 1, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, 0);
 }
 
 /* An MR x NV tile of C = A B (NV vectors of 16 columns; the last one `last` columns wide, masked when `last` <
