@@ -172,10 +172,18 @@ void unit(const Job& J, int u) {
       const int* vr = vrow[r];
       if (n == 0) continue;
       const float* si = sc.data() + static_cast<size_t>(i) * Sp;
+      // visible keys in one run (a causal prefix): gathered and scattered as vectors, the same values
+      const bool run = vr[n - 1] - vr[0] == n - 1;
+      const int v0 = vr[0];
       if (mk == 2) {
         const int h = g * rep + r / L, l = r % L;
         const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
-        for (int j = 0; j < n; ++j) c[j] = si[vr[j]] + mr[vr[j] * mv.st[3]];
+        if (run && mv.st[3] == 1)
+          for (int j = 0; j < n; ++j) c[j] = si[v0 + j] + mr[v0 + j];
+        else
+          for (int j = 0; j < n; ++j) c[j] = si[vr[j]] + mr[vr[j] * mv.st[3]];
+      } else if (run) {
+        std::copy(si + v0, si + v0 + n, c.data());
       } else {
         for (int j = 0; j < n; ++j) c[j] = si[vr[j]];
       }
@@ -195,7 +203,10 @@ void unit(const Job& J, int u) {
         sum += e;
       }
       const float inv = 1.0f / lane_sum(sum);
-      for (int j = 0; j < n; ++j) p[vr[j]] = c[j] * inv;
+      if (run)
+        for (int j = 0; j < n; ++j) p[v0 + j] = c[j] * inv;
+      else
+        for (int j = 0; j < n; ++j) p[vr[j]] = c[j] * inv;
     }
     // Output: for each column block, the sum over keys in order; a key no row of the block sees is skipped
     // (for the others its probability is zero: adding 0 * v changes no bit).
