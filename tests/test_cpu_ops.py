@@ -58,7 +58,11 @@ def _mask(rng, kind: str, L: int, S: int, ctx: int):
 @pytest.mark.parametrize(
     "B,Hq,Hkv,D,S,L", [(1, 9, 3, 64, 256, 1), (1, 9, 3, 64, 256, 7), (2, 4, 2, 80, 40, 5), (1, 6, 2, 72, 33, 9)]
 )
-def test_attention_agrees_with_the_graph_and_a_row_alone_is_the_same_bits(ops, monkeypatch, kind, B, Hq, Hkv, D, S, L):
+@pytest.mark.parametrize("scores", ["1", "0"])  # scores by ptp-sgemm's A B^T kernel, or by attention's own loop
+def test_attention_agrees_with_the_graph_and_a_row_alone_is_the_same_bits(
+    ops, monkeypatch, kind, B, Hq, Hkv, D, S, L, scores
+):
+    monkeypatch.setenv("PTP_MLX_ATTENTION_SCORES", scores)
     rng = np.random.default_rng(S + L)
     q = mx.array(rng.standard_normal((B, L, Hq, D)).astype(np.float32)).transpose(0, 2, 1, 3)  # a strided view
     k = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))

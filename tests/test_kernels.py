@@ -139,6 +139,31 @@ def test_batch_invariance(lib, path, tb, n, k):
                 assert np.array_equal(c[s : s + m].view(np.uint32), alone[s : s + m].view(np.uint32)), (m, s, beta)
 
 
+def test_nt_for_the_primitives_is_the_kernels_product_even_when_disabled(lib, path):
+    """ptp_sgemm_nt (attention's scores): A B^T with beta 0, bit for bit what cblas_sgemm's kernel gives, also with
+    the kernel switched off for MLX (PTP_MLX_SGEMM=0 forwards cblas_sgemm, never this); 0 and nothing written
+    where M is out of range."""
+    nt = lib.ptp_sgemm_nt
+    nt.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p, ctypes.c_long] * 3
+    rng = np.random.default_rng(7)
+    for m, n, k in ((1, 33, 64), (4, 1000, 64), (3, 17, 80), (16, 65, 577)):
+        a, b = buf(rng, m, k, k + 3), buf(rng, n, k, k + 5)
+        want = np.zeros((m, n), np.float32)
+        gemm(lib, a, b, want, TR)
+        for on in (1, 0):
+            lib.ptp_sgemm_enable(on)
+            got = np.full((m, n + 2), np.nan, np.float32)
+            assert nt(
+                m, n, k, a.ctypes.data, a.strides[0] // 4, b.ctypes.data, b.strides[0] // 4, got.ctypes.data, n + 2
+            )
+            assert np.array_equal(got[:, :n].view(np.uint32), want.view(np.uint32)), (m, n, k, on)
+        lib.ptp_sgemm_enable(1)
+    big = np.zeros((lib.ptp_sgemm_max_m() + 1, 16), np.float32)
+    out = np.full((big.shape[0], 4), 7.0, np.float32)
+    assert nt(big.shape[0], 4, 16, big.ctypes.data, 16, big.ctypes.data, 16, out.ctypes.data, 4) == 0
+    assert (out == 7.0).all()
+
+
 @pytest.mark.parametrize("tb", [TR, NO])
 def test_a_second_thread_changes_no_bit(lib, path, tb):
     """With the optional worker sharing N (every call it can take: min_work 1), each product is bit for bit the

@@ -97,6 +97,7 @@ struct Job {
   std::vector<const int*> vrow;  // per (b, g, r) [(b * Hkv + g) * R + r]: the row's visible keys, in order
   std::vector<int> nvis;         // and how many
   std::vector<int> send;         // per (b, g): the end of the keys any of its rows sees
+  int (*nt)(int, int, int, const float*, long, const float*, long, float*, long);  // ptp_sgemm_nt, or null
 };
 
 // Rows [r0, r0 + RB) of key/value head g in batch b (u = (b * Hkv + g) * blocks + r0 / RB): every number a row
@@ -139,7 +140,10 @@ void unit(const Job& J, int u) {
     // the lanes summed by one fixed tree (sum16) that also gathers the 16 keys' scores into one vector. A
     // key's score depends on nothing else: not its slot, its block or the rows beside it. K is read once
     // per block of rows, in place (no copy).
-    for (int s0 = 0; s0 < send; s0 += LANES) {
+    if (J.nt != nullptr && kv.st[3] == 1 && J.nt(nr, send, D, qs.data(), D, kb, kv.st[2], sc.data(), Sp)) {
+      // the scores by ptp-sgemm's A B^T kernel (tiles of rows x keys; each score one accumulator over d in
+      // order and one fixed sum tree, whatever the rows: the same bits at every width)
+    } else for (int s0 = 0; s0 < send; s0 += LANES) {
       const float* kr[LANES];
       for (int t = 0; t < LANES; ++t) kr[t] = kb + std::min(s0 + t, send - 1) * kv.st[2];  // (the tail: repeats)
       for (int i = 0; i < nr; ++i) {
@@ -266,6 +270,14 @@ parallel_fn parallel() {
   return one != nullptr && std::string(one) == "1" ? nullptr : fn;
 }
 
+// ptp-sgemm's A B^T kernel for the scores, where that library is loaded and PTP_MLX_ATTENTION_SCORES is not 0.
+typedef int (*nt_fn)(int, int, int, const float*, long, const float*, long, float*, long);
+nt_fn score_kernel() {
+  static nt_fn fn = reinterpret_cast<nt_fn>(dlsym(RTLD_DEFAULT, "ptp_sgemm_nt"));
+  const char* off = std::getenv("PTP_MLX_ATTENTION_SCORES");
+  return off != nullptr && std::string(off) == "0" ? nullptr : fn;
+}
+
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::array& q = inputs[0];  // [B, Hq, L, D]
   const mx::array& k = inputs[1];  // [B, Hkv, S, D]
@@ -285,6 +297,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     thread_local Job J;
     J.B = q.shape(0), J.Hq = q.shape(1), J.L = q.shape(2), J.D = q.shape(3);
     J.Hkv = k.shape(1), J.S = k.shape(2), J.rep = J.Hq / J.Hkv, J.mk = mk, J.scale = scale, J.op = op;
+    J.nt = score_kernel();
     const int B = J.B, L = J.L, Hkv = J.Hkv, S = J.S, rep = J.rep;
     const mx::Shape full = {B, J.Hq, L, S};
     J.qv = dense_last(q, qbuf), J.kv = dense_last(k, kbuf), J.vv = dense_last(v, vbuf);

@@ -685,3 +685,13 @@ int ptp_sgemm_set_threads(int n, int min_work, int spin) {
     if (n > 0) pool.wanted = n >= 2; /* n = 0: only ask */
     return pool.started && pool.wanted ? 2 : 1;
 }
+
+/* C = A B^T (beta 0) on this thread with the decode kernel, whatever ptp_sgemm_enable says: for ptp-mlx's CPU
+ * primitives (attention's scores), whose rows must come out alike at every width. 0 (nothing done) where M is
+ * out of the kernel's range. */
+int ptp_sgemm_nt(int M, int N, int K, const float *A, long lda, const float *B, long ldb, float *C, long ldc) {
+    if (M < 1 || M > PTP_MAX_M || N < 1 || K < 1 || lda < K || ldb < K || ldc < N) return 0;
+    A = aligned_rows(M, K, A, &lda);
+    kern_nt(M, 0, N, K, A, lda, B, ldb, 0, C, ldc);
+    return 1;
+}
