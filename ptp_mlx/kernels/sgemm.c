@@ -502,7 +502,7 @@ static struct {
 static void work(unsigned job) {
     uint64_t c = __atomic_load_n(&pool.claim, __ATOMIC_ACQUIRE);
     for (;;) {
-        if ((unsigned)(c >> 32) != job || (int)(uint32_t)c >= pool.chunks) return;
+        if ((unsigned)(c >> 32) != job || (uint32_t)c >= (uint32_t)pool.chunks) return;
         if (!__atomic_compare_exchange_n(&pool.claim, &c, c + 1, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
         int n0 = (int)(uint32_t)c * pool.chunk, n1 = n0 + pool.chunk < pool.N ? n0 + pool.chunk : pool.N;
         if (pool.gen)
@@ -576,6 +576,13 @@ static void share(void) {
     work(job);
     for (int i = 0; __atomic_load_n(&pool.finished, __ATOMIC_ACQUIRE) != pool.chunks; i++)
         if (i > 1 << 14) sched_yield(); /* the worker was descheduled inside its chunk */
+    /* No late claim of this job: a worker still inside work() after its last chunk (descheduled between its count
+     * and its next look at the claim) could otherwise read the next job's `chunks`, claim an index past this job's
+     * end before the next claim is published, run it with the next job's fields and count it into the next job's
+     * `finished` after share() reset it (2026-12-05: finished 13 of 12, the stream thread waiting for good). The
+     * fence keeps the next job's fields from being seen before this store. */
+    __atomic_store_n(&pool.claim, ((uint64_t)job << 32) | 0xFFFFFFFFu, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     __atomic_store_n(&pool.busy, 0, __ATOMIC_RELEASE);
 }
 
