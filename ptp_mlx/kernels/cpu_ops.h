@@ -2,6 +2,8 @@
 // primitive that runs on MLX's CPU stream only, and reading an input that may be a view.
 #pragma once
 
+#include <dlfcn.h>
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -71,6 +73,18 @@ inline Rows rows_of(const mx::array& a, std::vector<float>& buf) {
   buf.resize(a.size());
   dense(a, buf.data());
   return {buf.data(), static_cast<int64_t>(a.size()) / (n > 0 ? n : 1), n};
+}
+
+// cblas_sgemm as resolved in the process's global scope, where ptp_mlx/blas.py placed ptp-sgemm (or MKL) before
+// MLX loaded: the same function MLX's own matmuls call. `who` names the caller in the error where there is none.
+enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
+typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
+                         float*, int);
+
+inline sgemm_fn blas_sgemm(const char* who) {
+  static sgemm_fn fn = reinterpret_cast<sgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
+  if (fn == nullptr) throw std::runtime_error(std::string(who) + ": no cblas_sgemm in the process");
+  return fn;
 }
 
 }  // namespace ptpcpu

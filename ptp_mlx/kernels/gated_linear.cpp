@@ -18,8 +18,6 @@
 // cblas_sgemm is resolved in the process's global scope, where ptp_mlx/blas.py placed ptp-sgemm (or MKL)
 // before MLX loaded: the same function MLX's own matmuls call.
 
-#include <dlfcn.h>
-
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -41,15 +39,9 @@ namespace nb = nanobind;
 
 namespace {
 
-enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
-typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                         float*, int);
-
-sgemm_fn blas_sgemm() {
-  static sgemm_fn fn = reinterpret_cast<sgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
-  if (fn == nullptr) throw std::runtime_error("ptp-gated-linear: no cblas_sgemm in the process");
-  return fn;
-}
+using ptpcpu::NoTrans;
+using ptpcpu::RowMajor;
+using ptpcpu::Trans;
 
 class GatedLinear : public ptpcpu::CpuPrimitive {
  public:
@@ -109,7 +101,7 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
       ptpcpu::dense(gate, gbuf.data());
       gp = gbuf.data();
     }
-    sgemm_fn sgemm = blas_sgemm();
+    ptpcpu::sgemm_fn sgemm = ptpcpu::blas_sgemm("ptp-gated-linear");
     if (bias != nullptr)
       for (int i = 0; i < M; ++i) std::memcpy(yp + static_cast<size_t>(i) * N, bias, sizeof(float) * N);
     // Exactly MLX's call for a plain pass's `x @ W[:N].T` (or addmm with the bias copied into the output).

@@ -10,8 +10,6 @@
 // NoTrans, Trans, lda = ldb = K, beta 0), or for `addmm(bias, x, W[:N].T)` (the bias broadcast into the output,
 // beta 1), into one [M, N] buffer; the projections' columns are then copied out.
 
-#include <dlfcn.h>
-
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -33,15 +31,9 @@ namespace nb = nanobind;
 
 namespace {
 
-enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
-typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                         float*, int);
-
-sgemm_fn blas_sgemm() {
-  static sgemm_fn fn = reinterpret_cast<sgemm_fn>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
-  if (fn == nullptr) throw std::runtime_error("ptp-linear: no cblas_sgemm in the process");
-  return fn;
-}
+using ptpcpu::NoTrans;
+using ptpcpu::RowMajor;
+using ptpcpu::Trans;
 
 class Linear : public ptpcpu::CpuPrimitive {
  public:
@@ -99,7 +91,8 @@ void Linear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
     float* y = outs.size() == 1 ? outp[0] : (ybuf.resize(static_cast<size_t>(M) * N), ybuf.data());
     if (bias != nullptr)
       for (int i = 0; i < M; ++i) std::memcpy(y + static_cast<size_t>(i) * N, bias, sizeof(float) * N);
-    blas_sgemm()(RowMajor, NoTrans, Trans, M, N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, y, N);
+    const ptpcpu::sgemm_fn sgemm = ptpcpu::blas_sgemm("ptp-linear");
+    sgemm(RowMajor, NoTrans, Trans, M, N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, y, N);
     if (outs.size() == 1) return;
     for (size_t p = 0, col = 0; p < outs.size(); col += outs[p], ++p)
       for (int i = 0; i < M; ++i)
