@@ -8,6 +8,7 @@ trained against one order and records it (``cdf_order`` in its config), and deco
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -239,13 +240,18 @@ def _top_ids(logits: mx.array, c: int) -> mx.array:
     order). On the CPU one primitive (``kernels/heads.cpp: top_ids``, about 0.5 ms a row less than MLX's
     argpartition and sort; ``PTP_MLX_TOP_IDS=0``: those); which of equal logits at the edge come in does not matter
     (``_head``'s ``exact``)."""
-    from .model.cpu_math import fused_op  # (the CPU primitives' one switchboard: device, build, PTP_MLX_* switches)
+    if logits.dtype == mx.float32 and mx.default_device() == mx.cpu and _on("PTP_MLX_TOP_IDS"):
+        from .kernels.extension import module
 
-    top_ids = fused_op("top_ids") if logits.dtype == mx.float32 else None
-    if top_ids is not None:
-        return top_ids(logits, c)
+        mod = module()
+        if mod is not None:
+            return mod.top_ids(logits, c)
     part = mx.argpartition(-logits, kth=c - 1, axis=-1)[..., :c]
     return mx.sort(part.astype(mx.int32), axis=-1)
+
+
+def _on(switch: str) -> bool:
+    return os.environ.get(switch, "1").strip().lower() not in ("0", "off", "no", "false")
 
 
 def _head(logits: mx.array, probs_at, c: int) -> tuple[mx.array, mx.array, mx.array]:
