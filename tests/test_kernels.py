@@ -266,6 +266,62 @@ def test_forwards_what_it_does_not_take(lib):
         lib.ptp_sgemm_set_fallback(None)
 
 
+def _numpy_sgemm(seen: list):
+    """A fallback BLAS in numpy (either order, any transposition, leading dimensions), recording each call's
+    row-major shape."""
+
+    def view(addr, rows, cols, ld, trans):
+        size = (cols - 1) * ld + rows if trans else (rows - 1) * ld + cols
+        raw = np.ctypeslib.as_array((ctypes.c_float * size).from_address(addr))
+        return np.lib.stride_tricks.as_strided(raw, (rows, cols), (4, 4 * ld) if trans else (4 * ld, 4))
+
+    @SGEMM
+    def fallback(order, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc):
+        if order == COL:  # col-major C = op(A) op(B) is row-major C^T = op(B)^T op(A)^T
+            ta, tb, m, n, a, lda, b, ldb = tb, ta, n, m, b, ldb, a, lda
+        seen.append((ta, tb, m, n, k))
+        out = view(c, m, n, ldc, False)
+        prod = view(a, m, k, lda, ta == TR).astype(np.float64) @ view(b, k, n, ldb, tb == TR).astype(np.float64)
+        out[...] = (alpha * prod + beta * out).astype(np.float32)
+
+    return fallback
+
+
+@pytest.mark.parametrize("order", [ROW, COL])
+def test_a_large_forwarded_product_runs_in_halves_on_both_threads(lib, order):
+    """A product past the kernel's rows (a prefill's) is forwarded as two calls on both threads, each half of C's
+    columns (or rows, when C has few columns), and the whole is the product; on one thread, one call."""
+    lib.ptp_sgemm_set_threads.restype = ctypes.c_int
+    rng = np.random.default_rng(8)
+    seen: list = []
+    fallback = _numpy_sgemm(seen)
+    lib.ptp_sgemm_set_fallback(ctypes.cast(fallback, ctypes.c_void_p))
+    try:
+        for threads in (2, 1):
+            assert lib.ptp_sgemm_set_threads(threads, 0, 0) == threads
+            for m, n, k, tb, halves in (
+                (300, 401, 100, TR, "cols"),
+                (1001, 100, 100, NO, "rows"),
+                (80, 50, 100, TR, ""),
+            ):
+                seen.clear()
+                a, b = buf(rng, m, k, k + 3), buf(rng, n, k, k + 1) if tb == TR else buf(rng, k, n, n + 1)
+                c = buf(rng, m, n, n + 2)
+                c[...] = 0.0
+                gemm(lib, a, b, c, tb, order=order)
+                want = np.asarray(a, np.float64) @ (np.asarray(b, np.float64).T if tb == TR else np.asarray(b))
+                assert np.allclose(c, want, rtol=1e-5, atol=1e-4), (m, n, k)
+                if threads == 1 or not halves:  # (m n k under the split's size: one call)
+                    assert [s[2:] for s in seen] == [(m, n, k)], seen
+                elif halves == "cols":
+                    assert sorted(s[2:] for s in seen) == [(m, n // 2, k), (m, n - n // 2, k)], seen
+                else:
+                    assert sorted(s[2:] for s in seen) == [(m // 2, n, k), (m - m // 2, n, k)], seen
+    finally:
+        lib.ptp_sgemm_set_threads(1, 0, 0)
+        lib.ptp_sgemm_set_fallback(None)
+
+
 MLX_PROBE = """
 import ptp_mlx, mlx.core as mx, numpy as np
 from ptp_mlx import blas

@@ -636,6 +636,34 @@ static const float *aligned_rows(int M, int K, const float *A, long *lda) {
     return buf;
 }
 
+/* A forwarded row-major product C = op(A) op(B), split in two halves across the pool (``fwd_half``). */
+#define FWD_SPLIT_WORK (1 << 23) /* multiply-adds: below it (about 0.1 ms), the handover costs more than it gains */
+struct fwd {
+    int ta, tb, M, N, K;
+    float alpha, beta;
+    const float *A;
+    int lda;
+    const float *B;
+    int ldb;
+    float *C;
+    int ldc, by_cols;
+};
+
+/* Half `i` of a split forward: the same fallback call on half of C's columns (by_cols) or rows. A column of C
+ * is op(B)'s column: row n of B when B is transposed, else column n; a row of C is op(A)'s row likewise. */
+static void fwd_half(void *ctx, int i) {
+    const struct fwd *f = ctx;
+    int whole = f->by_cols ? f->N : f->M, lo = i == 0 ? 0 : whole / 2, n = i == 0 ? whole / 2 : whole - whole / 2;
+    const float *A = f->A, *B = f->B;
+    float *C = f->C;
+    int M = f->M, N = f->N;
+    if (f->by_cols)
+        B += f->tb == Trans ? (long)lo * f->ldb : lo, C += lo, N = n;
+    else
+        A += f->ta == Trans ? lo : (long)lo * f->lda, C += (long)lo * f->ldc, M = n;
+    fallback(RowMajor, f->ta, f->tb, M, N, f->K, f->alpha, A, f->lda, B, f->ldb, f->beta, C, f->ldc);
+}
+
 void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc) {
     /* Column-major C = op(A) op(B) is row-major C^T = op(B)^T op(A)^T: the same call with the operands swapped. */
@@ -656,7 +684,12 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
     }
     unsigned long long t0 = now_ns();
     __atomic_fetch_add(&n_forwarded, 1, __ATOMIC_RELAXED);
-    if (fallback)
+    if (fallback && pool.started && pool.wanted && (double)rM * rN * K >= FWD_SPLIT_WORK && (rN >= 128 || rM >= 128)) {
+        /* A large product (a prefill's): the fallback (a one-thread BLAS) on both cores, each half of C's columns
+         * (or, with few columns, of its rows) by one call on its own thread. */
+        struct fwd f = {rta, rtb, rM, rN, K, alpha, beta, rA, rlda, rB, rldb, C, ldc, rN >= 128};
+        ptp_sgemm_parallel(fwd_half, &f, 2);
+    } else if (fallback)
         fallback(order, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     else if ((o == RowMajor) && (rta == NoTrans || rta == Trans) && (rtb == NoTrans || rtb == Trans))
         sgemm_naive(rta, rtb, rM, rN, K, alpha, rA, rlda, rB, rldb, beta, C, ldc);

@@ -85,7 +85,7 @@ def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
     if mask is not None and mask.ndim == 4 and mask.shape[1] not in (1, Hq):
         return None
     fused = fused_op("attention")
-    if fused is not None and L <= FUSED_MAX_ROWS and queries.dtype == mx.float32 and keys.dtype == mx.float32:
+    if fused is not None and queries.dtype == mx.float32 and keys.dtype == mx.float32:
         if mask is not None and mask.dtype != mx.bool_:
             mask = mask.astype(mx.float32)
         return fused(queries, keys, values, scale, mask)
@@ -104,12 +104,6 @@ def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
             scores = scores + mask.astype(scores.dtype)
     out = softmax(scores) @ values
     return out.reshape(B, Hq, L, D)
-
-
-# Passes of at most this many rows (every decode call: the budget's widest is 64) run attention as one primitive
-# (kernels/attention.cpp); longer ones (prefill chunks) keep the graph form, whose matmuls a BLAS runs on both
-# cores. A row's bits depend on which form ran it, so the line sits where no row is ever compared across it.
-FUSED_MAX_ROWS = 64
 
 
 def fused_op(name: str):
