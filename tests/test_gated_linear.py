@@ -71,6 +71,26 @@ def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, rows,
 
 
 @linux
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_parts_are_the_groups_columns_bit_for_bit(gl, rows):
+    """``gated_linear_parts``: one output per projection, each exactly its columns of the group's output (the
+    gate as the call passes it, [1, rows, 1]); a layer's group is then one node, with no split after it."""
+    rng = np.random.default_rng(10 + rows)
+    W, B, n = _group(rng, 96, [40, 24, 24], 8)
+    bias = mx.array(rng.standard_normal(n).astype(np.float32))
+    x = mx.array(rng.standard_normal((1, rows, 96)).astype(np.float32))
+    gate = mx.array([[[0.0 if i < (rows + 1) // 2 else 1.0] for i in range(rows)]])
+    for b in (None, bias):
+        whole = gl.gated_linear(x, W, B, gate.reshape(-1), _spans(B), n, b)
+        parts = gl.gated_linear_parts(x, W, B, gate, _spans(B), [40, 24, 24], b)
+        assert [p.shape for p in parts] == [(1, rows, 40), (1, rows, 24), (1, rows, 24)]
+        for p, (lo, hi) in zip(parts, ((0, 40), (40, 64), (64, 88)), strict=True):
+            assert np.array_equal(np.array(p).view(np.uint32), np.array(whole[..., lo:hi]).view(np.uint32))
+    with pytest.raises(ValueError, match="every output width is positive"):
+        gl.gated_linear_parts(x, W, B, gate, _spans(B), [88, 0], None)
+
+
+@linux
 def test_a_strided_input_and_a_fractional_gate(gl):
     rng = np.random.default_rng(7)
     W, B, n = _group(rng, 32, [16, 16], 4)

@@ -26,6 +26,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
@@ -45,22 +46,30 @@ using ptpcpu::Trans;
 
 class GatedLinear : public ptpcpu::CpuPrimitive {
  public:
-  GatedLinear(mx::Stream stream, int out, bool has_bias) : CpuPrimitive(stream), out_(out), bias_(has_bias) {}
+  GatedLinear(mx::Stream stream, std::vector<int> outs, bool has_bias)
+      : CpuPrimitive(stream), outs_(std::move(outs)), bias_(has_bias) {
+    for (int n : outs_) out_ += n;
+  }
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "PTPGatedLinear"; }
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const GatedLinear&>(other);
-    return out_ == o.out_ && bias_ == o.bias_;
+    return outs_ == o.outs_ && bias_ == o.bias_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    auto shape = inputs[0].shape();
-    shape.back() = out_;
-    return {shape};
+    std::vector<mx::Shape> shapes;
+    for (int n : outs_) {
+      auto s = inputs[0].shape();
+      s.back() = n;
+      shapes.push_back(s);
+    }
+    return shapes;
   }
 
  private:
-  int out_;
+  std::vector<int> outs_;
+  int out_ = 0;
   bool bias_;
 };
 
@@ -70,14 +79,17 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
   const mx::array& B = inputs[2];      // [R, N], row-contiguous, scale folded in
   const mx::array& gate = inputs[3];   // M floats
   const mx::array& spans = inputs[4];  // [R, 2] int32: B row k is zero outside [lo, hi)
-  mx::array& y = outputs[0];
-  y.set_data(mx::allocator::malloc(y.nbytes()));
 
   const int K = x.shape(-1), N = out_, R = B.shape(0);
   const int M = static_cast<int>(x.size() / K);
   auto& encoder = mx::cpu::get_command_encoder(stream());
   encoder.set_input_array(x);
-  encoder.set_output_array(y);
+  std::vector<float*> outp;
+  for (auto& o : outputs) {
+    o.set_data(mx::allocator::malloc(o.nbytes()));
+    encoder.set_output_array(o);
+    outp.push_back(o.data<float>());
+  }
 
   // The constants (W, B, spans, bias) are the group's own evaluated matrices; x and gate come from the graph
   // and are gathered when they are views.
@@ -86,9 +98,18 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
       throw std::invalid_argument("gated_linear: W, B, spans and bias must be row-contiguous");
   const float* bias = bias_ ? inputs[5].data<float>() : nullptr;
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), gate = mx::array::unsafe_weak_copy(gate),
-                    Wp = W.data<float>(), Bp = B.data<float>(), sp = spans.data<int32_t>(), bias,
-                    yp = y.data<float>(), M, N, K, R]() {
-    thread_local std::vector<float> xbuf, gbuf, abuf;
+                    Wp = W.data<float>(), Bp = B.data<float>(), sp = spans.data<int32_t>(), bias, outp,
+                    outs = outs_, M, N, K, R]() {
+    thread_local std::vector<float> xbuf, gbuf, abuf, ybuf;
+    // One projection: straight into its output; several: into one buffer, then each one's columns (``scatter``).
+    float* yp = outs.size() == 1 ? outp[0] : (ybuf.resize(static_cast<size_t>(M) * N), ybuf.data());
+    auto scatter = [&]() {
+      if (outs.size() == 1) return;
+      for (size_t p = 0, col = 0; p < outs.size(); col += outs[p], ++p)
+        for (int i = 0; i < M; ++i)
+          std::memcpy(outp[p] + static_cast<size_t>(i) * outs[p], yp + static_cast<size_t>(i) * N + col,
+                      sizeof(float) * outs[p]);
+    };
     const float* xs = x.data<float>();
     if (!x.flags().row_contiguous) {
       xbuf.resize(static_cast<size_t>(M) * K);
@@ -108,7 +129,7 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     sgemm(RowMajor, NoTrans, Trans, M, N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, yp, N);
     bool any = false;
     for (int i = 0; i < M && !any; ++i) any = gp[i] != 0.0f;
-    if (!any || R == 0) return;
+    if (!any || R == 0) return scatter();
     abuf.resize(static_cast<size_t>(M) * R);
     sgemm(RowMajor, NoTrans, Trans, M, R, K, 1.0f, xs, K, Wp + static_cast<size_t>(N) * K, K, 0.0f, abuf.data(), R);
     // The auxiliary rows (gate not zero) usually sit together after the token rows: then the delta is one
@@ -131,7 +152,7 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
           sgemm(RowMajor, NoTrans, NoTrans, i1 - i0, hi - lo, k1 - k0, 1.0f, abuf.data() + static_cast<size_t>(i0) * R + k0,
                 R, Bp + static_cast<size_t>(k0) * N + lo, N, 1.0f, yp + static_cast<size_t>(i0) * N + lo, N);
       }
-      return;
+      return scatter();
     }
     for (int i = 0; i < M; ++i) {
       const float g = gp[i];
@@ -144,15 +165,23 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
         for (int j = sp[2 * k]; j < sp[2 * k + 1]; ++j) yr[j] += s * br[j];
       }
     }
+    scatter();
   });
 }
 
-mx::array gated_linear(const mx::array& x, const mx::array& W, const mx::array& B, const mx::array& gate,
-                       const mx::array& spans, int out, std::optional<mx::array> bias) {
+std::vector<mx::array> gated_linear_parts(const mx::array& x, const mx::array& W, const mx::array& B,
+                                          const mx::array& gate, const mx::array& spans, const std::vector<int>& outs,
+                                          std::optional<mx::array> bias) {
   auto check = [](bool ok, const char* what) {
     if (!ok) throw std::invalid_argument(std::string("gated_linear: ") + what);
   };
   const int K = x.shape(-1);
+  int out = 0;
+  for (int n : outs) {
+    check(n > 0, "every output width is positive");
+    out += n;
+  }
+  check(!outs.empty(), "at least one output");
   check(x.dtype() == mx::float32 && W.dtype() == mx::float32 && B.dtype() == mx::float32 &&
             gate.dtype() == mx::float32 && spans.dtype() == mx::int32,
         "float32 operands and int32 spans");
@@ -162,12 +191,21 @@ mx::array gated_linear(const mx::array& x, const mx::array& W, const mx::array& 
   check(spans.size() == 2 * static_cast<size_t>(B.shape(0)), "spans is [rank, 2]");
   if (bias) check(bias->dtype() == mx::float32 && bias->size() == static_cast<size_t>(out), "bias is [out]");
   auto stream = mx::default_stream(mx::Device::cpu);
-  auto shape = x.shape();
-  shape.back() = out;
+  std::vector<mx::Shape> shapes;
+  for (int n : outs) {
+    auto s = x.shape();
+    s.back() = n;
+    shapes.push_back(s);
+  }
   std::vector<mx::array> inputs = {x, W, B, gate, spans};
   if (bias) inputs.push_back(*bias);
-  return mx::array(shape, mx::float32, std::make_shared<GatedLinear>(stream, out, bias.has_value()),
-                   std::move(inputs));
+  return mx::array::make_arrays(std::move(shapes), std::vector<mx::Dtype>(outs.size(), mx::float32),
+                                std::make_shared<GatedLinear>(stream, outs, bias.has_value()), std::move(inputs));
+}
+
+mx::array gated_linear(const mx::array& x, const mx::array& W, const mx::array& B, const mx::array& gate,
+                       const mx::array& spans, int out, std::optional<mx::array> bias) {
+  return gated_linear_parts(x, W, B, gate, spans, {out}, std::move(bias))[0];
 }
 
 }  // namespace
@@ -186,4 +224,7 @@ NB_MODULE(_ptp_cpu_ops, m) {
   m.def("gated_linear", &gated_linear, nb::arg("x"), nb::arg("W"), nb::arg("B"), nb::arg("gate"),
         nb::arg("spans"), nb::arg("out"), nb::arg("bias") = nb::none(),
         "y = x @ W[:out].T (+ bias), plus (x @ W[out:].T * gate) @ B on rows whose gate is not zero.");
+  m.def("gated_linear_parts", &gated_linear_parts, nb::arg("x"), nb::arg("W"), nb::arg("B"), nb::arg("gate"),
+        nb::arg("spans"), nb::arg("outs"), nb::arg("bias") = nb::none(),
+        "gated_linear's output as one array per projection (widths `outs`), each its columns of the group's.");
 }

@@ -116,9 +116,12 @@ class FusedGroup:
                 self._x = None
             return y
         if gate is not None and self.gated is not None and mx.default_device() == mx.cpu:
-            rows = gate.gate.reshape(-1) if gate.gate is not None else mx.ones((x.size // x.shape[-1],))
-            y = self.gated.gated_linear(x, self.W, self.B, rows, self.spans, self.out, self.bias)
-        elif gate is not None and self.B is not None:
+            # One node with one output per projection (no split after it); the gate [1, rows, 1] as it is (one
+            # float per row of x, contiguous: no reshape node per group either).
+            rows = gate.gate if gate.gate is not None else mx.ones((x.size // x.shape[-1],))
+            parts = self.gated.gated_linear_parts(x, self.W, self.B, rows, self.spans, self.outs, self.bias)
+            return self._take(name, x, parts)
+        if gate is not None and self.B is not None:
             z, a = mx.split(self._matmul(x, self.Wt, self.bias_full), [self.out], axis=-1)  # one node, two views
             if gate.gate is not None:  # zero rows in rank space: token rows then add an exact zero
                 a = a * gate.gate.astype(a.dtype)
