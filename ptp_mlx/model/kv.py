@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import mlx.core as mx
 from mlx_lm.models.cache import create_attention_mask
@@ -55,6 +56,11 @@ class FixedPass:
     offset: mx.array  # int32 []: cache rows before this pass
     bucket: int  # keys attention reads: a multiple of CHUNK, >= offset + rows
     mask_for: Callable[[int | None], mx.array]  # window size (None: full) -> additive mask [rows, bucket]
+
+    @cached_property
+    def start(self) -> mx.array:
+        """int32 [1]: the write position as ``slice_update`` takes it, one node for every layer of the pass."""
+        return self.offset.reshape(1)
 
 
 class LayerKV:
@@ -134,9 +140,8 @@ class KVState(Sequence):
     def _write(self, i: int, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
         p = self.pass_
         if p is not None:  # fixed pass: write at the array offset, read the constant-shape bucket
-            start = p.offset.reshape(1)
-            self.keys[i] = mx.slice_update(self.keys[i], k, start, axes=(2,))
-            self.values[i] = mx.slice_update(self.values[i], v, start, axes=(2,))
+            self.keys[i] = mx.slice_update(self.keys[i], k, p.start, axes=(2,))
+            self.values[i] = mx.slice_update(self.values[i], v, p.start, axes=(2,))
             return self.keys[i][..., : p.bucket, :], self.values[i][..., : p.bucket, :]
         n, prev = k.shape[2], self.offset
         self._grow(i, prev + n, k, v)
