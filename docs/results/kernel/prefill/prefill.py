@@ -6,6 +6,8 @@ Usage: ``python docs/results/kernel/prefill/prefill.py`` (nothing else running).
 import time
 
 import ptp_mlx  # noqa: F401  (before mlx.core: ptp-sgemm binds first)
+
+# isort: split
 import mlx.core as mx
 
 from ptp_mlx import blas
