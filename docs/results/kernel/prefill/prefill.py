@@ -40,7 +40,9 @@ def main() -> None:
         mx.eval(q, kv)
         att = best_ms(lambda q=q, kv=kv: cpu_math.attention(q, kv, kv, 0.125, "causal"))
         flops = 2 * m * sum(n * k for n, k in SHAPES)
-        print(f"{m} rows: a layer's products {total:.2f} ms ({flops / total / 1e6:.0f} GFLOP/s), attention {att:.2f} ms")
+        print(
+            f"{m} rows: a layer's products {total:.2f} ms ({flops / total / 1e6:.0f} GFLOP/s), attention {att:.2f} ms"
+        )
     eng = Engine.load()
     ids = eng.encode([{"role": "user", "content": "Tell me about the history of paper making. " * 40}])
     for n in (128, 512, 1024):
