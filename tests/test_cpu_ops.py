@@ -76,6 +76,27 @@ def test_attention_agrees_with_the_graph_and_a_row_alone_is_the_same_bits(
         assert np.array_equal(np.array(one), np.array(got[:, :, r : r + 1]))
 
 
+@pytest.mark.parametrize("mask", ["causal", "window"])
+def test_a_prefill_chunk_takes_the_primitive_and_agrees_with_the_graph(ops, monkeypatch, mask):
+    """Passes longer than any decode call (a prefill chunk after a cached prefix) go through the primitive too,
+    with mlx-lm's "causal" mask or a sliding window's array; each row is still the row alone, bit for bit."""
+    rng = np.random.default_rng(11)
+    B, Hq, Hkv, D, L, S = 1, 9, 3, 64, 200, 230
+    q = mx.array(rng.standard_normal((B, L, Hq, D)).astype(np.float32)).transpose(0, 2, 1, 3)
+    k = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))
+    v = mx.array(rng.standard_normal((B, Hkv, S, D)).astype(np.float32))
+    m = "causal" if mask == "causal" else cpu_math._causal(L, S, window=64)
+    dense = cpu_math._causal(L, S) if mask == "causal" else m
+    got = cpu_math.attention(q, k, v, 0.125, m)
+    assert np.array_equal(np.array(got), np.array(ops.attention(q, k, v, 0.125, dense)))  # the primitive's bits
+    want = _graph_attention(monkeypatch, q, k, v, 0.125, m)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5, atol=2e-5)
+    assert not np.array_equal(np.array(got), np.array(want))  # (the graph form rounds otherwise: not the one run)
+    for r in (0, 63, 64, 199):
+        one = ops.attention(q[:, :, r : r + 1], k, v, 0.125, dense[r : r + 1])
+        assert np.array_equal(np.array(one), np.array(got[:, :, r : r + 1]))
+
+
 def test_attention_depends_on_the_visible_keys_in_order_not_on_their_slots(ops):
     """A strand's row sees its ancestors at other slots than a plain step's row does: same bits."""
     rng = np.random.default_rng(3)
