@@ -28,6 +28,7 @@
 #include <stdexcept>
 #include <string>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -228,25 +229,29 @@ void unit(const Job& J, int u) {
       ob[i] = op + ((static_cast<int64_t>(b) * Hq + h) * L + l) * D;
     }
     int d0 = 0;
-    for (; d0 + KB <= D; d0 += KB) {
-      v16 a[RB][2] = {};
+    // Column blocks of NV vectors: a head of 64 in one pass over the keys (16 accumulators), else 32 at a time.
+    // Each element is the same FMA chain over the keys in order whatever the block, so the block changes no bit.
+    auto columns = [&](auto nv) {
+      constexpr int NV = decltype(nv)::value;
+      v16 a[RB][NV] = {};
       for (int s = lo; s < hi; ++s) {
         bool any = false;
         for (int i = 0; i < RB; ++i) any |= pf[static_cast<size_t>(i) * Sp + s] != 0.0f;
         if (!any) continue;
         const float* vs = vb + s * vv.st[2] + d0;
-        const v16 v0 = load(vs), v1 = load(vs + LANES);
+        v16 vj[NV];
+        for (int j = 0; j < NV; ++j) vj[j] = load(vs + j * LANES);
         for (int i = 0; i < RB; ++i) {
           const v16 pi = splat(pf[static_cast<size_t>(i) * Sp + s]);
-          a[i][0] += pi * v0;
-          a[i][1] += pi * v1;
+          for (int j = 0; j < NV; ++j) a[i][j] += pi * vj[j];
         }
       }
-      for (int i = 0; i < nr; ++i) {
-        store(ob[i] + d0, a[i][0]);
-        store(ob[i] + d0 + LANES, a[i][1]);
-      }
-    }
+      for (int i = 0; i < nr; ++i)
+        for (int j = 0; j < NV; ++j) store(ob[i] + d0 + j * LANES, a[i][j]);
+      d0 += NV * LANES;
+    };
+    while (d0 + 2 * KB <= D) columns(std::integral_constant<int, 4>{});
+    while (d0 + KB <= D) columns(std::integral_constant<int, 2>{});
     for (; d0 < D; ++d0) {  // columns past the last whole block
       for (int i = 0; i < nr; ++i) {
         float a0 = 0.0f;
