@@ -50,6 +50,9 @@ def test_disconnect_stops_generation_and_skips_queued_jobs(server):
                 gate.opened.set()
                 lines = r.iter_lines()
                 assert next(lines).startswith("data: ") and next(lines) == ""
+                # (the role chunk comes before any step: wait until the answer is past the gate and running, or
+                # the gate closed below would hold it there for good)
+                wait_for(lambda: gate.steps and gate.steps[-1] >= 1)
             # A queued stream dropped before its turn is never started.
             gate.opened.clear()
             blocker = threading.Thread(
