@@ -1,10 +1,11 @@
-// What ptp-mlx's CPU primitives share (gated_linear.cpp, attention.cpp, rowwise.cpp, heads.cpp): a base class for a
+// What ptp-mlx's CPU primitives share (gated_linear.cpp, linear.cpp, attention.cpp, rowwise.cpp, heads.cpp): a base class for a
 // primitive that runs on MLX's CPU stream only, and reading an input that may be a view.
 #pragma once
 
 #include <dlfcn.h>
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,6 +46,27 @@ inline void dense(const mx::array& a, float* dst) {
       idx[d] = 0;
     }
   }
+}
+
+// A projection group's output shapes: `in` with its last axis each width of `outs` (one output per projection).
+inline std::vector<mx::Shape> group_shapes(const mx::Shape& in, const std::vector<int>& outs) {
+  std::vector<mx::Shape> shapes;
+  for (int n : outs) {
+    auto s = in;
+    s.back() = n;
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+// A group's product y [M, sum(outs)] split into its projections' outputs, each its columns, row by row.
+inline void scatter_columns(const float* y, int M, const std::vector<int>& outs, const std::vector<float*>& outp) {
+  int N = 0;
+  for (int n : outs) N += n;
+  for (size_t p = 0, col = 0; p < outs.size(); col += outs[p], ++p)
+    for (int i = 0; i < M; ++i)
+      std::memcpy(outp[p] + static_cast<size_t>(i) * outs[p], y + static_cast<size_t>(i) * N + col,
+                  sizeof(float) * outs[p]);
 }
 
 // A float32 array as rows of its last axis: row r starts at p + r * stride, its elements contiguous.

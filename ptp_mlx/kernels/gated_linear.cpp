@@ -58,13 +58,7 @@ class GatedLinear : public ptpcpu::CpuPrimitive {
     return outs_ == o.outs_ && bias_ == o.bias_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    std::vector<mx::Shape> shapes;
-    for (int n : outs_) {
-      auto s = inputs[0].shape();
-      s.back() = n;
-      shapes.push_back(s);
-    }
-    return shapes;
+    return ptpcpu::group_shapes(inputs[0].shape(), outs_);
   }
 
  private:
@@ -104,11 +98,7 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     // One projection: straight into its output; several: into one buffer, then each one's columns (``scatter``).
     float* yp = outs.size() == 1 ? outp[0] : (ybuf.resize(static_cast<size_t>(M) * N), ybuf.data());
     auto scatter = [&]() {
-      if (outs.size() == 1) return;
-      for (size_t p = 0, col = 0; p < outs.size(); col += outs[p], ++p)
-        for (int i = 0; i < M; ++i)
-          std::memcpy(outp[p] + static_cast<size_t>(i) * outs[p], yp + static_cast<size_t>(i) * N + col,
-                      sizeof(float) * outs[p]);
+      if (outs.size() > 1) ptpcpu::scatter_columns(yp, M, outs, outp);
     };
     const float* xs = x.data<float>();
     if (!x.flags().row_contiguous) {
@@ -191,15 +181,9 @@ std::vector<mx::array> gated_linear_parts(const mx::array& x, const mx::array& W
   check(spans.size() == 2 * static_cast<size_t>(B.shape(0)), "spans is [rank, 2]");
   if (bias) check(bias->dtype() == mx::float32 && bias->size() == static_cast<size_t>(out), "bias is [out]");
   auto stream = mx::default_stream(mx::Device::cpu);
-  std::vector<mx::Shape> shapes;
-  for (int n : outs) {
-    auto s = x.shape();
-    s.back() = n;
-    shapes.push_back(s);
-  }
   std::vector<mx::array> inputs = {x, W, B, gate, spans};
   if (bias) inputs.push_back(*bias);
-  return mx::array::make_arrays(std::move(shapes), std::vector<mx::Dtype>(outs.size(), mx::float32),
+  return mx::array::make_arrays(ptpcpu::group_shapes(x.shape(), outs), std::vector<mx::Dtype>(outs.size(), mx::float32),
                                 std::make_shared<GatedLinear>(stream, outs, bias.has_value()), std::move(inputs));
 }
 

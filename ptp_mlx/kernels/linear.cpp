@@ -47,13 +47,7 @@ class Linear : public ptpcpu::CpuPrimitive {
     return outs_ == o.outs_ && bias_ == o.bias_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    std::vector<mx::Shape> shapes;
-    for (int n : outs_) {
-      auto s = inputs[0].shape();
-      s.back() = n;
-      shapes.push_back(s);
-    }
-    return shapes;
+    return ptpcpu::group_shapes(inputs[0].shape(), outs_);
   }
 
  private:
@@ -93,11 +87,7 @@ void Linear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
       for (int i = 0; i < M; ++i) std::memcpy(y + static_cast<size_t>(i) * N, bias, sizeof(float) * N);
     const ptpcpu::sgemm_fn sgemm = ptpcpu::blas_sgemm("ptp-linear");
     sgemm(RowMajor, NoTrans, Trans, M, N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, y, N);
-    if (outs.size() == 1) return;
-    for (size_t p = 0, col = 0; p < outs.size(); col += outs[p], ++p)
-      for (int i = 0; i < M; ++i)
-        std::memcpy(outp[p] + static_cast<size_t>(i) * outs[p], y + static_cast<size_t>(i) * N + col,
-                    sizeof(float) * outs[p]);
+    if (outs.size() > 1) ptpcpu::scatter_columns(y, M, outs, outp);
   });
 }
 
@@ -115,16 +105,10 @@ std::vector<mx::array> linear(const mx::array& x, const mx::array& W, const std:
   check(x.dtype() == mx::float32 && W.dtype() == mx::float32, "float32 operands");
   check(x.ndim() >= 1 && W.ndim() == 2 && W.shape(1) == x.shape(-1) && W.shape(0) >= N, "W is [>= sum(outs), in]");
   if (bias) check(bias->dtype() == mx::float32 && bias->size() == static_cast<size_t>(N), "bias is [sum(outs)]");
-  std::vector<mx::Shape> shapes;
-  for (int n : outs) {
-    auto s = x.shape();
-    s.back() = n;
-    shapes.push_back(s);
-  }
   std::vector<mx::array> inputs = {x, W};
   if (bias) inputs.push_back(*bias);
   auto stream = mx::default_stream(mx::Device::cpu);
-  return mx::array::make_arrays(std::move(shapes), std::vector<mx::Dtype>(outs.size(), mx::float32),
+  return mx::array::make_arrays(ptpcpu::group_shapes(x.shape(), outs), std::vector<mx::Dtype>(outs.size(), mx::float32),
                                 std::make_shared<Linear>(stream, outs, bias.has_value()), std::move(inputs));
 }
 

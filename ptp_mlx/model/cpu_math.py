@@ -107,9 +107,9 @@ def attention(queries, keys, values, scale: float, mask) -> mx.array | None:
 
 
 def fused_op(name: str):
-    """The extension's ``attention``, ``swiglu``, ``rms_norm`` or ``rope_table`` (``kernels/``), or None: not on
-    the CPU device, not built, or switched off (``PTP_MLX_CPU_MATH=0`` for all, ``PTP_MLX_<NAME>=0`` for one: the
-    graph forms, for comparison)."""
+    """The extension's ``attention``, ``swiglu``, ``rms_norm``, ``rope_table`` or ``linear`` (``kernels/``), or
+    None: not on the CPU device, not built, or switched off (``PTP_MLX_CPU_MATH=0`` for all, ``PTP_MLX_<NAME>=0``
+    for one: the graph forms, for comparison)."""
     if not enabled() or os.environ.get(f"PTP_MLX_{name.upper()}", "1").lower() in ("0", "false", "no", "off"):
         return None
     from ..kernels.extension import module
