@@ -120,8 +120,9 @@ INLINE T512 __m128 hsum4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
 /* An MR x NR tile of C = A B^T (NR a multiple of 4 or 1; MR, NR compile-time constants after inlining, so
  * acc lives in registers). While it streams its weight rows it prefetches rows pf_first, pf_first + pf_step,
  * ... of the block pf (the tiles of one block share that work, so memory stays busy throughout). */
-INLINE T512 void tile_nt_512(const int MR, const int NR, int K, const float *A, long lda, const float *B,
-                             long ldb, int beta1, float *C, long ldc, const float *pf, int pf_first, int pf_step) {
+INLINE T512 void tile_nt_512(const int MR, const int NR, const int RA, int K, const float *A, long lda,
+                             const float *B, long ldb, int beta1, float *C, long ldc, const float *pf, int pf_first,
+                             int pf_step) {
     __m512 acc[8][8];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
@@ -133,6 +134,8 @@ INLINE T512 void tile_nt_512(const int MR, const int NR, int K, const float *A, 
         for (int j = 0; j < NR; j++) b[j] = _mm512_loadu_ps(B + j * ldb + k);
         for (int i = 0; i < MR; i++) {
             __m512 a = _mm512_loadu_ps(A + i * lda + k);
+            if (RA) /* a register: one load of the row for its NR FMAs (the compiler folds one into each) */
+                __asm__("" : "+v"(a));
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
         }
     }
@@ -165,13 +168,13 @@ INLINE T512 void tile_nt_512(const int MR, const int NR, int K, const float *A, 
 
 /* All M rows of A, in tiles of MR, against one block of NR weight rows: the block comes from memory once
  * (the first tile) and from L1 for the others, and the tiles share the prefetch of block pf. */
-INLINE T512 void rows_nt_512(const int MR, const int NR, int M, int K, const float *A, long lda,
+INLINE T512 void rows_nt_512(const int MR, const int NR, const int RA, int M, int K, const float *A, long lda,
                              const float *B, long ldb, int beta1, float *C, long ldc, const float *pf) {
     /* as few tiles as MR allows, of balanced heights (10 rows: 5 + 5, not 6 + 4), each of constant height */
     int tiles = (M + MR - 1) / MR, m = 0;
     for (int t = 0; t < tiles; t++) {
         int h = M / tiles + (t < M % tiles);
-#define TILE(mr) tile_nt_512(mr, NR, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, pf, t, tiles)
+#define TILE(mr) tile_nt_512(mr, NR, RA, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, pf, t, tiles)
         switch (h) { /* (none taller than MR built) */
         case 8: if (MR >= 8) TILE(8); break; case 7: if (MR >= 7) TILE(7); break;
         case 6: if (MR >= 6) TILE(6); break; case 5: if (MR >= 5) TILE(5); break;
@@ -189,25 +192,35 @@ INLINE T512 void rows_nt_512(const int MR, const int NR, int M, int K, const flo
  *   1 row 18.0 -> 16.1 (tiles of 8 weight rows: more rows streamed side by side; with the L2 prefetch below),
  *   4 rows 19.6 -> 16.2, 8 rows 23.2 -> 17.0 (one 8 x 3 tile instead of 6 + 2), 10 rows 22.1 -> 20.7 (5 + 5
  *   instead of 6 + 4), 16 rows 32.9 -> 29.5 (8 + 8 instead of 6 + 6 + 4).
+ * Past 8 rows the products are compute-bound, and there the token row goes through a register (RA): GCC folds
+ * the load into each of the NR FMAs that use it, 27 loads for 24 FMAs in an 8 x 3 tile, and Zen 4 issues one
+ * 512-bit load a cycle (an 8 x 3 tile over L1-resident data: 87 -> 95 GFLOP/s, 6 x 4: 87 -> 100; the FMA peak
+ * is 117). With it, 6 x 4 tiles of 5 or 6 rows beat 8 x 3 and tiles of 4 rows lose to it (2026-12-05,
+ * docs/results/kernel/register-rows/): 10 rows 24.5 -> 20.3, 12 rows 21.9 -> 20.5, 16 rows 31.9 -> 26.2,
+ * 24 rows 42.7 -> 35.4, 32 rows 55.8 -> 46.9 ms. At 8 rows or fewer the products wait on memory: no change.
  * An element's arithmetic does not depend on the tile (one accumulator over K in order, one fixed sum tree), so
  * the choice keeps every row bit for bit the same at every width. */
 static T512 void nt_512(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
                         int beta1, float *C, long ldc) {
     int n = n0;
-#define COLS(MR, NR)                                                                                               \
+#define COLS(MR, NR, RA)                                                                                           \
     for (; n + (NR) <= n1; n += (NR))                                                                              \
-        rows_nt_512(MR, NR, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, PF(NR))
+        rows_nt_512(MR, NR, RA, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, PF(NR))
     if (M <= 2)
-        COLS(2, 8);
+        COLS(2, 8, 0);
     else if (M <= 4)
-        COLS(4, 6);
-    else if (M <= 6 || (M > 8 && M <= 12))
-        COLS(6, 4);
-    else
-        COLS(8, 3);
-    COLS(6, 4); /* a tail of whole blocks of four weight rows (a LoRA's rank 16 after tiles of 6) */
+        COLS(4, 6, 0);
+    else if (M <= 6)
+        COLS(6, 4, 0);
+    else if (M <= 8)
+        COLS(8, 3, 0);
+    else if (M >= 5 * ((M + 5) / 6)) /* tiles of 6 rows, none under 5 */
+        COLS(6, 4, 1);
+    else /* 9, 13, 14, 19 rows: tiles of 6 would leave one of 4 */
+        COLS(8, 3, 1);
+    COLS(6, 4, 0); /* a tail of whole blocks of four weight rows (a LoRA's rank 16 after tiles of 6) */
 #undef COLS
-    for (; n < n1; n++) rows_nt_512(8, 1, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, 0);
+    for (; n < n1; n++) rows_nt_512(8, 1, 0, M, K, A, lda, B + n * ldb, ldb, beta1, C + n, ldc, 0);
 }
 
 /* An MR x NV tile of C = A B (NV vectors of 16 columns; the last one `last` columns wide, masked when `last` <
