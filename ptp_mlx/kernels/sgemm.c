@@ -278,15 +278,33 @@ INLINE T512 void cols_nn_512(const int MR, const int NV, int n0, int n1, int K, 
 #undef REST
 }
 
-/* C = A B for columns [n0, n1): rows in tiles of 4 x 6 vectors (24 accumulators), the last 1-3 rows together
- * (3 x 8, 2 x 8, 1 x 8), so a block of B is loaded once for all the rows of a tile. */
+/* C = A B for columns [n0, n1): blocks of 96 columns, each taken by every row tile in turn (tiles of 4 rows x 6
+ * vectors, 24 accumulators; the last 1-3 rows together), so a block of B comes from memory once, while the next
+ * block is prefetched (a LoRA's B: 16 rows of up to 3072 columns, read once a call; ``NN_PF``); then the last
+ * columns as before (3 x 8, 2 x 8, 1 x 8 past the tiles of 4). */
+#ifndef NN_PF
+#define NN_PF 1
+#endif
 static T512 void nn_512(int M, int n0, int n1, int K, const float *A, long lda, const float *B, long ldb,
                         int beta1, float *C, long ldc) {
+    int n = n0;
+    for (; n + 96 <= n1; n += 96) {
+        if (NN_PF && n + 192 <= n1)
+            for (int k = 0; k < K; k++)
+                for (int v = 0; v < 6; v++) _mm_prefetch((const char *)(B + k * ldb + n + 96 + 16 * v), PF_HINT);
+        int m = 0;
+        for (; m + 4 <= M; m += 4) tile_nn_512(4, 6, 1, K, A + m * lda, lda, B + n, ldb, beta1, C + m * ldc + n, ldc, 16);
+        if (M - m == 3) tile_nn_512(3, 6, 1, K, A + m * lda, lda, B + n, ldb, beta1, C + m * ldc + n, ldc, 16);
+        if (M - m == 2) tile_nn_512(2, 6, 1, K, A + m * lda, lda, B + n, ldb, beta1, C + m * ldc + n, ldc, 16);
+        if (M - m == 1) tile_nn_512(1, 6, 1, K, A + m * lda, lda, B + n, ldb, beta1, C + m * ldc + n, ldc, 16);
+    }
+    if (n == n1)
+        return;
     int m = 0;
-    for (; m + 4 <= M; m += 4) cols_nn_512(4, 6, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
-    if (M - m == 3) cols_nn_512(3, 8, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
-    if (M - m == 2) cols_nn_512(2, 8, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
-    if (M - m == 1) cols_nn_512(1, 8, n0, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    for (; m + 4 <= M; m += 4) cols_nn_512(4, 6, n, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    if (M - m == 3) cols_nn_512(3, 8, n, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    if (M - m == 2) cols_nn_512(2, 8, n, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
+    if (M - m == 1) cols_nn_512(1, 8, n, n1, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc);
 }
 
 /* ---- AVX2 + FMA: the same design with 8 lanes ---- */
