@@ -650,6 +650,15 @@ static void sgemm_naive(int ta, int tb, int M, int N, int K, float alpha, const 
 /* A's rows copied to 64-byte aligned rows, when they are not: MLX's allocator puts arrays 8 bytes past a
  * 16-byte boundary, and a 64-byte load that straddles two cache lines costs two. M x K floats per call, next to
  * the M x N x K multiply-adds, and the values are the same, so the arithmetic is too. */
+/* Whether the A B^T tiles of M rows load A's rows inside their FMAs (every path but AVX-512 past 8 rows, whose
+ * tiles hold each row in a register: there the copy costs more than the straddling loads, 16 rows 25.4 -> 24.0 ms
+ * a pass of the products without it, 8 rows 17.8 -> 21.8 ms without it; docs/results/kernel/register-rows/). */
+static int folds_rows(int M) {
+#ifdef PTP_X86
+    if (kern_nt == nt_512) return M <= 8;
+#endif
+    return 1;
+}
 static const float *aligned_rows(int M, int K, const float *A, long *lda) {
     static __thread float *buf;
     static __thread size_t cap;
@@ -708,7 +717,7 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
         unsigned long long t0 = now_ns();
         __atomic_fetch_add(&n_taken, 1, __ATOMIC_RELAXED);
         long la = rlda;
-        if (rtb == Trans) rA = aligned_rows(rM, K, rA, &la);
+        if (rtb == Trans && folds_rows(rM)) rA = aligned_rows(rM, K, rA, &la);
         run(rtb == Trans ? kern_nt : kern_nn, rM, rN, K, rA, la, rB, rldb, beta == 1.0f, C, ldc);
         __atomic_fetch_add(&ns_taken, now_ns() - t0, __ATOMIC_RELAXED);
         return;
