@@ -94,6 +94,8 @@ static void nn_portable(int M, int n0, int n1, int K, const float *A, long lda, 
  * prefetches and 18.0 with L1 ones, 8 rows 17.7 against 23.2 (AVX2 path: 1 row 16.5 / 18.6, 4 rows 17.6 / 23.5):
  * the block then no longer evicts from L1 the rows the tiles are still reading (earlier sessions, on a VM of the
  * same CPU family, had measured the two within noise). 2 blocks ahead: within noise. */
+/* past this many rows the AVX-512 A B^T tiles hold each token row in a register (``nt_512``) */
+#define RA_ROWS 8
 #ifndef PF_BLOCKS
 #define PF_BLOCKS 1
 #endif
@@ -212,7 +214,7 @@ static T512 void nt_512(int M, int n0, int n1, int K, const float *A, long lda, 
         COLS(4, 6, 0);
     else if (M <= 6)
         COLS(6, 4, 0);
-    else if (M <= 8)
+    else if (M <= RA_ROWS)
         COLS(8, 3, 0);
     else if (M >= 5 * ((M + 5) / 6)) /* tiles of 6 rows, none under 5 */
         COLS(6, 4, 1);
@@ -647,18 +649,18 @@ static void sgemm_naive(int ta, int tb, int M, int N, int K, float alpha, const 
         }
 }
 
-/* A's rows copied to 64-byte aligned rows, when they are not: MLX's allocator puts arrays 8 bytes past a
- * 16-byte boundary, and a 64-byte load that straddles two cache lines costs two. M x K floats per call, next to
- * the M x N x K multiply-adds, and the values are the same, so the arithmetic is too. */
 /* Whether the A B^T tiles of M rows load A's rows inside their FMAs (every path but AVX-512 past 8 rows, whose
  * tiles hold each row in a register: there the copy costs more than the straddling loads, 16 rows 25.4 -> 24.0 ms
  * a pass of the products without it, 8 rows 17.8 -> 21.8 ms without it; docs/results/kernel/register-rows/). */
 static int folds_rows(int M) {
 #ifdef PTP_X86
-    if (kern_nt == nt_512) return M <= 8;
+    if (kern_nt == nt_512) return M <= RA_ROWS;
 #endif
     return 1;
 }
+/* A's rows copied to 64-byte aligned rows, when they are not: MLX's allocator puts arrays 8 bytes past a
+ * 16-byte boundary, and a 64-byte load that straddles two cache lines costs two. M x K floats per call, next to
+ * the M x N x K multiply-adds, and the values are the same, so the arithmetic is too. */
 static const float *aligned_rows(int M, int K, const float *A, long *lda) {
     static __thread float *buf;
     static __thread size_t cap;

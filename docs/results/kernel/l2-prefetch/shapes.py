@@ -2,7 +2,7 @@
 weights, the tied head once): ms for one pass of every product, best of R rounds, builds interleaved in one process.
 
     T=2 W=1,4,8,16 python docs/results/kernel/l2-prefetch/shapes.py OLD.so NEW.so [...]
-    (T: threads, W: widths, R: rounds, KPATH=avx2: time that SIMD path, DETAIL=1: per shape)
+    (T: threads, W: widths, R: rounds, OFF: token rows that many floats off alignment, KPATH=avx2: time that SIMD path, DETAIL=1: per shape)
 
 Builds: ``gcc -O3 -shared -fPIC -ffp-contract=off -pthread -march=native -o X.so ptp_mlx/kernels/sgemm.c``.
 """
@@ -45,9 +45,14 @@ rng = np.random.default_rng(0)
 Ws = {k: [rng.standard_normal((n, kk), dtype=np.float32) for _ in range(c)] for k, (n, kk, c) in shapes.items()}
 WID = [int(x) for x in os.environ.get("W", "1,4,8,12,16").split(",")]
 REP = int(os.environ.get("R", "5"))
+OFF = int(os.environ.get("OFF", "0"))
 res = {}
 for M in WID:
-    A = {k: rng.standard_normal((M, kk), dtype=np.float32) for k, (_n, kk, _c) in shapes.items()}
+    # OFF > 0: the token rows that many floats past the buffer's start, off 64-byte alignment as MLX hands them over
+    A = {
+        k: rng.standard_normal(M * kk + 4, dtype=np.float32)[OFF:][: M * kk].reshape(M, kk)
+        for k, (_n, kk, _c) in shapes.items()
+    }
     C = {k: np.zeros((M, n), np.float32) for k, (n, _kk, _c) in shapes.items()}
     for _rep in range(REP):
         for li, (_name, f) in enumerate(libs):
