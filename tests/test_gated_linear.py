@@ -17,6 +17,7 @@ import ptp_mlx  # noqa: F401  (the sgemm before MLX)
 # isort: split
 import mlx.core as mx
 
+from ptp_mlx import blas
 from ptp_mlx.kernels import extension
 from ptp_mlx.model.fused import _spans
 
@@ -43,13 +44,27 @@ def _group(rng, k_in: int, outs: list[int], rank: int):
     return mx.array(W), mx.array(B), n
 
 
+@pytest.fixture(params=["ptp-sgemm", "forwarded"])
+def served(request):
+    """The products by ptp-sgemm (the LoRA's A rows folded into the projection's call) and, where that library is
+    loaded, with it switched off (every product forwarded to the BLAS: A in a call of its own)."""
+    lib = blas.kernel()
+    if request.param == "forwarded":
+        if lib is None:
+            pytest.skip("ptp-sgemm is not loaded: every product is forwarded already")
+        lib.ptp_sgemm_enable(0)
+    yield request.param
+    if lib is not None:
+        lib.ptp_sgemm_enable(1)
+
+
 @linux
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 16])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("layout", ["tokens first", "interleaved"])
-def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, rows, with_bias, layout):
+def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, served, rows, with_bias, layout):
     """Both ways the delta runs: auxiliary rows together after the token rows (one sgemm per block of B), and
-    rows in any order (a row at a time)."""
+    rows in any order (a row at a time); both ways A is computed (folded into the projection's call, or alone)."""
     rng = np.random.default_rng(rows)
     W, B, n = _group(rng, 96, [40, 24, 24], 8)
     bias = mx.array(rng.standard_normal(n).astype(np.float32)) if with_bias else None

@@ -140,6 +140,35 @@ def test_batch_invariance(lib, path, tb, n, k):
                 assert np.array_equal(c[s : s + m].view(np.uint32), alone[s : s + m].view(np.uint32)), (m, s, beta)
 
 
+def test_columns_keep_their_bits_whatever_other_columns_the_call_has(lib, path):
+    """A B^T over weight rows [0, N + R) gives columns [0, N) bit for bit as the call over [0, N) alone, at every
+    width it takes, with beta 0 and 1, on one thread or two (ptp-gated-linear folds the LoRA's A rows into the
+    projection's call where ptp_sgemm_takes_nt says so); off, it says no."""
+    lib.ptp_sgemm_set_threads.restype = ctypes.c_int
+    rng = np.random.default_rng(9)
+    n, k = 963, 577
+    a, b = buf(rng, 24, k, k + 1), buf(rng, n + 48, k, k)
+    before = lib.ptp_sgemm_set_threads(0, 0, 0)
+    try:
+        for threads in (1, 2):
+            lib.ptp_sgemm_set_threads(threads, 1, 0)
+            for m in (1, 2, 3, 5, 8, 9, 13, 16, 24):
+                for r in (1, 16, 48):
+                    for beta in (0.0, 1.0):
+                        c0 = rng.standard_normal((m, n + r)).astype(np.float32)
+                        alone, both = c0[:, :n].copy(), c0.copy()
+                        gemm(lib, a[:m], b[:n], alone, TR, beta)
+                        assert lib.ptp_sgemm_takes_nt(m) == 1
+                        gemm(lib, a[:m], b[: n + r], both, TR, beta)
+                        assert np.array_equal(both[:, :n].view(np.uint32), alone.view(np.uint32)), (m, r, beta)
+    finally:
+        lib.ptp_sgemm_set_threads(before, 1 << 18, 0)
+    assert lib.ptp_sgemm_takes_nt(lib.ptp_sgemm_max_m() + 1) == 0
+    lib.ptp_sgemm_enable(0)
+    assert lib.ptp_sgemm_takes_nt(1) == 0
+    lib.ptp_sgemm_enable(1)
+
+
 def test_nt_for_the_primitives_is_the_kernels_product_even_when_disabled(lib, path):
     """ptp_sgemm_nt (attention's scores): A B^T with beta 0, bit for bit what cblas_sgemm's kernel gives, also with
     the kernel switched off for MLX (PTP_MLX_SGEMM=0 forwards cblas_sgemm, never this); 0 and nothing written

@@ -59,10 +59,13 @@ inline std::vector<mx::Shape> group_shapes(const mx::Shape& in, const std::vecto
   return shapes;
 }
 
-// A group's product y [M, sum(outs)] split into its projections' outputs, each its columns, row by row.
-inline void scatter_columns(const float* y, int M, const std::vector<int>& outs, const std::vector<float*>& outp) {
-  int N = 0;
-  for (int n : outs) N += n;
+// A group's product y [M, sum(outs)] (rows `ld` apart where ld > 0) split into its projections' outputs, each
+// its columns, row by row.
+inline void scatter_columns(const float* y, int M, const std::vector<int>& outs, const std::vector<float*>& outp,
+                            int ld = 0) {
+  int N = ld;
+  if (N <= 0)
+    for (int n : outs) N += n;
   for (size_t p = 0, col = 0; p < outs.size(); col += outs[p], ++p)
     for (int i = 0; i < M; ++i)
       std::memcpy(outp[p] + static_cast<size_t>(i) * outs[p], y + static_cast<size_t>(i) * N + col,

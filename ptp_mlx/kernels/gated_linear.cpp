@@ -8,7 +8,9 @@
 //   y[:, :]  = x @ W[:N]^T (+ bias)             the very cblas_sgemm call MLX makes for a plain pass's
 //                                               `x @ W[:N].T` (same operands, strides and beta), so every row
 //                                               is bit for bit the plain product, whatever BLAS serves it
-//   a        = x @ W[N:]^T                      the adapter's stacked A rows (rank R), a second sgemm
+//   a        = x @ W[N:]^T                      the adapter's stacked A rows (rank R): columns N.. of the
+//                                               same call where ptp-sgemm computes it (its columns keep
+//                                               their bits whatever the call's width), else a second sgemm
 //   y[i, :] += sum_k (a[i, k] * gate[i]) B[k, :]   only on rows whose gate is not zero, only over the
 //                                               columns where B's row k is not zero (B is block-diagonal
 //                                               over the group's projections: spans[k] = [lo, hi))
@@ -18,6 +20,9 @@
 // cblas_sgemm is resolved in the process's global scope, where ptp_mlx/blas.py placed ptp-sgemm (or MKL)
 // before MLX loaded: the same function MLX's own matmuls call.
 
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -95,11 +100,6 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
                     Wp = W.data<float>(), Bp = B.data<float>(), sp = spans.data<int32_t>(), bias, outp,
                     outs = outs_, M, N, K, R]() {
     thread_local std::vector<float> xbuf, gbuf, abuf, ybuf;
-    // One projection: straight into its output; several: into one buffer, then each one's columns (``scatter``).
-    float* yp = outs.size() == 1 ? outp[0] : (ybuf.resize(static_cast<size_t>(M) * N), ybuf.data());
-    auto scatter = [&]() {
-      if (outs.size() > 1) ptpcpu::scatter_columns(yp, M, outs, outp);
-    };
     const float* xs = x.data<float>();
     if (!x.flags().row_contiguous) {
       xbuf.resize(static_cast<size_t>(M) * K);
@@ -112,16 +112,38 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
       ptpcpu::dense(gate, gbuf.data());
       gp = gbuf.data();
     }
-    ptpcpu::sgemm_fn sgemm = ptpcpu::blas_sgemm("ptp-gated-linear");
-    if (bias != nullptr)
-      for (int i = 0; i < M; ++i) std::memcpy(yp + static_cast<size_t>(i) * N, bias, sizeof(float) * N);
-    // Exactly MLX's call for a plain pass's `x @ W[:N].T` (or addmm with the bias copied into the output).
-    sgemm(RowMajor, NoTrans, Trans, M, N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, yp, N);
     bool any = false;
     for (int i = 0; i < M && !any; ++i) any = gp[i] != 0.0f;
+    ptpcpu::sgemm_fn sgemm = ptpcpu::blas_sgemm("ptp-gated-linear");
+    // With auxiliary rows and ptp-sgemm computing the product itself, the adapter's A rows (stored right after
+    // W[:N]) join the projection's call: each column of that kernel's product is the same whatever other columns
+    // the call has, so y's columns keep their bits, and A streams with W on both threads instead of in a cold
+    // one-thread call of its own (30 layers x 4 groups of them: about 1 ms of an 8-row call, 2026-12-05).
+    typedef int (*takes_fn)(int);
+    static takes_fn takes = reinterpret_cast<takes_fn>(dlsym(RTLD_DEFAULT, "ptp_sgemm_takes_nt"));
+    const bool fold = any && R > 0 && takes != nullptr && takes(M) != 0;
+    const int ld = fold ? N + R : N;  // y's row stride (y and a side by side when folded)
+    // One projection, not folded: straight into its output; else into one buffer, then each one's columns.
+    float* yp = outs.size() == 1 && !fold ? outp[0] : (ybuf.resize(static_cast<size_t>(M) * ld), ybuf.data());
+    auto scatter = [&]() {
+      if (outs.size() > 1 || fold) ptpcpu::scatter_columns(yp, M, outs, outp, ld);
+    };
+    if (bias != nullptr)
+      for (int i = 0; i < M; ++i) {
+        std::memcpy(yp + static_cast<size_t>(i) * ld, bias, sizeof(float) * N);
+        if (fold) std::fill(yp + static_cast<size_t>(i) * ld + N, yp + static_cast<size_t>(i) * ld + ld, 0.0f);
+      }
+    // Exactly MLX's call for a plain pass's `x @ W[:N].T` (or addmm with the bias copied into the output), with
+    // the A rows' columns after it when folded.
+    sgemm(RowMajor, NoTrans, Trans, M, fold ? N + R : N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, yp, ld);
     if (!any || R == 0) return scatter();
-    abuf.resize(static_cast<size_t>(M) * R);
-    sgemm(RowMajor, NoTrans, Trans, M, R, K, 1.0f, xs, K, Wp + static_cast<size_t>(N) * K, K, 0.0f, abuf.data(), R);
+    float* ap = yp + N;  // a = x @ W[N:]^T, rows `la` apart
+    int la = ld;
+    if (!fold) {
+      abuf.resize(static_cast<size_t>(M) * R);
+      sgemm(RowMajor, NoTrans, Trans, M, R, K, 1.0f, xs, K, Wp + static_cast<size_t>(N) * K, K, 0.0f, abuf.data(), R);
+      ap = abuf.data(), la = R;
+    }
     // The auxiliary rows (gate not zero) usually sit together after the token rows: then the delta is one
     // sgemm per projection block of B (C = S B + C, S the gated rank-space rows), which streams each block of
     // B once for all rows. Elsewhere a row at a time.
@@ -133,22 +155,22 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
     for (int i = i1; i < M && together; ++i) together = gp[i] == 0.0f;
     if (together) {
       for (int i = i0; i < i1; ++i)
-        for (int k = 0; k < R; ++k) abuf[static_cast<size_t>(i) * R + k] *= gp[i];
+        for (int k = 0; k < R; ++k) ap[static_cast<size_t>(i) * la + k] *= gp[i];
       for (int k0 = 0, k1; k0 < R; k0 = k1) {  // blocks of rank rows with the same column span
         const int lo = sp[2 * k0], hi = sp[2 * k0 + 1];
         for (k1 = k0 + 1; k1 < R && sp[2 * k1] == lo && sp[2 * k1 + 1] == hi; ++k1) {
         }
         if (hi > lo)
-          sgemm(RowMajor, NoTrans, NoTrans, i1 - i0, hi - lo, k1 - k0, 1.0f, abuf.data() + static_cast<size_t>(i0) * R + k0,
-                R, Bp + static_cast<size_t>(k0) * N + lo, N, 1.0f, yp + static_cast<size_t>(i0) * N + lo, N);
+          sgemm(RowMajor, NoTrans, NoTrans, i1 - i0, hi - lo, k1 - k0, 1.0f, ap + static_cast<size_t>(i0) * la + k0,
+                la, Bp + static_cast<size_t>(k0) * N + lo, N, 1.0f, yp + static_cast<size_t>(i0) * ld + lo, ld);
       }
       return scatter();
     }
     for (int i = 0; i < M; ++i) {
       const float g = gp[i];
       if (g == 0.0f) continue;  // a token row: the plain product, untouched
-      float* yr = yp + static_cast<size_t>(i) * N;
-      const float* ar = abuf.data() + static_cast<size_t>(i) * R;
+      float* yr = yp + static_cast<size_t>(i) * ld;
+      const float* ar = ap + static_cast<size_t>(i) * la;
       for (int k = 0; k < R; ++k) {
         const float s = ar[k] * g;
         const float* br = Bp + static_cast<size_t>(k) * N;

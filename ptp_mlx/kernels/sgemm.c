@@ -744,6 +744,10 @@ void ptp_sgemm_set_fallback(void *fn) { memcpy(&fallback, &fn, sizeof fallback);
 void ptp_sgemm_enable(int on) { enabled = on != 0; }
 const char *ptp_sgemm_info(void) { return path_name; }
 int ptp_sgemm_max_m(void) { return PTP_MAX_M; }
+/* Whether cblas_sgemm computes C = A B^T of M rows itself: then each column of C is the same whatever other
+ * columns the call has (one accumulator per element), so a caller may fold more weight rows into one call
+ * (ptp-gated-linear: the LoRA's A rows after the projection's). */
+int ptp_sgemm_takes_nt(int M) { return enabled && M >= 1 && M <= PTP_MAX_M; }
 unsigned long long ptp_sgemm_taken(void) { return __atomic_load_n(&n_taken, __ATOMIC_RELAXED); }
 unsigned long long ptp_sgemm_forwarded(void) { return __atomic_load_n(&n_forwarded, __ATOMIC_RELAXED); }
 /* Nanoseconds spent in the calls taken and forwarded, for profiles (ptp-bench --profile). */
