@@ -64,9 +64,10 @@ class DecodeOptions:
     drafter: Drafter | None = None  # default: the adapter's own drafts (``drafting``); tests inject others
     clock: object | None = None  # a PhaseClock splits every PTP call into phases (ptp-bench --profile)
     logits: LogitsHook | None = None  # penalties, logit_bias and logprobs of one answer (ptp_mlx/logits.py)
-    # Chain calls: the next call built for every outcome of this one while it computes (``decode/pipeline.py``), on
-    # every backend; False: every call built after the read (the profile's synchronous reference).
-    chain: bool = True
+    # Chain calls: the next call built for every outcome of this one while it computes (``decode/pipeline.py``).
+    # None: where that pays on this machine, learnt from the calls' times (``decode/chain_odds.ChainChoice``); True:
+    # always; False: every call built after the read (the profile's synchronous reference).
+    chain: bool | None = None
     # Calls and steps: the fixed-shape ones compiled, or the same functions run eagerly (the reference); None: compiled
     # unless PTP_MLX_EAGER=1 (``decode.fixed.compiled_by_default``).
     compiled: bool | None = None
@@ -125,7 +126,7 @@ def stream_generate(
         sess, drafter = _ptp_session(pm, tokenizer, cache, u, s, opts, prompt_ids)
         limits = AnswerLimits(max_new, ctx, frozenset(eos))
         # (with a logits hook a call's rows depend on the tokens committed before it: no call is built ahead)
-        calls = ptp_calls(sess, drafter, prompt_ids[-1], limits, chain=bool(opts.chain), clock=opts.clock or NO_CLOCK)
+        calls = ptp_calls(sess, drafter, prompt_ids[-1], limits, chain=opts.chain, clock=opts.clock or NO_CLOCK)
     accept_label = opts.accept.label if opts.mode == "ptp" else "exact"
     generated = 0
     seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]

@@ -66,6 +66,7 @@ def test_profile_splits_real_calls_into_phases(engine, prompt_file):
     assert any(r["name"].endswith(" chained") for r in ptp)  # every shape also pipelined (ptp_mlx/decode/pipeline.py)
     default = next(r for r in ptp if r["name"] == "ptp default")  # the default drafter's own calls
     assert 0 <= default["chained"] <= default["calls"] and f"{default['chained']} of them chained" in text
+    assert "\nbuilding ahead: " in text  # the learnt choice (decode/chain_odds.ChainChoice)
     assert doc["diverged"] == [] and "every PTP shape == ar" in text  # padded drafts included: still exact
     # Host time on the critical path, measured directly: the host phases while nothing is queued (none for
     # pipelined steps); the indirect wall time minus compute beside it, for every kind of call.

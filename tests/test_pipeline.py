@@ -101,7 +101,7 @@ def test_a_consumer_that_stops_with_a_call_queued_leaves_the_cache_consistent(pm
     tok = varied[1]
     for s in (SETTINGS["greedy"], with_seed(SETTINGS["T1.0"], 3)):
         pc = PromptCache()
-        opts = DecodeOptions(mode="ptp", max_tokens=16, sampling=s, drafting=DraftingConfig(3))
+        opts = DecodeOptions(mode="ptp", max_tokens=16, sampling=s, drafting=DraftingConfig(3), chain=True)
         messages = [{"role": "user", "content": "hello there"}]
         ids = encode_prompt(tok, messages)
         gen = stream_generate(pm_sticky, tok, ids, opts, eos_ids=set(), prompt_cache=pc)
@@ -135,6 +135,22 @@ def test_the_kv_cache_never_writes_into_an_earlier_state():
     assert st.offset == 3 and float(st.contents()[0][0].sum()) == before
 
 
+def test_the_default_learns_whether_building_ahead_pays_and_stays_exact(pm_sticky, varied, spy):
+    """``chain=None`` (the default): calls alternate between built ahead and built after the read until both ways are
+    measured (``ChainChoice``), then follow the measured choice; every answer is the autoregressive one."""
+    from ptp_mlx.decode.chain_odds import ChainChoice
+
+    tok = varied[1]
+    pm_sticky.__dict__["_chain_choice"] = choice = ChainChoice()  # (a fresh one: other tests used this model)
+    for k, s in enumerate((SETTINGS["greedy"], with_seed(SETTINGS["T1.0"], 4))):
+        ids = encode_prompt(tok, PROMPTS[k])
+        opts = DecodeOptions(mode="ptp", max_tokens=40, sampling=s, drafting=DraftingConfig(3))
+        got = [t for st in stream_generate(pm_sticky, tok, ids, opts) for t in st.tokens]
+        assert got == ar(pm_sticky, tok, ids, s, 40)[0]
+    assert choice.calls > 0 and min(choice.reads) > 0 and choice.saving is not None
+    assert spy["built"] > 0  # (some built ahead, while it was being learnt at least)
+
+
 def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):
     tok = varied[1]
     ids = encode_prompt(tok, PROMPTS[0])
@@ -161,7 +177,7 @@ def test_calls_with_drafts_the_host_knows_are_chained_and_exact(pm_sticky, varie
     ids = encode_prompt(tok, PROMPTS[1])
     want, _ = ar(pm_sticky, tok, ids, s, 40)
     drafts = [t if k % 5 else (t + 7) % 200 + 3 for k, t in enumerate(want)]  # every fifth draft wrong
-    opts = DecodeOptions(mode="ptp", max_tokens=40, sampling=s, drafter=KnownDraftsOracle(drafts, 4))
+    opts = DecodeOptions(mode="ptp", max_tokens=40, sampling=s, drafter=KnownDraftsOracle(drafts, 4), chain=True)
     steps = list(stream_generate(pm_sticky, tok, ids, opts))
     assert [t for st in steps for t in st.tokens] == want
     # (near the answer's end the oracle's drafts run out, its outcomes' next calls differ in shape, and the one

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..decode.call import PhaseClock
+from ..decode.chain_odds import choice_for
 from ..decode.fixed import bank_for, compiled_by_default
 from ..drafting.policy import DraftingConfig
 from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
@@ -361,6 +362,7 @@ def run_profile(
             f"\nptp default: {d.calls} PTP calls (bursts aside), {d.chained} of them chained; rows and phases are "
             "medians over its calls, whose shapes vary"
         )
+        text += "\n" + choice_for(eng.pm).describe()  # (learnt across this run's answers: decode/chain_odds.py)
         text += "\n" + tree_menu(getattr(eng.budget_for(s), "shapes", None))
     host = {r.name: round(r.host_on_path, 3) for r in rows}
     entries = 0 if bank is None else len(bank.entries)

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from .call import NO_CLOCK, ChainInputs, PendingCall, build_call, call_shape, call_uniforms, finish_call
-from .chain_odds import Confirmed, fade, spare
+from .chain_odds import ChainChoice, Confirmed, choice_for, fade, spare
 from .fixed import ALTS
 from .session import DecodeSession
 from .shape import CallSpec
@@ -283,9 +283,13 @@ class CallQueue:
     built for, and give the cache its state back otherwise. ``abandon`` leaves the cache at the accepted path
     whatever is in flight (an answer closed early, or failed)."""
 
-    def __init__(self, sess: DecodeSession, drafter: Drafter, max_new: int, ctx: int, chain: bool = True):
+    def __init__(self, sess: DecodeSession, drafter: Drafter, max_new: int, ctx: int, chain: bool | None = None):
         self.sess, self.drafter, self.max_new, self.ctx = sess, drafter, max_new, ctx
-        self.chains = chain and sess.hook is None  # (with a logits hook a call's rows depend on committed tokens)
+        # (with a logits hook a call's rows depend on committed tokens)
+        self.chains = (chain is None or bool(chain)) and sess.hook is None
+        # chain None: built ahead where that pays on this machine, as measured (``ChainChoice``); True: always
+        self.choice: ChainChoice | None = choice_for(sess.pm) if chain is None and self.chains else None
+        self._ahead_s: float | None = None  # seconds spent building ahead while the running call computes
         self.running: PendingCall | None = None
         self.chained: Chained | None = None
         self.started: Chained | None = None
@@ -304,7 +308,14 @@ class CallQueue:
 
     def build(self, last: int, plan: DraftPlan, i: int) -> None:
         """Build the call that verifies ``plan`` after ``last`` (the next one to queue)."""
+        t0 = time.perf_counter()
         self.running = build_call(self.sess, last, plan, i)
+        if self.choice is not None:  # (a build on the path: what a confirmed build ahead saves)
+            self.choice.built_on_path(time.perf_counter() - t0)
+
+    def _ahead(self) -> bool:
+        """Whether to build ahead now: always where asked (``chain=True``), else where it pays (``ChainChoice``)."""
+        return self.chains and (self.choice is None or self.choice.use())
 
     def submit(self) -> float:
         """Queue the running call's compute; returns the seconds queueing took (on MLX's CPU backend
@@ -316,7 +327,8 @@ class CallQueue:
     def chain(self) -> None:
         """Build the call after the running one for every outcome, while it computes (none where that does not
         apply: ``build_chained``)."""
-        if self.chains and self.running is not None:
+        self._ahead_s = None
+        if self.running is not None and self._ahead():
             t0 = time.perf_counter()
             kinds = MAX_KINDS if spare(self.left_s, self.build_s) else 1
             self.chained = build_chained(
@@ -325,10 +337,11 @@ class CallQueue:
             if self.chained is not None:
                 self._built = 1 + len(self.chained.others)
                 self.build_s = fade(self.build_s, (time.perf_counter() - t0) / self._built)
+            self._ahead_s = time.perf_counter() - t0  # (the guesses' time too, built or not)
 
     def start_after_burst(self, token: mx.array, i: int) -> None:
         """Build the first call after a burst on its last step's ``token`` (lazy), which ends at position ``i``."""
-        if self.chains:
+        if self._ahead():
             self.started = build_after_burst(self.sess, self.drafter, token, i, self.max_new, self.ctx)
 
     @property
@@ -356,6 +369,9 @@ class CallQueue:
 
         t0 = time.perf_counter()
         result = finish_call(self.sess.cache, call, clock, then=then, on_strand=unchain)
+        if self.choice is not None:
+            self.choice.read_waited(time.perf_counter() - t0, self._ahead_s)
+        self._ahead_s = None
         if self._built:  # (the wait as if one build had been made: the others' time counts as left over)
             left = time.perf_counter() - t0 + (self._built - 1) * (self.build_s or 0.0)
             self.left_s, self._built = fade(self.left_s, left), 0
@@ -369,6 +385,8 @@ class CallQueue:
             guess = chained.every[result.accepted] if result.strand is None and chained.every else None
             built = guess is not None and chained.pick(result.accepted) is not None
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache)
+            if self.choice is not None and plan is not None and not result.resolved:
+                self.choice.judge(self.running is not None)
             if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
                 # (a built guess was just compared: it matched if its call is the running one now)
                 matched = self.running is not None if built else _matches(plan, guess.realize(result))
@@ -380,6 +398,8 @@ class CallQueue:
         ``last`` the token it was built on; otherwise it is dropped. True when a call is ready to submit."""
         started, self.started = self.started, None
         self.running = confirm_after_burst(started, plan, self.sess.cache, last)
+        if self.choice is not None and plan is not None:
+            self.choice.judge(self.running is not None)
         return self.running is not None
 
     def abandon(self) -> None:

@@ -33,12 +33,13 @@ class AnswerLimits:
 
 
 def ptp_calls(
-    sess: DecodeSession, drafter: Drafter, last: int, limits: AnswerLimits, chain: bool = True, clock=NO_CLOCK
+    sess: DecodeSession, drafter: Drafter, last: int, limits: AnswerLimits, chain: bool | None = None, clock=NO_CLOCK
 ) -> Iterator[tuple[list[int], CallRecord]]:
     """PTP decoding after ``last`` (fed, not yet in the cache), with ``drafter`` (begun on the answer's history).
 
     ``chain``: the next call built for every outcome of this one while it computes (False: every call built after
-    the read, the profile's synchronous reference). ``clock``: a ``PhaseClock`` splits every call into phases."""
+    the read, the profile's synchronous reference; None: where that pays on this machine, as measured:
+    ``chain_odds.ChainChoice``). ``clock``: a ``PhaseClock`` splits every call into phases."""
     max_new, ctx = limits.max_new, limits.ctx
     queue = CallQueue(sess, drafter, max_new, ctx, chain)
     i = 0  # index of the next token to emit, in the uniform stream

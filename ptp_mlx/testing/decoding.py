@@ -53,8 +53,10 @@ def run(
     eos=None,
     num_draft_tokens=None,
     drafter=None,
+    chain=True,
 ):
-    # An oracle is a test drafter that proposes the given tokens (no auxiliary rows).
+    # An oracle is a test drafter that proposes the given tokens (no auxiliary rows). Calls are built ahead wherever
+    # the drafter can tell them (``chain=True``), whatever this machine's learnt choice: every chained path is tested.
     if oracle is not None:
         drafter = OracleDrafter(oracle, budget.max_width if budget else pm.config.window)
     opts = DecodeOptions(
@@ -63,6 +65,7 @@ def run(
         sampling=s,
         drafting=DraftingConfig(num_draft_tokens, budget, step=step),
         drafter=drafter,
+        chain=chain,
     )
     steps = list(stream_generate(pm, tok, ids, opts, eos_ids=eos))
     tokens = [t for st in steps for t in st.tokens]
