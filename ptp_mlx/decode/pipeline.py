@@ -14,7 +14,8 @@ budget guesses the shape it usually chooses after a branch of that width: ``Shap
 drafter cannot tell gets none: if it happens the builds are dropped. Each is built while this call computes;
 after the read the one for the outcome that happened is queued at once if the drafter's real plan is the one
 guessed for it, and every build is dropped otherwise (the call is then built as ever). Either way the same call
-runs on the same rows, so the output is unchanged.
+runs on the same rows, so the output is unchanged. Whether building ahead pays is learnt per machine
+(``chain_odds.ChainChoice``: on this 2-core CPU the build delays the compute it overlaps, and it does not).
 
 The chained call writes the cache from row ``offset + 1 + c`` on, past every row the current call keeps, so it
 needs no copy of the state; the state before it is kept by value only until the read decides (a dropped call
