@@ -185,3 +185,6 @@ def test_cli_free_rows_prices_rows_at_nothing(tiny_model_dir, adapter_dir, promp
     assert "lossless (ptp == ar): 4/4 answers identical: ok" in out
     budgets = [seen[0].budget, *seen[0].mode_budgets.values()]
     assert all(b.curve(1) == b.curve(64) == 1.0 for b in budgets if b is not None)
+    from ptp_mlx.decode.chain_odds import choice_for
+
+    assert choice_for(seen[0].pm).forced is True  # (every next call built ahead where it can be, as on a GPU)

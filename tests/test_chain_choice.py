@@ -69,3 +69,11 @@ def test_one_choice_per_model_kept_across_answers():
 
     a, b = Model(), Model()
     assert choice_for(a) is choice_for(a) and choice_for(a) is not choice_for(b)
+
+
+def test_a_set_choice_holds_whatever_is_measured():
+    """``ptp-bench --free-rows`` sets building ahead on, as a GPU would learn it."""
+    choice = ChainChoice()
+    choice.forced = True
+    assert all(_feed(choice, 0.005, 0.003, 0.0033, 0.0013, False, 3 * EXPLORE))
+    assert choice.describe() == "building ahead: on (set, not learnt)"

@@ -64,8 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--free-rows",
         action="store_true",
-        help="price every row of a call at nothing (the flat cost curve of a GPU): shows the tokens per call the "
-        "budget's widest useful shapes reach; wall-clock figures on a CPU then say nothing",
+        help="price every row of a call at nothing (the flat cost curve of a GPU) and build every next call ahead "
+        "where the drafter can (as a GPU learns to): shows the tokens per call the budget's widest useful shapes "
+        "reach; wall-clock figures on a CPU then say nothing",
     )
     p.add_argument(
         "--chat-turns",
@@ -206,11 +207,15 @@ def run(args: argparse.Namespace) -> int:
         return _cost_sweep(args)
     eng = Engine.load(args.model, args.adapter, recalibrate=args.recalibrate)
     if args.free_rows:
+        from ..decode.chain_odds import choice_for
         from ..drafting.cost import CostCurve
 
         for b in [eng.budget, *eng.mode_budgets.values()]:
             if b is not None:
                 b.curve = CostCurve([1, 64], [1.0, 1.0])
+        # ... and, as on a GPU, the next call built while this one computes (there the build runs beside the device
+        # and building ahead pays; on this CPU the learnt choice is off: decode/chain_odds.ChainChoice)
+        choice_for(eng.pm).forced = True
     if args.chat_turns:
         from .conversation import chat_table
 

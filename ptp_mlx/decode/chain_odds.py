@@ -78,6 +78,7 @@ class ChainChoice:
         self.judged = [0.0, 0.0]  # builds ahead the read confirmed, and judged (fading counts)
         self.calls = 0
         self.reads = [0, 0]  # reads measured with nothing built ahead, and after a build ahead
+        self.forced: bool | None = None  # set: that choice, whatever is measured (``ptp-bench --free-rows``: a GPU's)
 
     def rate(self) -> float:
         """How often the read confirmed a build ahead (one half before any was judged)."""
@@ -93,6 +94,8 @@ class ChainChoice:
         """Whether the next call is built ahead: the choice, the other way one call in ``EXPLORE`` (every other
         call while it is being learnt)."""
         self.calls += 1
+        if self.forced is not None:
+            return self.forced
         on = self.pays()
         if on is None:
             return self.calls % 2 == 1
@@ -115,6 +118,8 @@ class ChainChoice:
 
     def describe(self) -> str:
         """One line for ``ptp-bench --profile``."""
+        if self.forced is not None:
+            return f"building ahead: {'on' if self.forced else 'off'} (set, not learnt)"
         on = self.pays()
         if on is None:
             return "building ahead: being learnt (not measured both ways yet)"
