@@ -188,3 +188,4 @@ def test_cli_free_rows_prices_rows_at_nothing(tiny_model_dir, adapter_dir, promp
     from ptp_mlx.decode.chain_odds import choice_for
 
     assert choice_for(seen[0].pm).forced is True  # (every next call built ahead where it can be, as on a GPU)
+    assert "\nbuilding ahead: on (set, not learnt)" in out

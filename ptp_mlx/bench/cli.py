@@ -316,6 +316,9 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     if eng.budget is not None:
         print(curve_line(eng.budget.curve))  # (after the run: what every call's measured time made of the curve)
+        from ..decode.chain_odds import choice_for
+
+        print(choice_for(eng.pm).describe())  # (and of building calls ahead)
     if "ptp-lenient" in methods and bench.records:
         from .quality import quality, quality_line
 
