@@ -196,6 +196,7 @@ def run(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
+    from ..decode.chain_odds import choice_for
     from ..engine import Engine
     from ..models import load
     from . import report
@@ -207,7 +208,6 @@ def run(args: argparse.Namespace) -> int:
         return _cost_sweep(args)
     eng = Engine.load(args.model, args.adapter, recalibrate=args.recalibrate)
     if args.free_rows:
-        from ..decode.chain_odds import choice_for
         from ..drafting.cost import CostCurve
 
         for b in [eng.budget, *eng.mode_budgets.values()]:
@@ -316,8 +316,6 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     if eng.budget is not None:
         print(curve_line(eng.budget.curve))  # (after the run: what every call's measured time made of the curve)
-        from ..decode.chain_odds import choice_for
-
         print(choice_for(eng.pm).describe())  # (and of building calls ahead)
     if "ptp-lenient" in methods and bench.records:
         from .quality import quality, quality_line

@@ -36,8 +36,7 @@ class Confirmed:
         self.seen: dict[tuple, list[float]] = {}  # key -> [confirmed, judged]
 
     def rate(self, key: tuple) -> float:
-        hit, n = self.seen.get(key, (0.0, 0.0))
-        return (hit + 0.5 * CONFIRMED_PRIOR) / (n + CONFIRMED_PRIOR)
+        return _rate(self.seen.get(key, (0.0, 0.0)))
 
     def weigh(self, source: str | None, guesses: list[Guess | None], likely: list[float] | None) -> list[float]:
         """Each outcome's chance (``likely``; None: all alike) times its guess's confirm rate."""
@@ -48,8 +47,16 @@ class Confirmed:
         ]
 
     def judge(self, source: str | None, guess: Guess, hit: bool) -> None:
-        entry = self.seen.setdefault((source, guess.plan.source), [0.0, 0.0])
-        entry[0], entry[1] = FADE * entry[0] + hit, FADE * entry[1] + 1.0
+        _judge(self.seen.setdefault((source, guess.plan.source), [0.0, 0.0]), hit)
+
+
+def _rate(counts) -> float:
+    """A confirm rate from fading counts ``[confirmed, judged]``: one half before any judgement."""
+    return (counts[0] + 0.5 * CONFIRMED_PRIOR) / (counts[1] + CONFIRMED_PRIOR)
+
+
+def _judge(counts: list[float], hit: bool) -> None:
+    counts[0], counts[1] = FADE * counts[0] + hit, FADE * counts[1] + 1.0
 
 
 EXPLORE = 16  # one call in this many is built the other way round than the choice, so both ways stay measured
@@ -82,7 +89,7 @@ class ChainChoice:
 
     def rate(self) -> float:
         """How often the read confirmed a build ahead (one half before any was judged)."""
-        return (self.judged[0] + 0.5 * CONFIRMED_PRIOR) / (self.judged[1] + CONFIRMED_PRIOR)
+        return _rate(self.judged)
 
     def pays(self) -> bool | None:
         """The choice as measured so far (None: not measured both ways yet)."""
@@ -114,7 +121,7 @@ class ChainChoice:
         self.saving = _slow(self.saving, seconds)
 
     def judge(self, hit: bool) -> None:
-        self.judged[0], self.judged[1] = FADE * self.judged[0] + hit, FADE * self.judged[1] + 1.0
+        _judge(self.judged, hit)
 
     def describe(self) -> str:
         """One line for ``ptp-bench --profile``."""
