@@ -24,6 +24,7 @@ from .drafting.cost import CostCurve
 from .drafting.policy import DraftingConfig
 from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, stream_generate
+from .kernels.packed import pack_model, packed_count
 from .logits import LogitsHook, LogitsSettings
 from .model.ptp import PTPModel
 from .models import check_ptp_model, load, model_fingerprint
@@ -86,6 +87,7 @@ class Engine:
                     log(f"using the adapter made for this model: {adapter_dir}")
         ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, None)
         pm = PTPModel(base, ad, cfg, fuse=True)
+        pack_model(base)  # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py)
         eng = cls(
             pm=pm,
             tokenizer=tokenizer,
@@ -113,6 +115,7 @@ class Engine:
                 list(c.target_modules) if c.target_modules is not None else None,
                 # bump when the cost of a PTP call changes (v4: real calls, pipelined AR step; v5: compiled calls)
                 f"ptp-call-v5-{'compiled' if compiled_by_default() else 'eager'}",
+                packed_count(),  # weights read from codes make a row cost more relative to a step
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", self.log, recalibrate)

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("sgemm.c")
+INCLUDED = (Path(__file__).with_name("packed.c"),)  # #included by sgemm.c: part of the build's hash
 # -ffp-contract=off: the portable C path must not fuse a*b+c in some specialisations and not others (the
 # SIMD paths spell their fused multiply-adds out). -march=native is dropped where the compiler rejects it.
 FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-pthread"]
@@ -51,7 +52,8 @@ def cpu_key() -> str:
 
 
 def library_name() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS + [NATIVE]).encode()).hexdigest()[:12]
+    text = SOURCE.read_bytes() + b"".join(p.read_bytes() for p in INCLUDED)
+    digest = hashlib.sha256(text + " ".join(FLAGS + [NATIVE]).encode()).hexdigest()[:12]
     return f"sgemm-{digest}-{cpu_key()}.so"
 
 

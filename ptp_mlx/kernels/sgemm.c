@@ -633,6 +633,8 @@ int ptp_sgemm_parallel(void (*fn)(void *, int), void *ctx, int n) {
     return 2;
 }
 
+#include "packed.c" /* products over registered codes (pk_try) */
+
 /* ---- the exported entry points ---- */
 
 /* Plain C, for a process with no fallback at all: every case the interface allows, row-major. */
@@ -720,7 +722,8 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
         __atomic_fetch_add(&n_taken, 1, __ATOMIC_RELAXED);
         long la = rlda;
         if (rtb == Trans && folds_rows(rM)) rA = aligned_rows(rM, K, rA, &la);
-        run(rtb == Trans ? kern_nt : kern_nn, rM, rN, K, rA, la, rB, rldb, beta == 1.0f, C, ldc);
+        if (rtb != Trans || !pk_try(rM, rN, K, rA, la, rB, rldb, beta == 1.0f, C, ldc))
+            run(rtb == Trans ? kern_nt : kern_nn, rM, rN, K, rA, la, rB, rldb, beta == 1.0f, C, ldc);
         __atomic_fetch_add(&ns_taken, now_ns() - t0, __ATOMIC_RELAXED);
         return;
     }

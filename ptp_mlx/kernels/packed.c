@@ -1,0 +1,270 @@
+/* Packed weights: float32 matrices whose every value is a 4- or 8-bit code times a scale plus an offset, read
+ * from their codes (included by sgemm.c, which it extends; project issue 41).
+ *
+ * Why: a model converted from a quantized GGUF to float32 (the default model: Q4_1 projections, a Q8_0 head) holds
+ * in 32 bits what its file held in 4 to 8. A decode pass reads every weight once, and on this kind of CPU that
+ * read is what a few-row product waits for. Python (ptp_mlx/kernels/packed.py) finds such matrices, proves each
+ * value is w = fma(q, d, m) exactly (q an integer code, d and m per group of 32 values along K: q * d is exact,
+ * so fma and the product-then-sum give the same float), and registers the codes beside the float32 matrix, which
+ * stays where it is. A product C = A B^T whose B lies inside a registered matrix is computed from the codes: each
+ * B vector is rebuilt bit for bit in registers and meets the very fused multiply-adds, in the same order, and the
+ * same horizontal-sum tree as the AVX-512 float path (tile_nt_512), so every element is bit for bit what that path
+ * gives, at every width: the packed form changes how many bytes a product reads, never a result.
+ *
+ * Layout of one packed row (K / 32 groups, `gbytes` each): the group's codes, then d and m (float32). 4-bit codes:
+ * byte j holds the codes of k = j (low nibble) and k = j + 16 (high); 8-bit: one byte per k. Only the AVX-512 path
+ * reads them (another path leaves the registry unused: ptp_sgemm_packs() says which). */
+
+#define PK_MAX 1024 /* registered matrices (a model: one per fused projection group and its head) */
+/* Products of more rows read the floats: past 9 rows the floats' register-row tiles (nt_512) beat rebuilding
+ * each weight vector per tile of 8 (2026-12-05, the default model's products, two threads, ms a pass: floats /
+ * codes 1 row 19.7 / 8.5, 4 rows 23.6 / 11.0, 8 rows 21.1 / 19.1, 9 rows 22.6 / 19.9, 10 rows 21.7 / 23.8,
+ * 16 rows 28.7 / 37.0). Either way each element has the same bits. */
+#ifndef PK_MAX_M
+#define PK_MAX_M 9
+#endif
+
+struct packed {
+    const float *base; /* the float32 matrix [rows, K], row-contiguous, that the codes stand for */
+    int rows, K, bits, gbytes;
+    const unsigned char *data; /* rows x (K / 32) groups */
+};
+
+static struct packed pk_table[PK_MAX];
+static int pk_count; /* entries [0, pk_count) are valid; written under pk_mu, read without it (see pk_find) */
+static pthread_mutex_t pk_mu = PTHREAD_MUTEX_INITIALIZER;
+static int pk_on = 1;
+static unsigned long long pk_hits;
+
+/* Register the codes of `base` ([rows, K]); 0 where nothing is kept (a full table, a shape the kernel does not
+ * read, a path without the kernel). The caller keeps `data` and `base` alive until ptp_sgemm_unpack(base). */
+int ptp_sgemm_pack(const float *base, int rows, int K, int bits, const unsigned char *data) {
+    if (!base || !data || rows < 1 || K < 32 || K % 32 || (bits != 4 && bits != 8)) return 0;
+    pthread_mutex_lock(&pk_mu);
+    int ok = 0;
+    for (int i = 0; i < pk_count; i++)
+        if (pk_table[i].base == base) { /* re-registered: the new codes replace the old in place */
+            pk_table[i].data = 0;
+            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+            pk_table[i].rows = rows, pk_table[i].K = K, pk_table[i].bits = bits;
+            pk_table[i].gbytes = bits * 4 + 8;
+            __atomic_store_n(&pk_table[i].data, data, __ATOMIC_RELEASE);
+            ok = 1;
+        }
+    if (!ok && pk_count < PK_MAX) {
+        struct packed *e = &pk_table[pk_count];
+        e->base = base, e->rows = rows, e->K = K, e->bits = bits, e->gbytes = bits * 4 + 8;
+        __atomic_store_n(&e->data, data, __ATOMIC_RELEASE);
+        __atomic_store_n(&pk_count, pk_count + 1, __ATOMIC_RELEASE);
+        ok = 1;
+    }
+    pthread_mutex_unlock(&pk_mu);
+    return ok;
+}
+
+/* Forget the codes of `base` (before its memory is freed): products over it read the floats again. An entry is
+ * cleared, never moved, so a product in flight on another thread sees either the codes or none. */
+int ptp_sgemm_unpack(const float *base) {
+    int n = 0;
+    pthread_mutex_lock(&pk_mu);
+    for (int i = 0; i < pk_count; i++)
+        if (pk_table[i].base == base && pk_table[i].data) {
+            __atomic_store_n(&pk_table[i].data, (const unsigned char *)0, __ATOMIC_RELEASE);
+            n++;
+        }
+    pthread_mutex_unlock(&pk_mu);
+    return n;
+}
+
+/* The number of matrices whose codes are in use. */
+int ptp_sgemm_packed_count(void) {
+    int n = 0, c = __atomic_load_n(&pk_count, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < c; i++) n += __atomic_load_n(&pk_table[i].data, __ATOMIC_ACQUIRE) != 0;
+    return n;
+}
+
+/* on = 0: products read the floats even where codes are registered (for comparisons); returns the setting. */
+int ptp_sgemm_packed_enable(int on) {
+    if (on >= 0) pk_on = on != 0;
+    return pk_on;
+}
+
+/* The entry whose matrix holds rows B .. of a product with `ldb` (its own row length) and K, and the first row;
+ * 0 if none. Calls come in layer order, so the entry after the last hit is tried first. */
+static const struct packed *pk_find(const float *B, long ldb, int K, int *row0, const unsigned char **data) {
+    static __thread int hint;
+    int c = __atomic_load_n(&pk_count, __ATOMIC_ACQUIRE);
+    for (int t = 0; t < c; t++) {
+        int i = (hint + t) % c;
+        const struct packed *e = &pk_table[i];
+        const unsigned char *d = __atomic_load_n(&e->data, __ATOMIC_ACQUIRE);
+        if (!d || e->K != K || ldb != K || B < e->base || B >= e->base + (long)e->rows * K) continue;
+        long off = B - e->base;
+        if (off % K) continue;
+        hint = i + 1;
+        *row0 = (int)(off / K), *data = d;
+        return e;
+    }
+    return 0;
+}
+
+#ifdef PTP_X86
+/* Columns [n0, n1) of C = A B^T from B's codes, in MR x NR tiles as tile_nt_512 runs them: per 16 values of K,
+ * the NR weight vectors (rebuilt from codes), then each row's FMAs into its accumulators; then hsum4_512. */
+INLINE T512 void ptile(const int MR, const int NR, const int BITS, int K, const float *A, long lda,
+                       const unsigned char *P, long prow, int gbytes, int beta1, float *C, long ldc,
+                       const unsigned char *pf) {
+    __m512 acc[8][8];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi32(15);
+    for (int g = 0, k = 0; k < K; g++, k += 32) {
+        const unsigned char *grp = P + (long)g * gbytes;
+        if (pf)
+            for (int j = 0; j < NR; j++) _mm_prefetch((const char *)(pf + j * prow + (long)g * gbytes), PF_HINT);
+        for (int h = 0; h < 2; h++) {
+            __m512 b[8];
+            for (int j = 0; j < NR; j++) {
+                const unsigned char *q = grp + j * prow;
+                __m512i x;
+                if (BITS == 4) {
+                    x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
+                    x = h ? _mm512_srli_epi32(x, 4) : _mm512_and_si512(x, low4);
+                } else {
+                    x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
+                }
+                const float *dm = (const float *)(q + BITS * 4);
+                b[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_set1_ps(dm[0]), _mm512_set1_ps(dm[1]));
+            }
+            for (int i = 0; i < MR; i++) {
+                __m512 a = _mm512_loadu_ps(A + i * lda + k + 16 * h);
+                for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+            }
+        }
+    }
+    __m512 z = _mm512_setzero_ps();
+    for (int i = 0; i < MR; i++) {
+        float *c = C + i * ldc;
+        for (int j = 0; j < NR; j += 4) {
+            __m128 r = hsum4_512(acc[i][j], j + 1 < NR ? acc[i][j + 1] : z, j + 2 < NR ? acc[i][j + 2] : z,
+                                 j + 3 < NR ? acc[i][j + 3] : z);
+            if (j + 4 <= NR) {
+                if (beta1) r = _mm_add_ps(_mm_loadu_ps(c + j), r);
+                _mm_storeu_ps(c + j, r);
+            } else {
+                float t[4];
+                _mm_storeu_ps(t, r);
+                for (int u = 0; j + u < NR; u++) c[j + u] = beta1 ? c[j + u] + t[u] : t[u];
+            }
+        }
+    }
+}
+
+/* All M rows against NR packed weight rows at P (rows `prow` bytes apart), in balanced tiles of at most MR. */
+INLINE T512 void prows(const int MR, const int NR, const int BITS, int M, int K, const float *A, long lda,
+                       const unsigned char *P, long prow, int gbytes, int beta1, float *C, long ldc,
+                       const unsigned char *pf) {
+    int tiles = (M + MR - 1) / MR, m = 0;
+    for (int t = 0; t < tiles; t++) {
+        int h = M / tiles + (t < M % tiles);
+        const unsigned char *f = t == 0 ? pf : 0; /* the first tile streams the block and prefetches the next */
+#define PT(mr) ptile(mr, NR, BITS, K, A + m * lda, lda, P, prow, gbytes, beta1, C + m * ldc, ldc, f)
+        switch (h) {
+        case 8: if (MR >= 8) PT(8); break; case 7: if (MR >= 7) PT(7); break;
+        case 6: if (MR >= 6) PT(6); break; case 5: if (MR >= 5) PT(5); break;
+        case 4: if (MR >= 4) PT(4); break; case 3: if (MR >= 3) PT(3); break;
+        case 2: if (MR >= 2) PT(2); break; default: PT(1); break;
+        }
+#undef PT
+        m += h;
+    }
+}
+
+struct pjob {
+    int M, N, K, bits, gbytes, beta1, chunk;
+    const float *A;
+    long lda, ldc;
+    const unsigned char *P; /* the product's first packed row */
+    float *C;
+};
+
+/* Tile shapes by rows (registers: accumulators + NR rebuilt vectors + one row + constants): 2 x 8 up to two rows,
+ * 4 x 4 up to four, 8 x 3 beyond (every path keeps each element's arithmetic; these only schedule it). */
+#define PK_COLS(MR, NR, BITS)                                                                                      \
+    for (; n + (NR) <= n1; n += (NR))                                                                              \
+        prows(MR, NR, BITS, j->M, j->K, j->A, j->lda, j->P + (long)n * prow, prow, j->gbytes, j->beta1, j->C + n,  \
+              j->ldc, n + 2 * (NR) <= n1 ? j->P + (long)(n + (NR)) * prow : 0)
+#define PK_ALL(BITS)                                                                                               \
+    do {                                                                                                           \
+        if (j->M <= 2)                                                                                             \
+            PK_COLS(2, 8, BITS);                                                                                   \
+        else if (j->M <= 4)                                                                                        \
+            PK_COLS(4, 4, BITS);                                                                                   \
+        else                                                                                                       \
+            PK_COLS(8, 3, BITS);                                                                                   \
+        PK_COLS(8, 1, BITS);                                                                                       \
+    } while (0)
+
+static T512 void pk_chunk(void *ctx, int i) {
+    const struct pjob *j = ctx;
+    long prow = (long)(j->K / 32) * j->gbytes;
+    int n = i * j->chunk, n1 = n + j->chunk < j->N ? n + j->chunk : j->N;
+    if (j->bits == 4)
+        PK_ALL(4);
+    else
+        PK_ALL(8);
+}
+#undef PK_ALL
+#undef PK_COLS
+
+/* C = A B^T for B = rows row0 .. row0 + N of entry e, from its codes, on the pool's threads (chunks of columns). */
+static void pk_product(const struct packed *e, const unsigned char *data, int row0, int M, int N, int K,
+                       const float *A, long lda, int beta1, float *C, long ldc) {
+    long prow = (long)(K / 32) * e->gbytes;
+    struct pjob j = {M, N, K, e->bits, e->gbytes, beta1, 48, A, lda, ldc, data + (long)row0 * prow, C};
+    int chunks = (N + j.chunk - 1) / j.chunk;
+    if (chunks > 1 && (long)N * K >= pool.min_work / 4)
+        ptp_sgemm_parallel(pk_chunk, &j, chunks);
+    else
+        for (int i = 0; i < chunks; i++) pk_chunk(&j, i);
+}
+#endif
+
+/* Whether this product (row-major A B^T, A already aligned) was computed from codes: its weight rows in runs,
+ * each run from the registered matrix that holds it (projections registered one by one still form one product
+ * when they lie side by side, as a fused group's do), and rows no entry holds (a LoRA's A rows stored after a
+ * group's) from the floats, which give each column the same bits whatever other columns a call has. */
+static int pk_try(int M, int N, int K, const float *A, long lda, const float *B, long ldb, int beta1, float *C,
+                  long ldc) {
+#ifdef PTP_X86
+    if (!pk_on || M > PK_MAX_M || kern_nt != nt_512) return 0;
+    int row0, n = 0;
+    const unsigned char *data;
+    const struct packed *e = pk_find(B, ldb, K, &row0, &data);
+    if (!e) return 0;
+    __atomic_fetch_add(&pk_hits, 1, __ATOMIC_RELAXED);
+    while (e) {
+        int Np = e->rows - row0 < N - n ? e->rows - row0 : N - n;
+        pk_product(e, data, row0, M, Np, K, A, lda, beta1, C + n, ldc);
+        n += Np;
+        e = n < N ? pk_find(B + (long)n * ldb, ldb, K, &row0, &data) : 0;
+    }
+    if (n < N) run(kern_nt, M, N - n, K, A, lda, B + (long)n * ldb, ldb, beta1, C + n, ldc);
+    return 1;
+#else
+    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)beta1, (void)C, (void)ldc;
+    return 0;
+#endif
+}
+
+/* Products computed from codes so far (for profiles and tests). */
+unsigned long long ptp_sgemm_packed_hits(void) { return __atomic_load_n(&pk_hits, __ATOMIC_RELAXED); }
+
+/* 1 where products can be computed from codes (the AVX-512 path is in use), else 0. */
+int ptp_sgemm_packs(void) {
+#ifdef PTP_X86
+    return kern_nt == nt_512;
+#else
+    return 0;
+#endif
+}

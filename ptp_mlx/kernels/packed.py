@@ -1,0 +1,258 @@
+"""Packed weights for ptp-sgemm: the codes of float32 matrices that came from a quantized file (``packed.c``).
+
+A model converted from a quantized GGUF to float32 (the default model) holds, in every group of 32 values along
+a row, at most 16 (Q4_1) or 256 (Q8_0) distinct values: ``w = q * d + m`` for an integer code ``q`` and a scale
+``d`` and offset ``m`` per group, each a float16 value, so ``q * d`` is exact in float32 and ``w`` is one
+rounding of ``q * d + m``. ``find_codes`` recovers ``q``, ``d`` and ``m`` from the floats alone and checks that
+they give back every value bit for bit; ptp-sgemm then computes products over that matrix from its codes (4.5 or
+8.25 bits a weight instead of 32), with each weight rebuilt exactly, so every result keeps its bits. A matrix
+where any group fails the check is left as it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+GROUP = 32
+# (bits, how each group's offset is found): Q4_1's offset is its group's minimum (code 0); Q8_0 is symmetric
+# (w = d * c, c in -128..127), written here as code c + 128 with offset -128 d.
+FORMATS = (4, 8)
+_NEIGHBOURS = 3  # float16 steps either side of the estimated scale that are tried
+
+
+def _fp16_candidates(est: np.ndarray) -> list[np.ndarray]:
+    """float16 values near ``est`` (as float32), nearest first, for every group at once."""
+    base = est.astype(np.float16)
+    out = [base.astype(np.float32)]
+    up, down = base, base
+    for _ in range(_NEIGHBOURS):
+        up = np.nextafter(up, np.float16(np.inf))
+        down = np.nextafter(down, np.float16(-np.inf))
+        out += [up.astype(np.float32), down.astype(np.float32)]
+    return out
+
+
+def _fit(g: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(codes uint8 [G, 32], d [G], m [G]) with ``fma(codes, d, m) == g`` bit for bit for every group of ``g``
+    [G, 32] float32, or None where some group has no such form."""
+    qmax = (1 << bits) - 1
+    if bits == 4:
+        m = g.min(axis=1)
+        est = (g.max(axis=1) - m) / np.float32(qmax)
+    else:
+        est = np.abs(g).max(axis=1) / np.float32(127)
+    codes = np.zeros(g.shape, np.uint8)
+    d_out = np.zeros(g.shape[0], np.float32)
+    m_out = np.zeros(g.shape[0], np.float32)
+    todo = np.ones(g.shape[0], bool)
+    for d in _fp16_candidates(est):
+        idx = np.flatnonzero(todo)
+        if idx.size == 0:
+            break
+        dd = d[idx]
+        mm = m[idx] if bits == 4 else np.float32(-128) * dd
+        ok_d = np.isfinite(dd) & (dd > 0)
+        safe = np.where(ok_d, dd, np.float32(1))
+        q = np.rint((g[idx] - mm[:, None]) / safe[:, None])
+        q = np.clip(q, 0, qmax).astype(np.float32)
+        back = (q * safe[:, None]).astype(np.float32) + mm[:, None]  # q * d is exact: one rounding, as an fma's
+        ok = ok_d & np.all(back == g[idx], axis=1)
+        hit = idx[ok]
+        codes[hit] = q[ok].astype(np.uint8)
+        d_out[hit], m_out[hit] = dd[ok], mm[ok]
+        todo[hit] = False
+    # a constant group (d = 0 estimated): every code 0 and d 1 give m exactly
+    const = todo & (g.max(axis=1) == g.min(axis=1))
+    if bits == 4 and const.any():
+        codes[const], d_out[const], m_out[const] = 0, 1.0, g[const, 0]
+        todo &= ~const
+    return None if todo.any() else (codes, d_out, m_out)
+
+
+def find_codes(w: np.ndarray) -> tuple[int, np.ndarray] | None:
+    """(bits, packed rows uint8 [N, K/32 * gbytes]) for a float32 [N, K] matrix whose every group of 32 values
+    is exactly a 4- or 8-bit affine code (``packed.c`` gives the layout), else None."""
+    if w.dtype != np.float32 or w.ndim != 2 or w.shape[1] % GROUP or not np.all(np.isfinite(w)):
+        return None
+    N, K = w.shape
+    g = np.ascontiguousarray(w).reshape(-1, GROUP)
+    for bits in FORMATS:
+        if bits == 4 and not _at_most_16(g):
+            continue
+        fit = _fit(g, bits)
+        if fit is None:
+            continue
+        codes, d, m = fit
+        if bits == 4:
+            body = (codes[:, :16] | (codes[:, 16:] << 4)).astype(np.uint8)
+        else:
+            body = codes
+        dm = np.stack([d, m], axis=1).astype(np.float32).view(np.uint8)
+        rows = np.concatenate([body, dm], axis=1).reshape(N, -1)
+        return bits, np.ascontiguousarray(rows)
+    return None
+
+
+def decode(bits: int, rows: np.ndarray, K: int) -> np.ndarray:
+    """The float32 rows that packed ``rows`` stand for (``fma(code, d, m)``; ``q * d`` is exact, so the product
+    then the sum rounds as the fma does)."""
+    gb = bits * 4 + 8
+    g = np.asarray(rows).reshape(-1, gb)
+    if bits == 4:
+        body = g[:, :16]
+        codes = np.concatenate([body & 15, body >> 4], axis=1)
+    else:
+        codes = g[:, :32]
+    dm = np.ascontiguousarray(g[:, bits * 4 :]).view(np.float32)
+    w = (codes.astype(np.float32) * dm[:, :1]).astype(np.float32) + dm[:, 1:]
+    return w.reshape(np.asarray(rows).shape[0], K)
+
+
+def _at_most_16(g: np.ndarray) -> bool:
+    """Whether every group holds at most 16 distinct values (sorted rows: count the steps)."""
+    s = np.sort(g, axis=1)
+    return bool(np.all((np.diff(s, axis=1) != 0).sum(axis=1) < 16))
+
+
+class Registry:
+    """The codes this process registered with ptp-sgemm. Each entry keeps the float32 array it stands for alive
+    as long as it is registered, so its memory can never be freed and reused under the codes."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        lib.ptp_sgemm_pack.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        lib.ptp_sgemm_unpack.argtypes = [ctypes.c_void_p]
+        lib.ptp_sgemm_packed_hits.restype = ctypes.c_ulonglong
+        self.kept: dict[int, tuple] = {}
+
+    def register(self, array, view: np.ndarray, bits: int, rows: np.ndarray) -> bool:
+        """Register ``rows`` (the codes of ``view``, a zero-copy numpy view of the float32 ``array``)."""
+        ptr = view.ctypes.data
+        if not self.lib.ptp_sgemm_pack(ptr, view.shape[0], view.shape[1], bits, rows.ctypes.data):
+            return False
+        self.kept[ptr] = (array, rows)
+        return True
+
+    def clear(self) -> None:
+        """Forget every registered matrix (tests; a process that unloads its model)."""
+        for ptr in list(self.kept):
+            self.lib.ptp_sgemm_unpack(ptr)  # (before the arrays can be freed)
+            del self.kept[ptr]
+
+
+_registry: list[Registry] = []
+
+
+def registry() -> Registry | None:
+    """The process's registry, where ptp-sgemm is loaded and computes products from codes (its AVX-512 path)."""
+    from .. import blas
+
+    lib = blas.kernel()
+    if lib is None or not hasattr(lib, "ptp_sgemm_packs") or not lib.ptp_sgemm_packs():
+        return None
+    if not _registry:
+        _registry.append(Registry(lib))
+    return _registry[0]
+
+
+def packed_count() -> int:
+    """How many matrices ptp-sgemm reads from codes now (0 where it cannot)."""
+    reg = _registry[0] if _registry else None
+    return 0 if reg is None else int(reg.lib.ptp_sgemm_packed_count())
+
+
+def enabled() -> bool:
+    """Whether models register their codes: unless ``PTP_MLX_PACKED=0``."""
+    return os.environ.get("PTP_MLX_PACKED", "1").lower() not in ("0", "false", "no", "off")
+
+
+def _matrices(model) -> list:
+    """The float32 weight matrices a pass of ``model`` multiplies by (every projection of every layer, the head
+    or the tied embedding), as mx arrays; views of one fused matrix come out one by one (ptp-sgemm joins them)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from ..model.layers import language_model, projections, token_embedding
+
+    found = []
+    for layer in model.layers:
+        found += [m.weight for m in projections(layer).values() if type(m) is nn.Linear]
+    head = getattr(language_model(model), "lm_head", None)
+    if type(head) is nn.Linear:
+        found.append(head.weight)
+    emb = token_embedding(model)
+    if type(emb) is nn.Embedding:
+        found.append(emb.weight)
+    return [w for w in found if w.dtype == mx.float32 and w.ndim == 2]
+
+
+def _cached_codes(view: np.ndarray, folder: Path) -> tuple[int, np.ndarray] | None:
+    """``find_codes(view)``, kept in ``folder`` under the matrix's content hash (a later start reads it)."""
+    key = hashlib.sha1(memoryview(np.ascontiguousarray(view)).cast("B")).hexdigest()
+    key += f"-{view.shape[0]}x{view.shape[1]}"
+    for bits in FORMATS:
+        path = folder / f"{key}-q{bits}.npy"
+        if path.is_file():
+            try:
+                rows = np.load(path, mmap_mode="r")
+            except (OSError, ValueError):
+                break
+            if _agrees(view, bits, rows):
+                return bits, rows
+            break  # a file that does not give back the floats: found again below
+    if (folder / f"{key}-none").is_file():
+        return None
+    found = find_codes(view)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        name = f"{key}-q{found[0]}.npy" if found else f"{key}-none"
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+        with os.fdopen(fd, "wb") as f:
+            if found:
+                np.save(f, found[1])
+        os.replace(tmp, folder / name)
+    except OSError:
+        pass  # no cache: the next start finds the codes again
+    return found
+
+
+def _agrees(view: np.ndarray, bits: int, rows: np.ndarray) -> bool:
+    """Whether cached codes have the matrix's shape and give back its first, middle and last rows bit for bit."""
+    N, K = view.shape
+    if rows.dtype != np.uint8 or rows.shape != (N, K // GROUP * (bits * 4 + 8)):
+        return False
+    pick = sorted({0, N // 2, N - 1})
+    back = decode(bits, np.asarray(rows[pick]), K)
+    return bool(np.array_equal(back.view(np.uint32), view[pick].view(np.uint32)))
+
+
+def pack_model(model, log=None) -> int:
+    """Register the codes of every weight matrix of ``model`` that has them (see the module docstring) with
+    ptp-sgemm; returns how many. Nothing where ptp-sgemm cannot read codes, on another device, or with
+    ``PTP_MLX_PACKED=0``. Results keep their bits either way; products over registered matrices read less."""
+    import mlx.core as mx
+
+    from ..paths import cache_root
+
+    reg = registry() if enabled() and mx.default_device() == mx.cpu else None
+    if reg is None:
+        return 0
+    folder = cache_root() / "packed"
+    n = 0
+    for w in _matrices(model):
+        mx.eval(w)
+        view = np.asarray(memoryview(w))  # zero copy: the very memory MLX hands to cblas_sgemm
+        if view.ndim != 2 or not view.flags.c_contiguous or view.ctypes.data in reg.kept:
+            continue
+        found = _cached_codes(view, folder)
+        if found is not None and reg.register(w, view, found[0], found[1]):
+            n += 1
+    if log is not None and n:
+        log(f"ptp-sgemm reads {n} weight matrices from their 4/8-bit codes (the same floats, fewer bytes)")
+    return n
