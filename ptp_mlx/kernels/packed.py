@@ -139,11 +139,10 @@ class Registry:
         self.kept[ptr] = (array, rows)
         return True
 
-    def clear(self) -> None:
-        """Forget every registered matrix (tests; a process that unloads its model)."""
-        for ptr in list(self.kept):
-            self.lib.ptp_sgemm_unpack(ptr)  # (before the arrays can be freed)
-            del self.kept[ptr]
+    def unregister(self, ptr: int) -> None:
+        """Forget the matrix at ``ptr``: products over it read its floats again."""
+        self.lib.ptp_sgemm_unpack(ptr)  # (before the arrays can be freed)
+        self.kept.pop(ptr, None)
 
 
 _registry: list[Registry] = []
