@@ -16,12 +16,24 @@
  * reads them (another path leaves the registry unused: ptp_sgemm_packs() says which). */
 
 #define PK_MAX 1024 /* registered matrices (a model: one per fused projection group and its head) */
-/* Products of more rows read the floats: past 9 rows the floats' register-row tiles (nt_512) beat rebuilding
- * each weight vector per tile of 8 (2026-12-05, the default model's products, two threads, ms a pass: floats /
- * codes 1 row 19.7 / 8.5, 4 rows 23.6 / 11.0, 8 rows 21.1 / 19.1, 9 rows 22.6 / 19.9, 10 rows 21.7 / 23.8,
- * 16 rows 28.7 / 37.0). Either way each element has the same bits. */
+/* Tiles by rows: 2 x PK_NR2 up to two rows, 4 x PK_NR4 up to four, PK_MR x PK_NR beyond; products of more than
+ * PK_MAX_M rows read the floats, whose register-row tiles (nt_512) then win. Measured 2026-12-05 on the default
+ * model's 211 products, two threads, ms a pass, floats / codes: 1 row 17.7 / 7.0, 4 rows 17.8 / 9.9, 8 rows
+ * 19.4 / 15.4, 10 rows 21.1 / 19.3, 11 rows 21.6 / 20.9, 12 rows 22.0 / 22.5, 16 rows 27.1 / 27.8. Tiles of
+ * 8 x 3 (the floats' shape) ran out of registers here (8 rows 18.6, 16 rows 34.4); 8 x 2 beat 6 x 3, 5 x 4 and
+ * 4 x 4; 4 x 4 beat 4 x 5 and 4 x 6 at three and four rows. Either way each element has the same bits. */
+#ifndef PK_MR
+#define PK_MR 8
+#define PK_NR 2
+#endif
+#ifndef PK_NR2
+#define PK_NR2 8
+#endif
+#ifndef PK_NR4
+#define PK_NR4 4
+#endif
 #ifndef PK_MAX_M
-#define PK_MAX_M 9
+#define PK_MAX_M 11
 #endif
 
 struct packed {
@@ -138,6 +150,7 @@ INLINE T512 void ptile(const int MR, const int NR, const int BITS, int K, const 
             }
             for (int i = 0; i < MR; i++) {
                 __m512 a = _mm512_loadu_ps(A + i * lda + k + 16 * h);
+                __asm__("" : "+v"(a)); /* one load of the row for its NR FMAs (9 rows: 20.7 -> 17.3 ms) */
                 for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
             }
         }
@@ -188,8 +201,7 @@ struct pjob {
     float *C;
 };
 
-/* Tile shapes by rows (registers: accumulators + NR rebuilt vectors + one row + constants): 2 x 8 up to two rows,
- * 4 x 4 up to four, 8 x 3 beyond (every path keeps each element's arithmetic; these only schedule it). */
+/* Tile shapes by rows: see PK_MR above (each keeps every element's arithmetic; they only schedule it). */
 #define PK_COLS(MR, NR, BITS)                                                                                      \
     for (; n + (NR) <= n1; n += (NR))                                                                              \
         prows(MR, NR, BITS, j->M, j->K, j->A, j->lda, j->P + (long)n * prow, prow, j->gbytes, j->beta1, j->C + n,  \
@@ -197,11 +209,11 @@ struct pjob {
 #define PK_ALL(BITS)                                                                                               \
     do {                                                                                                           \
         if (j->M <= 2)                                                                                             \
-            PK_COLS(2, 8, BITS);                                                                                   \
+            PK_COLS(2, PK_NR2, BITS);                                                                              \
         else if (j->M <= 4)                                                                                        \
-            PK_COLS(4, 4, BITS);                                                                                   \
+            PK_COLS(4, PK_NR4, BITS);                                                                              \
         else                                                                                                       \
-            PK_COLS(8, 3, BITS);                                                                                   \
+            PK_COLS(PK_MR, PK_NR, BITS);                                                                           \
         PK_COLS(8, 1, BITS);                                                                                       \
     } while (0)
 
