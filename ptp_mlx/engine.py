@@ -26,6 +26,7 @@ from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, stream_generate
 from .kernels.packed import pack_model, packed_count
 from .logits import LogitsHook, LogitsSettings
+from .model.layers import weight_matrices
 from .model.ptp import PTPModel
 from .models import check_ptp_model, load, model_fingerprint
 from .paths import DEFAULT_MODEL_NAME, cache_root
@@ -87,7 +88,9 @@ class Engine:
                     log(f"using the adapter made for this model: {adapter_dir}")
         ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, None)
         pm = PTPModel(base, ad, cfg, fuse=True)
-        pack_model(base)  # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py)
+        pack_model(
+            weight_matrices(base)
+        )  # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py)
         eng = cls(
             pm=pm,
             tokenizer=tokenizer,

@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten
 
 from ptp_mlx import blas
 from ptp_mlx.kernels import packed
+from ptp_mlx.model.layers import weight_matrices
 from ptp_mlx.sampler import SamplingSettings
 
 
@@ -147,10 +148,10 @@ def test_switched_off_nothing_is_registered(monkeypatch, quantized_model_dir):
     reg = lib_or_skip()
     model, _ = mlx_lm.load(str(quantized_model_dir[0]))
     monkeypatch.setenv("PTP_MLX_PACKED", "0")
-    assert packed.pack_model(model) == 0
+    assert packed.pack_model(weight_matrices(model)) == 0
     monkeypatch.setenv("PTP_MLX_PACKED", "1")
     before = set(reg.kept)
-    assert packed.pack_model(model) == 2 * 7 + 1  # seven projections a layer and the tied embedding
+    assert packed.pack_model(weight_matrices(model)) == 2 * 7 + 1  # seven projections a layer and the tied embedding
     for ptr in set(reg.kept) - before:
         reg.unregister(ptr)
 
@@ -168,7 +169,9 @@ def quantized_engine(quantized_model_dir):
 def test_decoding_from_codes_is_token_for_token_decoding_from_floats(quantized_engine, mode, temp):
     reg = lib_or_skip()
     eng = quantized_engine
-    assert packed.pack_model(eng.pm.base) == 0 and len(reg.kept) >= 2 * 7 + 1  # registered at load, once
+    assert (
+        packed.pack_model(weight_matrices(eng.pm.base)) == 0 and len(reg.kept) >= 2 * 7 + 1
+    )  # registered at load, once
     s = SamplingSettings(temperature=temp, seed=11) if temp else SamplingSettings()
     out = {}
     hits = reg.lib.ptp_sgemm_packed_hits()

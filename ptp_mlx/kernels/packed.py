@@ -171,26 +171,6 @@ def enabled() -> bool:
     return os.environ.get("PTP_MLX_PACKED", "1").lower() not in ("0", "false", "no", "off")
 
 
-def _matrices(model) -> list:
-    """The float32 weight matrices a pass of ``model`` multiplies by (every projection of every layer, the head
-    or the tied embedding), as mx arrays; views of one fused matrix come out one by one (ptp-sgemm joins them)."""
-    import mlx.core as mx
-    import mlx.nn as nn
-
-    from ..model.layers import language_model, projections, token_embedding
-
-    found = []
-    for layer in model.layers:
-        found += [m.weight for m in projections(layer).values() if type(m) is nn.Linear]
-    head = getattr(language_model(model), "lm_head", None)
-    if type(head) is nn.Linear:
-        found.append(head.weight)
-    emb = token_embedding(model)
-    if type(emb) is nn.Embedding:
-        found.append(emb.weight)
-    return [w for w in found if w.dtype == mx.float32 and w.ndim == 2]
-
-
 def _cached_codes(view: np.ndarray, folder: Path) -> tuple[int, np.ndarray] | None:
     """``find_codes(view)``, kept in ``folder`` under the matrix's content hash (a later start reads it)."""
     key = hashlib.sha1(memoryview(np.ascontiguousarray(view)).cast("B")).hexdigest()
@@ -231,8 +211,8 @@ def _agrees(view: np.ndarray, bits: int, rows: np.ndarray) -> bool:
     return bool(np.array_equal(back.view(np.uint32), view[pick].view(np.uint32)))
 
 
-def pack_model(model, log=None) -> int:
-    """Register the codes of every weight matrix of ``model`` that has them (see the module docstring) with
+def pack_model(matrices, log=None) -> int:
+    """Register the codes of every float32 mx array in ``matrices`` (``model.layers.weight_matrices``) that has them (see the module docstring) with
     ptp-sgemm; returns how many. Nothing where ptp-sgemm cannot read codes, on another device, or with
     ``PTP_MLX_PACKED=0``. Results keep their bits either way; products over registered matrices read less."""
     import mlx.core as mx
@@ -244,7 +224,9 @@ def pack_model(model, log=None) -> int:
         return 0
     folder = cache_root() / "packed"
     n = 0
-    for w in _matrices(model):
+    for w in matrices:
+        if w.dtype != mx.float32 or w.ndim != 2:
+            continue
         mx.eval(w)
         view = np.asarray(memoryview(w))  # zero copy: the very memory MLX hands to cblas_sgemm
         if view.ndim != 2 or not view.flags.c_contiguous or view.ctypes.data in reg.kept:

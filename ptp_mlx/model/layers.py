@@ -223,6 +223,23 @@ def projections(layer: nn.Module) -> dict[str, nn.Module]:
     return dict(sorted(found.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
+def weight_matrices(model: nn.Module) -> list[mx.array]:
+    """The weight matrices a pass multiplies by: every block's projections (views of a fused group come out one
+    by one), the head and the tied embedding (``kernels/packed.py`` registers their codes)."""
+    found = []
+    for layer in model.layers:
+        if hasattr(layer, "self_attn") and hasattr(layer, "mlp"):
+            found += [m.weight for m in projections(layer).values() if type(m) is nn.Linear]
+    head = getattr(language_model(model), "lm_head", None)
+    if type(head) is nn.Linear:
+        found.append(head.weight)
+    emb = getattr(getattr(language_model(model), "model", None), "embed_tokens", None)
+    emb = emb.embedding if isinstance(emb, TokenEmbedding) else emb
+    if type(emb) is nn.Embedding:
+        found.append(emb.weight)
+    return found
+
+
 def projection_modules(layer: nn.Module) -> list[dict[str, GatedLoRALinear]]:
     """The patched projections of one block: the attention's, then the MLP's, by name."""
     parents = (layer.self_attn, layer.mlp)
