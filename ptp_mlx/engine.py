@@ -88,9 +88,8 @@ class Engine:
                     log(f"using the adapter made for this model: {adapter_dir}")
         ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, None)
         pm = PTPModel(base, ad, cfg, fuse=True)
-        pack_model(
-            weight_matrices(base)
-        )  # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py)
+        # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py): the same floats
+        pack_model(weight_matrices(base))
         eng = cls(
             pm=pm,
             tokenizer=tokenizer,

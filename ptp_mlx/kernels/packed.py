@@ -211,9 +211,9 @@ def _agrees(view: np.ndarray, bits: int, rows: np.ndarray) -> bool:
     return bool(np.array_equal(back.view(np.uint32), view[pick].view(np.uint32)))
 
 
-def pack_model(matrices, log=None) -> int:
-    """Register the codes of every float32 mx array in ``matrices`` (``model.layers.weight_matrices``) that has them (see the module docstring) with
-    ptp-sgemm; returns how many. Nothing where ptp-sgemm cannot read codes, on another device, or with
+def pack_model(matrices) -> int:
+    """Register with ptp-sgemm the codes of every float32 matrix in ``matrices`` (``model.layers.weight_matrices``)
+    that has them; returns how many. Nothing where ptp-sgemm cannot read codes, on another device, or with
     ``PTP_MLX_PACKED=0``. Results keep their bits either way; products over registered matrices read less."""
     import mlx.core as mx
 
@@ -229,11 +229,9 @@ def pack_model(matrices, log=None) -> int:
             continue
         mx.eval(w)
         view = np.asarray(memoryview(w))  # zero copy: the very memory MLX hands to cblas_sgemm
-        if view.ndim != 2 or not view.flags.c_contiguous or view.ctypes.data in reg.kept:
+        if not view.flags.c_contiguous or view.ctypes.data in reg.kept:
             continue
         found = _cached_codes(view, folder)
         if found is not None and reg.register(w, view, found[0], found[1]):
             n += 1
-    if log is not None and n:
-        log(f"ptp-sgemm reads {n} weight matrices from their 4/8-bit codes (the same floats, fewer bytes)")
     return n
