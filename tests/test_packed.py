@@ -52,6 +52,18 @@ def test_codes_give_back_every_float(bits):
     assert np.array_equal(back.view(np.uint32), w.view(np.uint32))
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_gguf_round_trip_is_read_back_as_codes(bits):
+    """What the cost sweep's random models hold (``gguf_round_trip``): within half a step of the weights, and codes."""
+    w = np.random.default_rng(2).standard_normal((24, 128)).astype(np.float32)
+    q = packed.gguf_round_trip(w, bits)
+    step = np.ptp(w.reshape(-1, 32), axis=1) / 15 if bits == 4 else np.abs(w.reshape(-1, 32)).max(axis=1) / 127
+    assert np.all(np.abs(q - w).reshape(-1, 32) <= 0.51 * step[:, None] + 1e-3 * np.abs(w).reshape(-1, 32))
+    found = packed.find_codes(q)
+    assert found is not None and found[0] == bits
+    assert np.array_equal(packed.decode(bits, found[1], 128).view(np.uint32), q.view(np.uint32))
+
+
 def test_matrices_that_are_not_codes_are_left_alone():
     rng = np.random.default_rng(1)
     assert packed.find_codes(rng.standard_normal((16, 64)).astype(np.float32)) is None

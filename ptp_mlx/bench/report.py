@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import __version__, blas
 from ..kernels.extension import gated_state
+from ..kernels.packed import packed_count
 from ..paths import atomic_write_bytes
 from ..stats import tree_line
 from .metrics import ALL
@@ -120,6 +121,7 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
         "device_info": info,
         "blas": blas.state["blas"],
         "gated_linear": gated_state(),
+        "packed_matrices": packed_count(),
         "malloc": blas.state["malloc"],
         "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
         "model": engine.model_path,
@@ -135,7 +137,9 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
 def _gated_tag(env: dict) -> str:
     """The header's note of the CPU primitives (kernels/extension.py: the LoRA, attention, norms, heads) where they
     serve the run."""
-    return " + cpu-ops" if env.get("gated_linear") == "in use" else ""
+    tag = " + cpu-ops" if env.get("gated_linear") == "in use" else ""
+    n = env.get("packed_matrices") or 0
+    return tag + (f" + {n} matrices from codes" if n else "")
 
 
 def check_doc(

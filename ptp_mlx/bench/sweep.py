@@ -27,12 +27,17 @@ SIZES = {
 CALLS = {4: (0, [(0, 3)]), 8: (1, [(0, 3), (1, 3)]), 16: (3, [(0, 3), (1, 3), (2, 3), (3, 3)])}
 
 
-def random_model(size: str, dtype=mx.float32):
-    """A Llama model of ``SIZES[size]`` with random weights (mlx-lm's own class) and a random rank-16 adapter."""
-    from mlx.utils import tree_map
+def random_model(size: str, dtype=mx.float32, codes: bool = True):
+    """A Llama model of ``SIZES[size]`` with random weights (mlx-lm's own class) and a random rank-16 adapter.
+    ``codes`` (float32): the weights as the default model's (a Q4_1 / Q8_0 GGUF converted to float32), read by
+    ptp-sgemm from their codes as the default model's are (``kernels.packed``)."""
+    import numpy as np
+    from mlx.utils import tree_map, tree_map_with_path
     from mlx_lm.models import llama
 
     from ..adapter import randomize_adapter
+    from ..kernels import packed
+    from ..model.layers import weight_matrices
     from ..model.ptp import PTPAdapter, PTPModel
 
     hidden, layers, heads, kv, inter, vocab = SIZES[size]
@@ -50,11 +55,23 @@ def random_model(size: str, dtype=mx.float32):
     )
     model = llama.Model(args)
     model.update(tree_map(lambda p: p.astype(dtype), model.parameters()))
+    if codes and dtype == mx.float32:
+
+        def as_gguf(path: str, p: mx.array) -> mx.array:
+            if p.ndim != 2 or p.shape[1] % packed.GROUP:
+                return p
+            bits = 8 if "embed" in path else 4  # the default model's file: Q8_0 embedding, Q4_1 projections
+            return mx.array(packed.gguf_round_trip(np.asarray(p), bits))
+
+        model.update(tree_map_with_path(as_gguf, model.parameters()))
     mx.eval(model.parameters())
     adapter = PTPAdapter(model, 16, 2.0, "binary")
     randomize_adapter(adapter, seed=0)
     mx.eval(adapter.parameters())
-    return PTPModel(model, adapter, {"window": 8}, fuse=True)
+    pm = PTPModel(model, adapter, {"window": 8}, fuse=True)
+    if codes and dtype == mx.float32:
+        packed.pack_model(weight_matrices(model), cache=False)  # after fusing: the fused groups' views
+    return pm
 
 
 def call_timers(pm, context: int = 128):
@@ -111,6 +128,9 @@ def price(pm, context: int = 128, repeats: int = 5) -> dict[str, float]:
 
 def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=print) -> tuple[str, dict]:
     """One line per model size: a plain step's milliseconds and each PTP width's, as a multiple of the step."""
+    from ..kernels import packed
+    from ..model.layers import weight_matrices
+
     unknown = [x for x in sizes if x not in SIZES]
     if unknown:
         raise ValueError(f"unknown sweep size {unknown[0]!r} (known: {', '.join(SIZES)})")
@@ -125,10 +145,12 @@ def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=prin
         doc[size] = {**ms, "params": n_params}
         cells = [f"{ms[f'ptp {r}']:.1f} ({ms[f'ptp {r}'] / ms['step']:.2f})" for r in CALLS]
         lines.append("| " + " | ".join([size, f"{n_params / 1e6:.0f}M", f"{ms['step']:.1f}", *cells]) + " |")
+        packed.unpack_model(weight_matrices(pm.base))  # (the registry keeps registered weights alive)
         del pm
         mx.clear_cache()
     text = (
-        f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32, context {context}, "
+        f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32 from 4/8-bit codes as the default model "
+        f"({'read from codes' if packed.registry() is not None else 'read as floats: ptp-sgemm has no codes path here'}), context {context}, "
         f"best of {repeats} interleaved rounds\n"
     )
     return text + "\n".join(lines), doc

@@ -114,6 +114,24 @@ def decode(bits: int, rows: np.ndarray, K: int) -> np.ndarray:
     return w.reshape(np.asarray(rows).shape[0], K)
 
 
+def gguf_round_trip(w: np.ndarray, bits: int) -> np.ndarray:
+    """``w`` (float32 [N, K], K a multiple of 32) quantized as a GGUF file holds it (bits 4: Q4_1, the group's
+    minimum as offset; bits 8: Q8_0, symmetric) and converted back to float32, as the default model's weights
+    were: a random-weight model of its shape then reads from codes too (``ptp-bench --cost-sweep``)."""
+    N, K = w.shape
+    g = np.asarray(w, np.float32).reshape(-1, GROUP)
+    if bits == 4:
+        m = g.min(axis=1).astype(np.float16).astype(np.float32)
+        d = ((g.max(axis=1) - m) / np.float32(15)).astype(np.float16).astype(np.float32)
+        qmax, lo = 15, 0
+    else:
+        d = (np.abs(g).max(axis=1) / np.float32(127)).astype(np.float16).astype(np.float32)
+        m, qmax, lo = np.float32(-128) * d, 255, 1  # code 0 (-128) unused, as a Q8_0 quantizer leaves it
+    d = np.where(d > 0, d, np.float32(1))
+    q = np.clip(np.rint((g - m[:, None]) / d[:, None]), lo, qmax).astype(np.float32)
+    return np.ascontiguousarray(((q * d[:, None]).astype(np.float32) + m[:, None]).reshape(N, K))
+
+
 def _at_most_16(g: np.ndarray) -> bool:
     """Whether every group holds at most 16 distinct values (sorted rows: count the steps)."""
     s = np.sort(g, axis=1)
@@ -211,9 +229,10 @@ def _agrees(view: np.ndarray, bits: int, rows: np.ndarray) -> bool:
     return bool(np.array_equal(back.view(np.uint32), view[pick].view(np.uint32)))
 
 
-def pack_model(matrices) -> int:
+def pack_model(matrices, cache: bool = True) -> int:
     """Register with ptp-sgemm the codes of every float32 matrix in ``matrices`` (``model.layers.weight_matrices``)
-    that has them; returns how many. Nothing where ptp-sgemm cannot read codes, on another device, or with
+    that has them; returns how many. ``cache``: keep what was found under ``PTP_MLX_HOME/packed`` (not for
+    throw-away weights). Nothing where ptp-sgemm cannot read codes, on another device, or with
     ``PTP_MLX_PACKED=0``. Results keep their bits either way; products over registered matrices read less."""
     import mlx.core as mx
 
@@ -231,7 +250,16 @@ def pack_model(matrices) -> int:
         view = np.asarray(memoryview(w))  # zero copy: the very memory MLX hands to cblas_sgemm
         if not view.flags.c_contiguous or view.ctypes.data in reg.kept:
             continue
-        found = _cached_codes(view, folder)
+        found = _cached_codes(view, folder) if cache else find_codes(view)
         if found is not None and reg.register(w, view, found[0], found[1]):
             n += 1
     return n
+
+
+def unpack_model(matrices) -> None:
+    """Unregister the codes of ``matrices`` (what ``pack_model`` registered): their arrays can then be freed."""
+    reg = _registry[0] if _registry else None
+    for w in matrices if reg is not None else ():
+        ptr = np.asarray(memoryview(w)).ctypes.data
+        if ptr in reg.kept:
+            reg.unregister(ptr)
