@@ -174,43 +174,19 @@ INLINE T512 void ptile(const int MR, const int NR, const int BITS, int K, const 
             }
         }
     }
-    __m512 z = _mm512_setzero_ps();
-    for (int i = 0; i < MR; i++) {
-        float *c = C + i * ldc;
-        for (int j = 0; j < NR; j += 4) {
-            __m128 r = hsum4_512(acc[i][j], j + 1 < NR ? acc[i][j + 1] : z, j + 2 < NR ? acc[i][j + 2] : z,
-                                 j + 3 < NR ? acc[i][j + 3] : z);
-            if (j + 4 <= NR) {
-                if (beta1) r = _mm_add_ps(_mm_loadu_ps(c + j), r);
-                _mm_storeu_ps(c + j, r);
-            } else {
-                float t[4];
-                _mm_storeu_ps(t, r);
-                for (int u = 0; j + u < NR; u++) c[j + u] = beta1 ? c[j + u] + t[u] : t[u];
-            }
-        }
-    }
+    store_nt_512(MR, NR, acc, beta1, C, ldc);
 }
 
 /* All M rows against NR packed weight rows at P (rows `prow` bytes apart), in balanced tiles of at most MR. */
 INLINE T512 void prows(const int MR, const int NR, const int BITS, int M, int K, const float *A, long lda,
                        const unsigned char *P, long prow, int gbytes, int beta1, float *C, long ldc,
                        const unsigned char *pf) {
-    int tiles = (M + MR - 1) / MR, m = 0;
-    for (int t = 0; t < tiles; t++) {
-        int h = M / tiles + (t < M % tiles);
-        const unsigned char *f = t == 0 ? pf : 0; /* the first tile streams the block and prefetches the next */
-#define PT(mr) ptile(mr, NR, BITS, K, A + m * lda, lda, P, prow, gbytes, beta1, C + m * ldc, ldc, f)
-        switch (h) {
-        case 8: if (MR >= 8) PT(8); break; case 7: if (MR >= 7) PT(7); break;
-        case 6: if (MR >= 6) PT(6); break; case 5: if (MR >= 5) PT(5); break;
-        case 4: if (MR >= 4) PT(4); break; case 3: if (MR >= 3) PT(3); break;
-        case 2: if (MR >= 2) PT(2); break; default: PT(1); break;
-        }
+    /* the first tile streams the block and prefetches the next */
+#define PT(mr) ptile(mr, NR, BITS, K, A + m * lda, lda, P, prow, gbytes, beta1, C + m * ldc, ldc, t == 0 ? pf : 0)
+    BALANCED_TILES(MR, M, PT)
 #undef PT
-        m += h;
-    }
 }
+
 
 struct pjob {
     int M, N, K, bits, gbytes, beta1, chunk;

@@ -119,6 +119,40 @@ INLINE T512 __m128 hsum4_512(__m512 a, __m512 b, __m512 c, __m512 d) {
                                                                           0, 0, 0, 0), z));
 }
 
+/* An MR x NR tile's accumulators to C: each element's sum by hsum4_512, then + C where beta is 1 (the tiles over
+ * floats and over codes both end here, so an element's last steps are the same whichever computed it). */
+INLINE T512 void store_nt_512(const int MR, const int NR, __m512 acc[8][8], int beta1, float *C, long ldc) {
+    __m512 z = _mm512_setzero_ps();
+    for (int i = 0; i < MR; i++) {
+        float *c = C + i * ldc;
+        for (int j = 0; j < NR; j += 4) {
+            __m128 r = hsum4_512(acc[i][j], j + 1 < NR ? acc[i][j + 1] : z, j + 2 < NR ? acc[i][j + 2] : z,
+                                 j + 3 < NR ? acc[i][j + 3] : z);
+            if (j + 4 <= NR) {
+                if (beta1) r = _mm_add_ps(_mm_loadu_ps(c + j), r);
+                _mm_storeu_ps(c + j, r);
+            } else {
+                float t[4];
+                _mm_storeu_ps(t, r);
+                for (int u = 0; j + u < NR; u++) c[j + u] = beta1 ? c[j + u] + t[u] : t[u];
+            }
+        }
+    }
+}
+
+/* As many tiles as MR allows, of balanced heights (10 rows: 5 + 5, not 6 + 4), each of constant height:
+ * TILE(mr) runs rows m .. m + mr (none taller than MR built). */
+#define BALANCED_TILES(MR, M, TILE)                                                                                \
+    for (int t = 0, tiles = ((M) + (MR) - 1) / (MR), m = 0, h; t < tiles; t++, m += h) {                          \
+        h = (M) / tiles + (t < (M) % tiles);                                                                       \
+        switch (h) {                                                                                               \
+        case 8: if ((MR) >= 8) TILE(8); break; case 7: if ((MR) >= 7) TILE(7); break;                             \
+        case 6: if ((MR) >= 6) TILE(6); break; case 5: if ((MR) >= 5) TILE(5); break;                             \
+        case 4: if ((MR) >= 4) TILE(4); break; case 3: if ((MR) >= 3) TILE(3); break;                             \
+        case 2: if ((MR) >= 2) TILE(2); break; default: TILE(1); break;                                            \
+        }                                                                                                          \
+    }
+
 /* An MR x NR tile of C = A B^T (NR a multiple of 4 or 1; MR, NR compile-time constants after inlining, so
  * acc lives in registers). While it streams its weight rows it prefetches rows pf_first, pf_first + pf_step,
  * ... of the block pf (the tiles of one block share that work, so memory stays busy throughout). */
@@ -150,43 +184,18 @@ INLINE T512 void tile_nt_512(const int MR, const int NR, const int RA, int K, co
             for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
         }
     }
-    __m512 z = _mm512_setzero_ps();
-    for (int i = 0; i < MR; i++) {
-        float *c = C + i * ldc;
-        for (int j = 0; j < NR; j += 4) {
-            __m128 r = hsum4_512(acc[i][j], j + 1 < NR ? acc[i][j + 1] : z, j + 2 < NR ? acc[i][j + 2] : z,
-                                 j + 3 < NR ? acc[i][j + 3] : z);
-            if (j + 4 <= NR) {
-                if (beta1) r = _mm_add_ps(_mm_loadu_ps(c + j), r);
-                _mm_storeu_ps(c + j, r);
-            } else {
-                float t[4];
-                _mm_storeu_ps(t, r);
-                for (int u = 0; j + u < NR; u++) c[j + u] = beta1 ? c[j + u] + t[u] : t[u];
-            }
-        }
-    }
+    store_nt_512(MR, NR, acc, beta1, C, ldc);
 }
 
 /* All M rows of A, in tiles of MR, against one block of NR weight rows: the block comes from memory once
  * (the first tile) and from L1 for the others, and the tiles share the prefetch of block pf. */
 INLINE T512 void rows_nt_512(const int MR, const int NR, const int RA, int M, int K, const float *A, long lda,
                              const float *B, long ldb, int beta1, float *C, long ldc, const float *pf) {
-    /* as few tiles as MR allows, of balanced heights (10 rows: 5 + 5, not 6 + 4), each of constant height */
-    int tiles = (M + MR - 1) / MR, m = 0;
-    for (int t = 0; t < tiles; t++) {
-        int h = M / tiles + (t < M % tiles);
 #define TILE(mr) tile_nt_512(mr, NR, RA, K, A + m * lda, lda, B, ldb, beta1, C + m * ldc, ldc, pf, t, tiles)
-        switch (h) { /* (none taller than MR built) */
-        case 8: if (MR >= 8) TILE(8); break; case 7: if (MR >= 7) TILE(7); break;
-        case 6: if (MR >= 6) TILE(6); break; case 5: if (MR >= 5) TILE(5); break;
-        case 4: if (MR >= 4) TILE(4); break; case 3: if (MR >= 3) TILE(3); break;
-        case 2: if (MR >= 2) TILE(2); break; default: TILE(1); break;
-        }
+    BALANCED_TILES(MR, M, TILE)
 #undef TILE
-        m += h;
-    }
 }
+
 
 /* The tile shape by the number of rows, the fewest tiles of the most weight rows that fit the registers
  * (accumulators + weights + one row: 2 x 8, 4 x 6, 6 x 4, 8 x 3). Measured on the default model's products,
