@@ -70,8 +70,8 @@ def test_free_rows_take_the_whole_tree_and_dear_rows_none():
     small, _ = choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0, room=9))
     assert sum(st.rows for st in small) <= 4  # the call's rows stay within the room
     # A layout the compile bank may not take is refused: a smaller one, or none.
-    assert choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0), allowed=lambda st: False) == ((), 0.0)
-    one, _ = choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0), allowed=lambda st: len(st) <= 1)
+    assert choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0), allowed=lambda st, extra=0: False) == ((), 0.0)
+    one, _ = choose_tree(2, p, CANDS, 1.0, 2.0, 5, _costs(0.0), allowed=lambda st, extra=0: len(st) <= 1)
     assert len(one) == 1
 
 

@@ -13,6 +13,7 @@ a few.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import lru_cache
 
 from .protocol import DraftPlan
 
@@ -30,6 +31,13 @@ Graph = tuple[int, int, int]  # (token rows, chain drafts as the graph counts th
 def graph(n: int, branches, strands: Sequence = ()) -> Graph:
     """The row counts that key a call's compiled graph (``CallShape.graph_key``): token rows, the leading rows that
     each follow the row before (the chain, and strands that continue it), auxiliary rows."""
+    key = (n, tuple((int(d), int(w)) for d, w in branches), tuple(strands))
+    return _graph(*key)
+
+
+@lru_cache(maxsize=4096)
+def _graph(n: int, branches: tuple, strands: tuple) -> Graph:
+    # (the budget asks for the same few layouts many times per call: the trees it weighs, the calls it plans ahead)
     plan = DraftPlan((0,) * n, branches, strands=strands)
     chain = n
     for k, st in enumerate(strands):  # (strands laid out right after the run so far, following its last row)
@@ -112,11 +120,12 @@ class ShapeMemory:
             tuple((st.at, len(st.tokens), st.width, st.parent) for st in strands),
         )
 
-    def allows_tree(self, n: int, branches, strands) -> bool:
+    def allows_tree(self, n: int, branches, strands, extra: int = 0) -> bool:
         """Whether a call of this token tree may run: its graph compiled before, or a new one while fewer than
-        ``MAX_TREE_SHAPES`` tree graphs are known."""
-        g = graph(n, branches, strands)
-        return g in self.graphs or len(self.tree_graphs) < MAX_TREE_SHAPES
+        ``MAX_TREE_SHAPES`` tree graphs are known. ``extra``: auxiliary rows added to the strands' windows (the
+        token rows, so the rest of the graph's key, stay as they are)."""
+        tok, chain, aux = graph(n, branches, strands)
+        return (tok, chain, aux + extra) in self.graphs or len(self.tree_graphs) < MAX_TREE_SHAPES
 
     def note_tree(self, n: int, branches, strands) -> None:
         key = self._tree_key(n, branches, strands)

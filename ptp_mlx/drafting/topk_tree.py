@@ -26,6 +26,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .protocol import Strand
 from .strands import TreeCosts
@@ -42,7 +43,7 @@ class SlotCandidates:
     probs: tuple[tuple[float, ...], ...]
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Node:
     p: float
     depth: int  # drafts on the path to it (its slot)
@@ -55,6 +56,14 @@ def grow(
 ) -> list[_Node]:
     """Up to ``limit`` nodes beside a chain of ``n`` verified drafts (``p_reach[m]``: P(at least m stand),
     calibrated), best first; no node deeper than ``max_depth`` drafts."""
+    # The order nodes leave the heap does not depend on the limit, so a shorter tree is a prefix of the longest:
+    # one growth serves every limit the budget asks for while it weighs a call's shapes (and the calls ahead).
+    return list(_grow(n, tuple(float(x) for x in p_reach), cands, float(ratio), max_depth)[: max(limit, 0)])
+
+
+@lru_cache(maxsize=512)
+def _grow(n: int, p_reach: tuple, cands: SlotCandidates, ratio: float, max_depth: int) -> tuple[_Node, ...]:
+    limit = MAX_NODES
     slots = min(len(cands.tokens), max_depth)
     heap: list = []
     tick = 0
@@ -75,18 +84,25 @@ def grow(
                 continue  # the chain's own draft
             push(min(p_reach[a] * min(0.99, q * ratio), falls), a + 1, tok, -1 - a)
     out: list[_Node] = []
-    while heap and len(out) < limit:
+    while heap and len(out) < limit:  # (MAX_NODES: every caller's limit is at most that)
         negp, _, depth, token, parent = heapq.heappop(heap)
         out.append(_Node(-negp, depth, token, parent))
         if depth < slots:
             for tok, q in zip(cands.tokens[depth], cands.probs[depth], strict=True):
                 push(-negp * min(0.99, q * ratio), depth + 1, tok, len(out) - 1)
-    return out
+    return tuple(out)
 
 
 def layout(nodes: Sequence[_Node], widths: dict[int, int] | None = None) -> tuple[tuple[Strand, ...], list[int]]:
     """The strands of ``nodes`` (best first, each after its parent) and, per strand, the index of its last node.
     ``widths``: a window's width by the index of a strand's last node."""
+    strands, last = _layout(tuple(nodes), tuple(sorted(widths.items())) if widths else ())
+    return strands, list(last)
+
+
+@lru_cache(maxsize=1024)
+def _layout(nodes: tuple[_Node, ...], widths: tuple) -> tuple[tuple[Strand, ...], tuple[int, ...]]:
+    # (the same trees come back while the budget weighs a call's sizes and plans the calls ahead of a read)
     strands: list[list] = []  # [at, tokens, parent strand]
     where: list[tuple[int, int]] = []  # node -> (strand, position in it)
     last: list[int] = []
@@ -104,11 +120,11 @@ def layout(nodes: Sequence[_Node], widths: dict[int, int] | None = None) -> tupl
             strands.append([v.depth - 1, [v.token], s])
             last.append(i)
         where.append((len(strands) - 1, 0))
-    widths = widths or {}
+    widths = dict(widths)
     out = tuple(
         Strand(at, tuple(toks), widths.get(last[k], 0), "ptp", parent) for k, (at, toks, parent) in enumerate(strands)
     )
-    return out, last
+    return out, tuple(last)
 
 
 def choose_tree(
@@ -119,12 +135,13 @@ def choose_tree(
     value: float,
     rows: int,
     c: TreeCosts,
-    allowed: Callable[[tuple[Strand, ...]], bool] = lambda strands: True,
+    allowed: Callable[..., bool] = lambda strands, extra=0: True,
 ) -> tuple[tuple[Strand, ...], float]:
     """The adapter's tree beside a chain of ``n`` drafts in a call of ``rows`` rows whose expected tokens are
     ``value``: ``(strands, expected tokens they add)``, the best-first prefix with the best expected tokens per
-    cost, then a window at the strands' last tokens where it pays; ``allowed`` refuses a layout (a graph the
-    compile bank may not add): then the best allowed smaller tree, or none."""
+    cost, then a window at the strands' last tokens where it pays; ``allowed(strands, extra)`` refuses a layout
+    (a graph the compile bank may not add) of ``strands`` with ``extra`` rows of windows: then the best allowed
+    smaller tree, or none."""
     limit = min(MAX_NODES, c.room - rows)
     nodes = grow(n, p_reach, cands, ratio, limit, c.remaining - 1) if limit > 0 else []
     if not nodes:
@@ -193,8 +210,10 @@ def tree_value(
 
 
 def _windows(nodes, strands, last, value: float, rows: int, c: TreeCosts, allowed):
-    """Windows at the strands' last tokens, the likeliest ends first, each only where its rows pay."""
+    """Windows at the strands' last tokens, the likeliest ends first, each only where its rows pay. Windows add
+    auxiliary rows only, so each trial asks ``allowed`` about the same strands with more rows of windows."""
     widths: dict[int, int] = {}
+    added = 0
     for i in sorted(last, key=lambda i: -nodes[i].p):
         if nodes[i].depth >= c.remaining - 1:
             continue  # (no token wanted after it; a strand's last node has no children: ``layout``)
@@ -205,10 +224,9 @@ def _windows(nodes, strands, last, value: float, rows: int, c: TreeCosts, allowe
             score = (value + nodes[i].p * c.window(w)) / c.cost(rows + w)
             if score > best:
                 best_w, best = w, score
-        if best_w:
-            trial = {**widths, i: best_w}
-            if allowed(layout(nodes, trial)[0]):
-                widths = trial
-                value += nodes[i].p * c.window(best_w)
-                rows += best_w
-    return layout(nodes, widths)[0], value
+        if best_w and allowed(strands, added + best_w):
+            widths[i] = best_w
+            added += best_w
+            value += nodes[i].p * c.window(best_w)
+            rows += best_w
+    return (layout(nodes, widths)[0] if widths else strands), value
