@@ -195,3 +195,11 @@ def test_decoding_from_codes_is_token_for_token_decoding_from_floats(quantized_e
             reg.lib.ptp_sgemm_packed_enable(1)
     assert reg.lib.ptp_sgemm_packed_hits() > hits
     assert out[1] == out[0] and len(out[0]) > 0
+
+
+def test_the_bench_header_names_the_matrices_read_from_codes():
+    from ptp_mlx.bench.report import _gated_tag
+
+    assert _gated_tag({"gated_linear": "in use", "packed_matrices": 211}) == " + cpu-ops + 211 matrices from codes"
+    assert "codes" not in _gated_tag({"gated_linear": "in use", "packed_matrices": 0})
+    assert "codes" not in _gated_tag({})  # a JSON written before the field existed
