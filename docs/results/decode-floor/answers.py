@@ -15,9 +15,9 @@ log = []
 record = Budget.record
 
 
-def logged(self, rows, tokens, seconds, cold=False):
+def logged(self, rows, tokens, seconds, cold=False, *rest):
     log.append((rows, tokens, seconds, cold))
-    return record(self, rows, tokens, seconds, cold)
+    return record(self, rows, tokens, seconds, cold, *rest)
 
 
 Budget.record = logged
