@@ -32,7 +32,7 @@ def random_model(size: str, dtype=mx.float32, codes: bool = True):
     ``codes`` (float32): the weights as the default model's (a Q4_1 / Q8_0 GGUF converted to float32), read by
     ptp-sgemm from their codes as the default model's are (``kernels.packed``)."""
     import numpy as np
-    from mlx.utils import tree_map, tree_map_with_path
+    from mlx.utils import tree_map
     from mlx_lm.models import llama
 
     from ..adapter import randomize_adapter
@@ -57,13 +57,16 @@ def random_model(size: str, dtype=mx.float32, codes: bool = True):
     model.update(tree_map(lambda p: p.astype(dtype), model.parameters()))
     if codes and dtype == mx.float32:
 
-        def as_gguf(path: str, p: mx.array) -> mx.array:
+        def as_gguf(p: mx.array, bits: int) -> mx.array:
             if p.ndim != 2 or p.shape[1] % packed.GROUP:
                 return p
-            bits = 8 if "embed" in path else 4  # the default model's file: Q8_0 embedding, Q4_1 projections
             return mx.array(packed.gguf_round_trip(np.asarray(p), bits))
 
-        model.update(tree_map_with_path(as_gguf, model.parameters()))
+        # the default model's file: Q4_1 projections, a Q8_0 embedding; one block at a time, so the 3B shape never
+        # holds two copies of its weights
+        for part, bits in [*((layer, 4) for layer in model.model.layers), (model.model.embed_tokens, 8)]:
+            part.update(tree_map(lambda p, b=bits: as_gguf(p, b), part.parameters()))
+            mx.eval(part.parameters())
     mx.eval(model.parameters())
     adapter = PTPAdapter(model, 16, 2.0, "binary")
     randomize_adapter(adapter, seed=0)
