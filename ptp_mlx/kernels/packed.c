@@ -21,7 +21,8 @@
  * model's 211 products, two threads, ms a pass, floats / codes: 1 row 17.7 / 7.0, 4 rows 17.8 / 9.9, 8 rows
  * 19.4 / 15.4, 10 rows 21.1 / 19.3, 11 rows 21.6 / 20.9, 12 rows 22.0 / 22.5, 16 rows 27.1 / 27.8. Tiles of
  * 8 x 3 (the floats' shape) ran out of registers here (8 rows 18.6, 16 rows 34.4); 8 x 2 beat 6 x 3, 5 x 4 and
- * 4 x 4; 4 x 4 beat 4 x 5 and 4 x 6 at three and four rows. Either way each element has the same bits. */
+ * 4 x 4; 4 x 4 beat 4 x 5 and 4 x 6 at three and four rows. Either way each element has the same bits. With the
+ * lookup (ptile) the floats win from 11 rows (three runs, ms: 10 rows 19.7 / 19.3, 11 rows 20.1 / 20.7). */
 #ifndef PK_MR
 #define PK_MR 8
 #define PK_NR 2
@@ -33,7 +34,7 @@
 #define PK_NR4 4
 #endif
 #ifndef PK_MAX_M
-#define PK_MAX_M 11
+#define PK_MAX_M 10
 #endif
 
 struct packed {
