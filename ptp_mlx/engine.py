@@ -89,7 +89,7 @@ class Engine:
         ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, None)
         pm = PTPModel(base, ad, cfg, fuse=True)
         # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py): the same floats
-        pack_model(weight_matrices(base))
+        pack_model(weight_matrices(base), log=log)
         eng = cls(
             pm=pm,
             tokenizer=tokenizer,

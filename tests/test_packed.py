@@ -139,6 +139,24 @@ def test_cached_codes_are_read_back_and_checked(tmp_path):
     assert none is None and len(list(tmp_path.glob("*-none"))) == 1
 
 
+def test_a_first_start_says_it_looks_for_codes_once_and_other_weights_cost_nothing(tmp_path, monkeypatch):
+    """``pack_model`` tells its log once when codes are looked for (a cache miss), not when they are read back, and
+    passes matrices that are not codes over on their first rows (no hash, no search, no cache file)."""
+    lib_or_skip()
+    monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path))
+    ws = [mx.array(quantized((96, 64), 4, seed)) for seed in (11, 12)]
+    plain = mx.array(np.random.default_rng(3).standard_normal((96, 64)).astype(np.float32))
+    said: list[str] = []
+    try:
+        assert packed.pack_model([*ws, plain], log=said.append) == 2
+        assert len(said) == 1 and "codes" in said[0]
+        packed.unpack_model(ws)
+        assert packed.pack_model([*ws, plain], log=said.append) == 2 and len(said) == 1  # read back: silent
+        assert len(list((tmp_path / "packed").glob("*"))) == 2  # nothing kept for the plain matrix
+    finally:
+        packed.unpack_model(ws)
+
+
 @pytest.fixture(scope="module")
 def quantized_model_dir(tmp_path_factory):
     """A tiny model whose every matrix is a Q4_1 file's floats (the embedding a Q8_0's), and an adapter."""

@@ -24,6 +24,7 @@ GROUP = 32
 # (w = d * c, c in -128..127), written here as code c + 128 with offset -128 d.
 FORMATS = (4, 8)
 _NEIGHBOURS = 3  # float16 steps either side of the estimated scale that are tried
+SAMPLE_ROWS = 4  # rows checked first: a matrix whose first rows are not codes is passed over at once
 
 
 def _fp16_candidates(est: np.ndarray) -> list[np.ndarray]:
@@ -189,8 +190,9 @@ def enabled() -> bool:
     return os.environ.get("PTP_MLX_PACKED", "1").lower() not in ("0", "false", "no", "off")
 
 
-def _cached_codes(view: np.ndarray, folder: Path) -> tuple[int, np.ndarray] | None:
-    """``find_codes(view)``, kept in ``folder`` under the matrix's content hash (a later start reads it)."""
+def _cached_codes(view: np.ndarray, folder: Path, notice=lambda: None) -> tuple[int, np.ndarray] | None:
+    """``find_codes(view)``, kept in ``folder`` under the matrix's content hash (a later start reads it);
+    ``notice()`` is called before codes are looked for."""
     key = hashlib.sha1(memoryview(np.ascontiguousarray(view)).cast("B")).hexdigest()
     key += f"-{view.shape[0]}x{view.shape[1]}"
     for bits in FORMATS:
@@ -205,6 +207,7 @@ def _cached_codes(view: np.ndarray, folder: Path) -> tuple[int, np.ndarray] | No
             break  # a file that does not give back the floats: found again below
     if (folder / f"{key}-none").is_file():
         return None
+    notice()
     found = find_codes(view)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -229,10 +232,11 @@ def _agrees(view: np.ndarray, bits: int, rows: np.ndarray) -> bool:
     return bool(np.array_equal(back.view(np.uint32), view[pick].view(np.uint32)))
 
 
-def pack_model(matrices, cache: bool = True) -> int:
+def pack_model(matrices, cache: bool = True, log=None) -> int:
     """Register with ptp-sgemm the codes of every float32 matrix in ``matrices`` (``model.layers.weight_matrices``)
     that has them; returns how many. ``cache``: keep what was found under ``PTP_MLX_HOME/packed`` (not for
-    throw-away weights). Nothing where ptp-sgemm cannot read codes, on another device, or with
+    throw-away weights). ``log``: told once when codes are looked for rather than read from the cache (a first
+    start: a few seconds for the default model). Nothing where ptp-sgemm cannot read codes, on another device, or with
     ``PTP_MLX_PACKED=0``. Results keep their bits either way; products over registered matrices read less."""
     import mlx.core as mx
 
@@ -243,6 +247,13 @@ def pack_model(matrices, cache: bool = True) -> int:
         return 0
     folder = cache_root() / "packed"
     n = 0
+    told = []
+
+    def notice() -> None:
+        if log is not None and not told:
+            told.append(True)
+            log("finding the weights' 4-bit codes once (a few seconds; kept under PTP_MLX_HOME/packed)...")
+
     for w in matrices:
         if w.dtype != mx.float32 or w.ndim != 2:
             continue
@@ -250,7 +261,9 @@ def pack_model(matrices, cache: bool = True) -> int:
         view = np.asarray(memoryview(w))  # zero copy: the very memory MLX hands to cblas_sgemm
         if not view.flags.c_contiguous or view.ctypes.data in reg.kept:
             continue
-        found = _cached_codes(view, folder) if cache else find_codes(view)
+        if find_codes(view[:SAMPLE_ROWS]) is None:
+            continue  # not codes (a model that never was a quantized file): no hashing, no search, no cache file
+        found = _cached_codes(view, folder, notice) if cache else find_codes(view)
         if found is not None and reg.register(w, view, found[0], found[1]):
             n += 1
     return n
