@@ -151,9 +151,11 @@ def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=prin
         packed.unpack_model(weight_matrices(pm.base))  # (the registry keeps registered weights alive)
         del pm
         mx.clear_cache()
+    # (PTP_MLX_PACKED=0 keeps the registry but registers nothing: both say whether the codes were read)
+    codes = packed.enabled() and packed.registry() is not None
+    how = "read from codes" if codes else "read as floats (PTP_MLX_PACKED=0, or no codes path here)"
     text = (
         f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32 from 4/8-bit codes as the default model "
-        f"({'read from codes' if packed.registry() is not None else 'read as floats: ptp-sgemm has no codes path here'}), context {context}, "
-        f"best of {repeats} interleaved rounds\n"
+        f"({how}), context {context}, best of {repeats} interleaved rounds\n"
     )
     return text + "\n".join(lines), doc

@@ -188,7 +188,6 @@ INLINE T512 void prows(const int MR, const int NR, const int BITS, int M, int K,
 #undef PT
 }
 
-
 struct pjob {
     int M, N, K, bits, gbytes, beta1, chunk;
     const float *A;

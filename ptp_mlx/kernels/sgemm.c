@@ -196,7 +196,6 @@ INLINE T512 void rows_nt_512(const int MR, const int NR, const int RA, int M, in
 #undef TILE
 }
 
-
 /* The tile shape by the number of rows, the fewest tiles of the most weight rows that fit the registers
  * (accumulators + weights + one row: 2 x 8, 4 x 6, 6 x 4, 8 x 3). Measured on the default model's products,
  * two threads, builds interleaved in one process (/tmp-style ctypes timing, Zen 4), ms per pass:

@@ -230,11 +230,11 @@ def weight_matrices(model: nn.Module) -> list[mx.array]:
     for layer in model.layers:
         if hasattr(layer, "self_attn") and hasattr(layer, "mlp"):
             found += [m.weight for m in projections(layer).values() if type(m) is nn.Linear]
-    head = getattr(language_model(model), "lm_head", None)
+    lm = language_model(model)
+    head = getattr(lm, "lm_head", None)
     if type(head) is nn.Linear:
         found.append(head.weight)
-    emb = getattr(getattr(language_model(model), "model", None), "embed_tokens", None)
-    emb = emb.embedding if isinstance(emb, TokenEmbedding) else emb
+    emb = token_embedding(model) if hasattr(getattr(lm, "model", None), "embed_tokens") else None
     if type(emb) is nn.Embedding:
         found.append(emb.weight)
     return found
