@@ -24,7 +24,7 @@ from .drafting.cost import CostCurve
 from .drafting.policy import DraftingConfig
 from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, stream_generate
-from .kernels.packed import pack_model, packed_count
+from .kernels.packed import pack_halves, pack_model, registered
 from .logits import LogitsHook, LogitsSettings
 from .model.layers import weight_matrices
 from .model.ptp import PTPModel
@@ -90,6 +90,7 @@ class Engine:
         pm = PTPModel(base, ad, cfg, fuse=True)
         # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py): the same floats
         pack_model(weight_matrices(base), log=log)
+        pack_halves(pm.lora_matrices())  # the adapter's A rows at the bfloat16 precision they are held at
         eng = cls(
             pm=pm,
             tokenizer=tokenizer,
@@ -117,7 +118,7 @@ class Engine:
                 list(c.target_modules) if c.target_modules is not None else None,
                 # bump when the cost of a PTP call changes (v4: real calls, pipelined AR step; v5: compiled calls)
                 f"ptp-call-v5-{'compiled' if compiled_by_default() else 'eager'}",
-                packed_count(),  # weights read from codes make a row cost more relative to a step
+                registered(weight_matrices(self.pm.base)),  # its weights read from codes: rows cost more
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", self.log, recalibrate)

@@ -62,11 +62,15 @@ def served(request):
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 16])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("layout", ["tokens first", "interleaved"])
-def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, served, rows, with_bias, layout):
-    """Both ways the delta runs: auxiliary rows together after the token rows (one sgemm per block of B), and
-    rows in any order (a row at a time); both ways A is computed (folded into the projection's call, or alone)."""
+@pytest.mark.parametrize("b_dtype", ["float32", "bfloat16"])
+def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, served, rows, with_bias, layout, b_dtype):
+    """Auxiliary rows together after the token rows or in any order; A computed folded into the projection's
+    call or alone; B as float32 or as bfloat16 (what the fused model passes: the graph form then uses the same
+    values widened)."""
     rng = np.random.default_rng(rows)
     W, B, n = _group(rng, 96, [40, 24, 24], 8)
+    B_in = B.astype(getattr(mx, b_dtype))
+    B = B_in.astype(mx.float32)
     bias = mx.array(rng.standard_normal(n).astype(np.float32)) if with_bias else None
     x = mx.array(rng.standard_normal((1, rows, 96)).astype(np.float32))
     tokens = (lambda i: i < (rows + 1) // 2) if layout == "tokens first" else (lambda i: i % 3 == 0)
@@ -75,7 +79,7 @@ def test_token_rows_are_the_plain_product_and_aux_rows_the_graph_delta(gl, serve
     z, a = mx.split(x @ W.T, [n], axis=-1)
     graph = (z if bias is None else z + bias) + (a * gate[None, :, None]) @ B
     for run in (gl.gated_linear, mx.compile(gl.gated_linear)):
-        y = run(x, W, B, gate, _spans(B), n, bias)
+        y = run(x, W, B_in, gate, _spans(B), n, bias)
         assert y.shape == (1, rows, n)
         for i in range(rows):
             if gate[i].item() == 0:

@@ -77,8 +77,24 @@ def _product(lib, M, x, w_ptr, N, K, out, beta=0.0):
     lib.cblas_sgemm(101, 111, 112, M, N, K, 1.0, x.ctypes.data, K, w_ptr, K, beta, out.ctypes.data, N)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_products_over_codes_equal_the_float_products_bit_for_bit(bits):
+def bfloat16s(w: np.ndarray) -> np.ndarray:
+    """``w`` rounded to bfloat16 numbers, as float32 (MLX's rounding, as ``model/fused.py`` holds A)."""
+    return np.array(mx.array(w).astype(mx.bfloat16).astype(mx.float32))
+
+
+def test_bfloat16_values_are_read_back_from_their_halves():
+    w = bfloat16s(np.random.default_rng(3).standard_normal((24, 64)).astype(np.float32))
+    rows = packed.halves(w)
+    assert rows is not None and rows.shape == (24, 128) and rows.dtype == np.uint8
+    assert np.array_equal(packed.decode(16, rows, 64).view(np.uint32), w.view(np.uint32))
+    w[2, 7] = np.nextafter(w[2, 7], np.float32(9))  # one value that is not a bfloat16: left as floats
+    assert packed.halves(w) is None
+    assert packed.halves(bfloat16s(np.ones((4, 40), np.float32))) is None  # K not a multiple of 32
+
+
+@pytest.mark.parametrize("bits,lora", [(4, "floats"), (8, "floats"), (4, "halves")])
+def test_products_over_codes_equal_the_float_products_bit_for_bit(bits, lora):
+    """Two entries side by side, then a LoRA's A rows: floats, or bfloat16 values registered as halves."""
     reg = lib_or_skip()
     lib = reg.lib
     lib.cblas_sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
@@ -86,7 +102,9 @@ def test_products_over_codes_equal_the_float_products_bit_for_bit(bits):
                                                      ctypes.c_void_p, ctypes.c_int]  # fmt: skip
     K = 192
     first, second = quantized((200, K), bits, 2), quantized((100, K), bits, 3)
-    extra = np.random.default_rng(4).standard_normal((24, K)).astype(np.float32)  # a LoRA's A rows: floats
+    extra = np.random.default_rng(4).standard_normal((24, K)).astype(np.float32)  # a LoRA's A rows
+    if lora == "halves":
+        extra = bfloat16s(extra)
     W = np.ascontiguousarray(np.concatenate([first, second, extra]))
     arr = mx.array(W)
     mx.eval(arr)
@@ -94,6 +112,8 @@ def test_products_over_codes_equal_the_float_products_bit_for_bit(bits):
     for part, lo, hi in ((first, 0, 200), (second, 200, 300)):
         b, rows = packed.find_codes(part)
         assert reg.register(arr, view[lo:hi], b, rows)
+    if lora == "halves":
+        assert reg.register(arr, view[300:], 16, packed.halves(view[300:]))
     try:
         rng = np.random.default_rng(5)
         hits = lib.ptp_sgemm_packed_hits()
@@ -111,6 +131,15 @@ def test_products_over_codes_equal_the_float_products_bit_for_bit(bits):
                     _product(lib, M, x, ptr, N, K, got, beta)
                     assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (M, r0, N, beta)
         assert lib.ptp_sgemm_packed_hits() > hits  # (the codes were read, not only the floats)
+        if lora == "halves":  # the A rows alone: read from their halves, the floats' bits
+            x, want = rng.standard_normal((3, K)).astype(np.float32), np.zeros((3, 24), np.float32)
+            got, hits = want.copy(), lib.ptp_sgemm_packed_hits()
+            _product(lib, 3, x, view.ctypes.data + 300 * K * 4, 24, K, got)
+            assert lib.ptp_sgemm_packed_hits() == hits + 1
+            lib.ptp_sgemm_packed_enable(0)
+            _product(lib, 3, x, view.ctypes.data + 300 * K * 4, 24, K, want)
+            lib.ptp_sgemm_packed_enable(1)
+            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
         one = rng.standard_normal((1, K)).astype(np.float32)
         rows8 = np.concatenate([one, rng.standard_normal((7, K)).astype(np.float32)])
         a, b = np.zeros((1, 300), np.float32), np.zeros((8, 300), np.float32)
@@ -119,7 +148,7 @@ def test_products_over_codes_equal_the_float_products_bit_for_bit(bits):
         assert np.array_equal(a[0].view(np.uint32), b[0].view(np.uint32))  # a row alone = that row among eight
     finally:
         lib.ptp_sgemm_packed_enable(1)
-        for lo in (0, 200):
+        for lo in (0, 200, 300):
             reg.unregister(view[lo:].ctypes.data)
 
 
@@ -221,3 +250,19 @@ def test_the_bench_header_names_the_matrices_read_from_codes():
     assert _gated_tag({"gated_linear": "in use", "packed_matrices": 211}) == " + cpu-ops + 211 matrices from codes"
     assert "codes" not in _gated_tag({"gated_linear": "in use", "packed_matrices": 0})
     assert "codes" not in _gated_tag({})  # a JSON written before the field existed
+
+
+def test_a_models_count_is_its_own_codes_only():
+    """The cost curve's key counts the model's own matrices read from codes: neither another model's codes nor
+    the adapter's bfloat16 rows (a process that loads several models keeps each one's cached curve)."""
+    reg = lib_or_skip()
+    mine, other = mx.array(quantized((64, 96), 4, 11)), mx.array(quantized((64, 96), 4, 12))
+    lora = mx.array(np.array(mx.array(np.ones((16, 96), np.float32) / 3).astype(mx.bfloat16).astype(mx.float32)))
+    assert packed.registered([mine, lora]) == 0
+    try:
+        assert packed.pack_model([mine, other], cache=False) == 2 and packed.pack_halves([lora]) == 1
+        assert packed.registered([mine, lora]) == 1 and packed.registered([other]) == 1
+        assert packed.packed_count() >= 2
+    finally:
+        packed.unpack_model([mine, other, lora])
+    assert packed.registered([mine, other]) == 0 and reg is not None

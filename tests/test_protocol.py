@@ -103,3 +103,24 @@ def test_the_private_read_check_finds_one(tmp_path):
     f = tmp_path / "x.py"
     f.write_text("def f(d):\n    return d._drafts + self_like._n\n")
     assert _private_reads(f) == ["x.py:2: ._drafts", "x.py:2: ._n"]
+
+
+def test_a_path_without_its_own_branch_takes_the_deepest_chain_branch_it_passed_moved_on():
+    """``branch_rows``: the path's own branch first (the chain's at its depth, a whole strand's window); else the
+    deepest chain branch at or above where the path left the chain, its rows moved on past the emitted block
+    (an auxiliary row guesses its position given the context before its window and the uniforms), while at
+    least one draft is left in it; else none."""
+    plan = DraftPlan(
+        [5, 6, 7],
+        [(0, 4), (2, 3)],
+        strands=(Strand(1, (9, 8), width=3), Strand(0, (4,)), Strand(2, (3, 2, 1), parent=0)),
+    )
+    # auxiliary rows: branch (0, 4) at 0..3, (2, 3) at 4..6, strand 0's window at 7..9
+    assert plan.branch_rows(0) == (0, 4) and plan.branch_rows(2) == (4, 3)  # the chain's own
+    assert plan.branch_rows(1) == (1, 3)  # no branch at depth 1: depth 0's, moved on by one
+    assert plan.branch_rows(3) == (5, 2)  # all three stood: depth 2's, moved on by one
+    assert plan.branch_rows(3, strand=0) == (7, 3)  # the whole strand stood: its window
+    assert plan.branch_rows(2, strand=0) == (2, 2)  # it fell inside: left the chain at 1, depth 0's moved on by 2
+    assert plan.branch_rows(1, strand=1) == (1, 3)  # a window-less strand off the chain's first row
+    assert plan.branch_rows(4, strand=2) is None  # left the chain at 1: depth 0's has no draft left past 4
+    assert DraftPlan([5], []).branch_rows(1) is None

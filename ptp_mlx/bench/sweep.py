@@ -74,6 +74,7 @@ def random_model(size: str, dtype=mx.float32, codes: bool = True):
     pm = PTPModel(model, adapter, {"window": 8}, fuse=True)
     if codes and dtype == mx.float32:
         packed.pack_model(weight_matrices(model), cache=False)  # after fusing: the fused groups' views
+    packed.pack_halves(pm.lora_matrices())
     return pm
 
 
@@ -148,7 +149,7 @@ def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=prin
         doc[size] = {**ms, "params": n_params}
         cells = [f"{ms[f'ptp {r}']:.1f} ({ms[f'ptp {r}'] / ms['step']:.2f})" for r in CALLS]
         lines.append("| " + " | ".join([size, f"{n_params / 1e6:.0f}M", f"{ms['step']:.1f}", *cells]) + " |")
-        packed.unpack_model(weight_matrices(pm.base))  # (the registry keeps registered weights alive)
+        packed.unpack_model(weight_matrices(pm.base) + pm.lora_matrices())  # (the registry keeps them alive)
         del pm
         mx.clear_cache()
     # (PTP_MLX_PACKED=0 keeps the registry but registers nothing: both say whether the codes were read)

@@ -115,8 +115,15 @@ class DraftPlan:
 
     def branch_rows(self, accepted: int, strand: int | None = None) -> tuple[int, int] | None:
         """``(first auxiliary row, width)`` of the branch that follows the path that stood (``accepted`` drafts of
-        the chain, or, with ``strand``, that many drafts on the path through that strand: its branch only when the
-        whole strand stood), or None when that path has no branch. Auxiliary rows are laid out as the chain's
+        the chain, or, with ``strand``, that many drafts on the path through that strand), or None when that path
+        has none; the next drafts are its rows 1.. (row 0 predicts the token the call emits).
+
+        The path's own branch where it has one: the chain's at depth ``accepted``, or the strand's when the whole
+        strand stood. Otherwise the deepest chain branch the path passed through (depth ``d`` at most where the
+        path left the chain), its rows moved on by ``accepted - d``: an auxiliary row predicts its position's token
+        given the context before its window and the uniforms, not given the tokens between, and every token the
+        path emitted is the exact one there, so the branch's later rows guess exactly what its own path's would
+        (docs/method.md, section 5, "Branches after a strand"). Auxiliary rows are laid out as the chain's
         branches in order, then each strand's branch."""
         r = 0
         for d, w in self.branches:
@@ -127,7 +134,14 @@ class DraftPlan:
             if k == strand and st.width and accepted == st.depth:
                 return r, st.width
             r += st.width
-        return None
+        left = accepted if strand is None else self.strands[self.root(strand)].at
+        r, found = 0, None
+        for d, w in self.branches:
+            shift = accepted - d
+            if d <= left and w - shift >= 2 and (found is None or d > found[0]):
+                found = (d, r + shift, w - shift)
+            r += w
+        return None if found is None else found[1:]
 
 
 @dataclass

@@ -12,10 +12,13 @@
  * gives, at every width: the packed form changes how many bytes a product reads, never a result.
  *
  * Layout of one packed row (K / 32 groups, `gbytes` each): the group's codes, then d and m (float32). 4-bit codes:
- * byte j holds the codes of k = j (low nibble) and k = j + 16 (high); 8-bit: one byte per k. Only the AVX-512 path
+ * byte j holds the codes of k = j (low nibble) and k = j + 16 (high); 8-bit: one byte per k. "16 bits": values
+ * that are bfloat16 numbers (the adapter's A rows, held at that precision), stored as their high halves and
+ * widened exactly (a shift), 32 per group, no d or m. Only the AVX-512 path
  * reads them (another path leaves the registry unused: ptp_sgemm_packs() says which). */
 
-#define PK_MAX 1024 /* registered matrices (a model: one per fused projection group and its head) */
+#define PK_MAX 8192 /* registered matrices (the default model: 211 of codes and 120 adapter A runs; a test process
+                     * loads many models) */
 /* Tiles by rows: 2 x PK_NR2 up to two rows, 4 x PK_NR4 up to four, PK_MR x PK_NR beyond; products of more than
  * PK_MAX_M rows read the floats, whose register-row tiles (nt_512) then win. Measured 2026-12-05 on the default
  * model's 211 products, two threads, ms a pass, floats / codes: 1 row 17.7 / 7.0, 4 rows 17.8 / 9.9, 8 rows
@@ -49,10 +52,13 @@ static pthread_mutex_t pk_mu = PTHREAD_MUTEX_INITIALIZER;
 static int pk_on = 1;
 static unsigned long long pk_hits;
 
+/* Bytes a group of 32 values takes: codes then d and m (float32) for 4 and 8 bits; 32 bfloat16 halves for 16. */
+static int pk_gbytes(int bits) { return bits == 16 ? 64 : bits * 4 + 8; }
+
 /* Register the codes of `base` ([rows, K]); 0 where nothing is kept (a full table, a shape the kernel does not
  * read, a path without the kernel). The caller keeps `data` and `base` alive until ptp_sgemm_unpack(base). */
 int ptp_sgemm_pack(const float *base, int rows, int K, int bits, const unsigned char *data) {
-    if (!base || !data || rows < 1 || K < 32 || K % 32 || (bits != 4 && bits != 8)) return 0;
+    if (!base || !data || rows < 1 || K < 32 || K % 32 || (bits != 4 && bits != 8 && bits != 16)) return 0;
     pthread_mutex_lock(&pk_mu);
     int ok = 0;
     for (int i = 0; i < pk_count; i++)
@@ -60,13 +66,20 @@ int ptp_sgemm_pack(const float *base, int rows, int K, int bits, const unsigned 
             pk_table[i].data = 0;
             __atomic_thread_fence(__ATOMIC_SEQ_CST);
             pk_table[i].rows = rows, pk_table[i].K = K, pk_table[i].bits = bits;
-            pk_table[i].gbytes = bits * 4 + 8;
+            pk_table[i].gbytes = pk_gbytes(bits);
             __atomic_store_n(&pk_table[i].data, data, __ATOMIC_RELEASE);
+            ok = 1;
+        }
+    for (int i = 0; !ok && i < pk_count; i++)
+        if (!pk_table[i].data) { /* a forgotten matrix's entry: no product reads it (its codes are null) */
+            struct packed *e = &pk_table[i];
+            e->base = base, e->rows = rows, e->K = K, e->bits = bits, e->gbytes = pk_gbytes(bits);
+            __atomic_store_n(&e->data, data, __ATOMIC_RELEASE);
             ok = 1;
         }
     if (!ok && pk_count < PK_MAX) {
         struct packed *e = &pk_table[pk_count];
-        e->base = base, e->rows = rows, e->K = K, e->bits = bits, e->gbytes = bits * 4 + 8;
+        e->base = base, e->rows = rows, e->K = K, e->bits = bits, e->gbytes = pk_gbytes(bits);
         __atomic_store_n(&e->data, data, __ATOMIC_RELEASE);
         __atomic_store_n(&pk_count, pk_count + 1, __ATOMIC_RELEASE);
         ok = 1;
@@ -160,6 +173,21 @@ INLINE T512 void ptile(const int MR, const int NR, const int BITS, int K, const 
             }
             continue;
         }
+        if (BITS == 16) { /* bfloat16 halves: a shift gives back each float */
+            for (int h = 0; h < 2; h++) {
+                __m512 b[8];
+                for (int j = 0; j < NR; j++) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(grp + j * prow + 32 * h));
+                    b[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+                }
+                for (int i = 0; i < MR; i++) {
+                    __m512 a = _mm512_loadu_ps(A + i * lda + k + 16 * h);
+                    __asm__("" : "+v"(a));
+                    for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+                }
+            }
+            continue;
+        }
         for (int h = 0; h < 2; h++) { /* 8 bits: a code a byte */
             __m512 b[8];
             for (int j = 0; j < NR; j++) {
@@ -218,22 +246,50 @@ static T512 void pk_chunk(void *ctx, int i) {
     int n = i * j->chunk, n1 = n + j->chunk < j->N ? n + j->chunk : j->N;
     if (j->bits == 4)
         PK_ALL(4);
-    else
+    else if (j->bits == 8)
         PK_ALL(8);
+    else
+        PK_ALL(16);
 }
 #undef PK_ALL
 #undef PK_COLS
 
-/* C = A B^T for B = rows row0 .. row0 + N of entry e, from its codes, on the pool's threads (chunks of columns). */
-static void pk_product(const struct packed *e, const unsigned char *data, int row0, int M, int N, int K,
-                       const float *A, long lda, int beta1, float *C, long ldc) {
+/* A product's runs of registered rows (a fused group's base codes, then its adapter's A rows as bfloat16 halves):
+ * one job of column chunks over all of them, so a run too short to split (A: 16-48 rows) shares the pool with
+ * the others instead of running alone on one thread after them. */
+#define PK_RUNS 8
+struct pruns {
+    int n, first[PK_RUNS + 1]; /* run r owns chunks first[r] .. first[r + 1] */
+    struct pjob j[PK_RUNS];
+};
+
+static T512 void pk_run_chunk(void *ctx, int i) {
+    const struct pruns *rs = ctx;
+    int r = 0;
+    while (i >= rs->first[r + 1]) r++;
+    pk_chunk(&rs->j[r], i - rs->first[r]);
+}
+
+static void pk_runs(struct pruns *rs) {
+    long work = 0;
+    for (int r = 0; r < rs->n; r++) work += (long)rs->j[r].N * rs->j[r].K;
+    int chunks = rs->first[rs->n];
+    if (chunks > 1 && work >= pool.min_work / 4)
+        ptp_sgemm_parallel(pk_run_chunk, rs, chunks);
+    else
+        for (int i = 0; i < chunks; i++) pk_run_chunk(rs, i);
+    rs->n = 0;
+}
+
+/* Add C[:, n..] = A B^T for B = rows row0 .. row0 + N of entry e (from its codes) to the runs, computed with
+ * them once they are full or the product's last run is in. */
+static void pk_add_run(struct pruns *rs, const struct packed *e, const unsigned char *data, int row0, int M, int N,
+                       int K, const float *A, long lda, int beta1, float *C, long ldc) {
     long prow = (long)(K / 32) * e->gbytes;
     struct pjob j = {M, N, K, e->bits, e->gbytes, beta1, 48, A, lda, ldc, data + (long)row0 * prow, C};
-    int chunks = (N + j.chunk - 1) / j.chunk;
-    if (chunks > 1 && (long)N * K >= pool.min_work / 4)
-        ptp_sgemm_parallel(pk_chunk, &j, chunks);
-    else
-        for (int i = 0; i < chunks; i++) pk_chunk(&j, i);
+    rs->j[rs->n] = j;
+    rs->first[rs->n + 1] = rs->first[rs->n] + (N + j.chunk - 1) / j.chunk;
+    if (++rs->n == PK_RUNS) pk_runs(rs);
 }
 #endif
 
@@ -250,12 +306,15 @@ static int pk_try(int M, int N, int K, const float *A, long lda, const float *B,
     const struct packed *e = pk_find(B, ldb, K, &row0, &data);
     if (!e) return 0;
     __atomic_fetch_add(&pk_hits, 1, __ATOMIC_RELAXED);
+    struct pruns rs;
+    rs.n = 0, rs.first[0] = 0;
     while (e) {
         int Np = e->rows - row0 < N - n ? e->rows - row0 : N - n;
-        pk_product(e, data, row0, M, Np, K, A, lda, beta1, C + n, ldc);
+        pk_add_run(&rs, e, data, row0, M, Np, K, A, lda, beta1, C + n, ldc);
         n += Np;
         e = n < N ? pk_find(B + (long)n * ldb, ldb, K, &row0, &data) : 0;
     }
+    if (rs.n) pk_runs(&rs);
     if (n < N) run(kern_nt, M, N - n, K, A, lda, B + (long)n * ldb, ldb, beta1, C + n, ldc);
     return 1;
 #else

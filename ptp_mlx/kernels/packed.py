@@ -100,9 +100,23 @@ def find_codes(w: np.ndarray) -> tuple[int, np.ndarray] | None:
     return None
 
 
+def halves(w: np.ndarray) -> np.ndarray | None:
+    """Packed rows uint8 [N, 2K] ("16 bits": each value's high half) for a float32 [N, K] matrix (K a multiple of
+    32) whose every value is a bfloat16 number, else None."""
+    if w.dtype != np.float32 or w.ndim != 2 or w.shape[1] % GROUP or not w.flags.c_contiguous:
+        return None
+    u = w.view(np.uint32)
+    if np.any(u & 0xFFFF):
+        return None
+    return np.ascontiguousarray((u >> 16).astype(np.uint16)).view(np.uint8)
+
+
 def decode(bits: int, rows: np.ndarray, K: int) -> np.ndarray:
     """The float32 rows that packed ``rows`` stand for (``fma(code, d, m)``; ``q * d`` is exact, so the product
-    then the sum rounds as the fma does)."""
+    then the sum rounds as the fma does; 16 bits: the high halves, widened)."""
+    if bits == 16:
+        r = np.ascontiguousarray(rows).view(np.uint16).astype(np.uint32) << 16
+        return r.view(np.float32).reshape(np.asarray(rows).shape[0], K)
     gb = bits * 4 + 8
     g = np.asarray(rows).reshape(-1, gb)
     if bits == 4:
@@ -155,7 +169,7 @@ class Registry:
         ptr = view.ctypes.data
         if not self.lib.ptp_sgemm_pack(ptr, view.shape[0], view.shape[1], bits, rows.ctypes.data):
             return False
-        self.kept[ptr] = (array, rows)
+        self.kept[ptr] = (array, rows, bits)
         return True
 
     def unregister(self, ptr: int) -> None:
@@ -180,9 +194,23 @@ def registry() -> Registry | None:
 
 
 def packed_count() -> int:
-    """How many matrices ptp-sgemm reads from codes now (0 where it cannot)."""
+    """How many matrices ptp-sgemm reads from 4- or 8-bit codes now (0 where it cannot; bfloat16 halves not
+    counted)."""
     reg = _registry[0] if _registry else None
-    return 0 if reg is None else int(reg.lib.ptp_sgemm_packed_count())
+    return 0 if reg is None else sum(1 for kept in reg.kept.values() if kept[2] in FORMATS)
+
+
+def registered(matrices) -> int:
+    """How many of ``matrices`` ptp-sgemm reads from 4- or 8-bit codes (a model's own, whatever else the process
+    registered: what its cost curve depends on)."""
+    reg = _registry[0] if _registry else None
+    if reg is None:
+        return 0
+    n = 0
+    for w in matrices:
+        kept = reg.kept.get(np.asarray(memoryview(w)).ctypes.data)
+        n += kept is not None and kept[2] in FORMATS
+    return n
 
 
 def enabled() -> bool:
@@ -265,6 +293,28 @@ def pack_model(matrices, cache: bool = True, log=None) -> int:
             continue  # not codes (a model that never was a quantized file): no hashing, no search, no cache file
         found = _cached_codes(view, folder, notice) if cache else find_codes(view)
         if found is not None and reg.register(w, view, found[0], found[1]):
+            n += 1
+    return n
+
+
+def pack_halves(matrices) -> int:
+    """Register with ptp-sgemm, at 16 bits a value, every float32 matrix in ``matrices`` whose values are all
+    bfloat16 numbers (a fused group's adapter ``A`` rows, held at that precision: ``model/fused.py``); returns how
+    many. Found in one pass over the bits, so nothing is cached. Nothing where ptp-sgemm cannot read codes or
+    with ``PTP_MLX_PACKED=0``; products keep their bits either way."""
+    import mlx.core as mx
+
+    reg = registry() if enabled() and mx.default_device() == mx.cpu else None
+    n = 0
+    for w in matrices if reg is not None else ():
+        if w.dtype != mx.float32 or w.ndim != 2:
+            continue
+        mx.eval(w)
+        view = np.asarray(memoryview(w))
+        if view.ctypes.data in reg.kept:
+            continue
+        rows = halves(view)
+        if rows is not None and reg.register(w, view, 16, rows):
             n += 1
     return n
 

@@ -28,6 +28,10 @@ from .kv import in_our_pass
 
 # Projections that read the same input: fused into one matmul (their LoRA ``A`` stacked with them, or alone).
 INPUT_GROUPS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+# The precision a float32 group's LoRA ``A`` and ``B`` are held at where the CPU primitive runs it (None: as
+# given). bfloat16 halves what a drafting call reads for its deltas; only auxiliary rows see them, so token rows
+# and every accepted token keep their bits, and drafts move by a rounding (docs/method.md, section 10).
+LORA_STORAGE = mx.bfloat16
 
 
 @dataclass
@@ -67,7 +71,11 @@ class FusedGroup:
         self.outs = outs
         with_a = [n for n in names if n in loras]
         ranks = [loras[n].A.shape[0] for n in with_a]
-        parts = [lin.weight.astype(dtype) for lin in linears] + [loras[n].A.astype(dtype) for n in with_a]
+        # On the CPU a float32 group and its LoRA can be one primitive (kernels/gated_linear.cpp), whose A and B
+        # are held at LORA_STORAGE precision (A's rows as stored in W, so the graph form reads the same values).
+        self.gated = gated_module() if with_a and dtype == mx.float32 else None
+        held = LORA_STORAGE if self.gated is not None else None
+        parts = [lin.weight.astype(dtype) for lin in linears] + [_held(loras[n].A, held, dtype) for n in with_a]
         self.W = mx.concatenate(parts, axis=0)
         biases = [getattr(lin, "bias", None) for lin in linears]
         self.bias = (
@@ -79,10 +87,11 @@ class FusedGroup:
         )
         col = dict(zip(names, np.concatenate([[0], np.cumsum(outs)[:-1]]), strict=True))
         self.B = block_diagonal_b([loras[n] for n in with_a], [col[n] for n in with_a], self.out, dtype)
+        # The primitive reads B as stored (B16: bfloat16 by default, half the bytes of a drafting call's deltas)
+        # and B's non-zero columns per rank row (spans); the graph form gets the very same values widened.
+        self.B16 = self.B if held is None else self.B.astype(held)
+        self.B = self.B16.astype(dtype) if held is not None else self.B
         self.bias_full = None if self.bias is None else mx.concatenate([self.bias, mx.zeros((sum(ranks),), dtype)])
-        # On the CPU a float32 group and its LoRA can be one primitive (kernels/gated_linear.cpp): B's non-zero
-        # columns per rank row tell it where the block-diagonal delta lands.
-        self.gated = gated_module() if self.B is not None and dtype == mx.float32 else None
         self.plain = dtype == mx.float32  # a plain pass's group can be one node (kernels/linear.cpp)
         self.spans = _spans(self.B) if self.gated is not None else None
         self.base_W = self.W[: self.out]
@@ -94,7 +103,7 @@ class FusedGroup:
             self.base_W,
             self.Wt,
             self.base_Wt,
-            *(a for a in (self.B, self.bias, self.bias_full) if a is not None),
+            *(a for a in (self.B, self.B16, self.bias, self.bias_full) if a is not None),
         )
         # The stock modules keep working (training, other adapters) on views of the fused matrix: no second copy.
         row = 0
@@ -119,7 +128,7 @@ class FusedGroup:
             # One node with one output per projection (no split after it); the gate [1, rows, 1] as it is (one
             # float per row of x, contiguous: no reshape node per group either).
             rows = gate.gate if gate.gate is not None else mx.ones((x.size // x.shape[-1],))
-            parts = self.gated.gated_linear_parts(x, self.W, self.B, rows, self.spans, self.outs, self.bias)
+            parts = self.gated.gated_linear_parts(x, self.W, self.B16, rows, self.spans, self.outs, self.bias)
             return self._take(name, x, parts)
         if gate is not None and self.B is not None:
             z, a = mx.split(self._matmul(x, self.Wt, self.bias_full), [self.out], axis=-1)  # one node, two views
@@ -140,6 +149,11 @@ class FusedGroup:
         out = mine.pop(name)
         self._x, self._memo = (x, mine) if mine else (None, {})
         return out
+
+
+def _held(a: mx.array, held, dtype) -> mx.array:
+    """``a`` in ``dtype``, first rounded to ``held`` precision where given."""
+    return a.astype(dtype) if held is None else a.astype(held).astype(dtype)
 
 
 def gated_module():

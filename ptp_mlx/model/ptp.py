@@ -146,6 +146,18 @@ class PTPModel:
             if not self._grouped:  # a quantized base: stacked LoRA matmuls beside the base ones
                 self._fused = FusedLoRA(adapter, self.dtype)
 
+    def lora_matrices(self) -> list[mx.array]:
+        """Each fused group's adapter ``A`` rows (views of the group's matrix, held at ``fused.LORA_STORAGE``
+        precision on the CPU), for ptp-sgemm to read at that precision (``kernels/packed.pack_halves``)."""
+        groups = {}
+        for layer in self.base.layers if self._grouped else ():
+            for mods in projection_modules(layer):
+                for m in mods.values():
+                    g = getattr(m, "group", None)
+                    if g is not None and g.gated is not None and g.W.shape[0] > g.out:
+                        groups[id(g)] = g
+        return [g.W[g.out :] for g in groups.values()]
+
     def lora_for(self, gate: mx.array | None, adapter: PTPAdapter | None = None):
         """The ``lora(key, x)`` callable of one pass with this row gate (the fused form for the model's own
         adapter when it has one)."""
