@@ -114,17 +114,12 @@ class DraftPlan:
         return before + list(st.tokens[:m])
 
     def branch_rows(self, accepted: int, strand: int | None = None) -> tuple[int, int] | None:
-        """``(first auxiliary row, width)`` of the branch that follows the path that stood (``accepted`` drafts of
-        the chain, or, with ``strand``, that many drafts on the path through that strand), or None when that path
-        has none; the next drafts are its rows 1.. (row 0 predicts the token the call emits).
-
-        The path's own branch where it has one: the chain's at depth ``accepted``, or the strand's when the whole
-        strand stood. Otherwise the deepest chain branch the path passed through (depth ``d`` at most where the
-        path left the chain), its rows moved on by ``accepted - d``: an auxiliary row predicts its position's token
-        given the context before its window and the uniforms, not given the tokens between, and every token the
-        path emitted is the exact one there, so the branch's later rows guess exactly what its own path's would
-        (docs/method.md, section 5, "Branches after a strand"). Auxiliary rows are laid out as the chain's
-        branches in order, then each strand's branch."""
+        """``(first auxiliary row, width)`` of the rows that draft the next call after the path that stood
+        (``accepted`` drafts of the chain, or, with ``strand``, that many drafts on the path through that strand),
+        or None; the drafts are its rows 1.. (row 0 guessed the token the call emits). The path's own branch
+        where it has one (the chain's at depth ``accepted``, a strand's when the whole strand stood), else the
+        rows of a chain branch it passed that follow the emitted block (``moved_branch``). Auxiliary rows are laid
+        out as the chain's branches in order, then each strand's branch."""
         r = 0
         for d, w in self.branches:
             if d == accepted and strand is None:
@@ -134,14 +129,26 @@ class DraftPlan:
             if k == strand and st.width and accepted == st.depth:
                 return r, st.width
             r += st.width
+        moved = self.moved_branch(accepted, strand)
+        if moved is None:
+            return None
+        r, w, d = moved
+        return r + accepted - d, w - (accepted - d)
+
+    def moved_branch(self, accepted: int, strand: int | None = None) -> tuple[int, int, int] | None:
+        """For a path without a branch of its own: ``(first auxiliary row, width, depth)`` of the deepest chain
+        branch at or above the depth where the path left the chain that still has rows past the block the call
+        emits (``accepted + 1`` tokens), or None. Row ``s`` of a branch at depth ``d`` guesses position ``d + 1 +
+        s`` from the context before its window and the uniforms, not from the tokens between, so its rows past the
+        block guess the next tokens as its own path's would have (docs/method.md, section 5, "Branches after a
+        strand"; measured there: taken whether or not its rows for the block guessed the block's tokens)."""
         left = accepted if strand is None else self.strands[self.root(strand)].at
         r, found = 0, None
         for d, w in self.branches:
-            shift = accepted - d
-            if d <= left and w - shift >= 2 and (found is None or d > found[0]):
-                found = (d, r + shift, w - shift)
+            if d <= left and w - (accepted - d) >= 2 and (found is None or d > found[2]):
+                found = (r, w, d)
             r += w
-        return None if found is None else found[1:]
+        return found
 
 
 @dataclass

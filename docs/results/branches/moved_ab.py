@@ -1,0 +1,41 @@
+"""Moved-on branches (``DraftPlan.moved_branch``) against none, on this machine's costs: per held-out prompt,
+interleaved, our AR, then PTP with them (one engine) and without (another engine, its ``moved_branch`` answering
+None), each engine learning over its own answers; decode seconds summed over ``rounds`` passes.
+
+Usage, from the repository root: ``python docs/results/branches/moved_ab.py 0 3`` (temperature, rounds)."""
+
+import json
+import sys
+
+import ptp_mlx  # noqa: F401  (before mlx.core: MLX binds the BLAS ptp_mlx chooses)
+from ptp_mlx.drafting.protocol import DraftPlan
+from ptp_mlx.engine import Engine
+from ptp_mlx.sampler import SamplingSettings
+
+moved = DraftPlan.moved_branch
+MODES = {"moved": moved, "none": lambda self, accepted, strand=None: None}
+temp = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
+rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+S = SamplingSettings(temperature=temp, top_p=0.95 if temp else 1.0, seed=0)
+engines = {m: Engine.load() for m in MODES}
+prompts = [json.loads(line) for line in open("ptp_mlx/data/heldout_prompts.jsonl")]
+
+
+def run(eng, p, mode, m="none"):
+    DraftPlan.moved_branch = MODES[m]
+    out = eng.generate([{"role": "user", "content": p["turns"][0]}], max_tokens=128, mode=mode, sampling=S)
+    return sum(s.step_time for s in out)
+
+
+for m, e in engines.items():  # warm-up, as the bench
+    run(e, prompts[0], "ar"), run(e, prompts[0], "ptp", m)
+tot = {"ar": 0.0, **{m: 0.0 for m in MODES}}
+for _ in range(rounds):
+    for p in prompts:
+        tot["ar"] += run(engines["none"], p, "ar")
+        for m, e in engines.items():
+            tot[m] += run(e, p, "ptp", m)
+print(
+    f"T {temp}, {rounds} rounds: ar {tot['ar']:.2f}s; PTP "
+    + ", ".join(f"{m} {tot[m]:.2f}s ({tot['ar'] / tot[m]:.3f}x our AR)" for m in MODES)
+)
