@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from .sampler import _work_dtype as work_dtype
+from .cdf import work_dtype
 
 MAX_TOP_LOGPROBS = 20
 

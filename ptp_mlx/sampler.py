@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from .cdf import accurate_cumsum, id_sorted_edges, sorted_edges, work_dtype
 from .fused_exp import exp as fused_exp
 
 CDF_ORDERS = ("id", "prob")
@@ -57,11 +58,6 @@ class SamplingSettings:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
 
-def _work_dtype():
-    """float64 where the device has it (the CPU), else float32."""
-    return mx.float64 if mx.default_device() == mx.cpu else mx.float32
-
-
 # Below this, a token's tempered logit is that far under the row's maximum that it gets probability 0 (e^-700 is
 # far above float64's smallest number, so every token above it has a positive probability: "p > 0" is this test).
 _CUTOFF = -700.0
@@ -74,7 +70,7 @@ def _tempered(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array
     (``fused_exp.py``): about 1e-7 relative, against a float32 sum's 1e-4, for a fifth of the float64 exp's cost
     (MLX's CPU backend computes that one element at a time). Only the tokens a pick needs then get the float64
     exp of their own (``_probs_at``)."""
-    x = logits.astype(mx.float32).astype(_work_dtype())
+    x = logits.astype(mx.float32).astype(work_dtype())
     if s.temperature not in (0, 1):
         x = x / s.temperature
     m = mx.max(x, axis=-1, keepdims=True)
@@ -97,7 +93,7 @@ def tempered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
     a normaliser within about 1e-7 (``_tempered``). The rows need not sum to 1 exactly: the last kept CDF edge is
     1 by definition. The logits themselves are float32 (the model's), converted exactly. On a device without
     float64, MLX's softmax in float32."""
-    if _work_dtype() != mx.float64:
+    if work_dtype() != mx.float64:
         x = logits.astype(mx.float32)
         return mx.softmax(x / s.temperature if s.temperature not in (0, 1) else x, axis=-1, precise=True)
     x, m, z = _tempered(logits, s)
@@ -107,7 +103,7 @@ def tempered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
 def _head_probs(logits: mx.array, s: SamplingSettings):
     """``probs_at(ids)``: ``tempered_probs`` at the token ids ``ids`` (bit for bit), with the float64 exp taken for
     those tokens only; and the number of tokens with a positive probability per row."""
-    if _work_dtype() != mx.float64:
+    if work_dtype() != mx.float64:
         p = tempered_probs(logits, s)
         return (lambda ids: mx.take_along_axis(p, ids, axis=-1)), mx.sum(p > 0, axis=-1, keepdims=True)
     x, m, z = _tempered(logits, s)
@@ -148,49 +144,6 @@ def filtered_probs(logits: mx.array, s: SamplingSettings) -> mx.array:
     return p / p.sum(axis=-1, keepdims=True)
 
 
-BLOCK = 256  # block length of the two-level float32 cumulative sum (devices without float64)
-
-
-def accurate_cumsum(q: mx.array) -> mx.array:
-    """Cumulative sum along the last axis, far more accurate than a running float32 sum.
-
-    A float32 running sum over a 49,152-token vocabulary drifts about 3e-5 from the exact CDF, which shifts the
-    bin edges near its top by that much. On the CPU the sum runs in float64; elsewhere (Metal has no float64) in
-    two float32 levels: within blocks of ``BLOCK`` tokens, plus the running sum of block totals. Either way each
-    row is summed in the same order whatever the number of rows, so a 1-row and a many-row pass differ only by
-    their logits.
-    """
-    if _work_dtype() == mx.float64:
-        return mx.cumsum(q.astype(mx.float64), axis=-1)
-    return blocked_cumsum(q.astype(mx.float32))
-
-
-def blocked_cumsum(q: mx.array) -> mx.array:
-    """Two-level float32 cumulative sum (``accurate_cumsum`` on devices without float64)."""
-    V = q.shape[-1]
-    pad = (-V) % BLOCK
-    x = mx.pad(q, [(0, 0)] * (q.ndim - 1) + [(0, pad)]) if pad else q
-    x = x.reshape(*q.shape[:-1], -1, BLOCK)
-    within = mx.cumsum(x, axis=-1)
-    before = mx.cumsum(within[..., -1], axis=-1) - within[..., -1]  # total of all earlier blocks
-    return (within + before[..., None]).reshape(*q.shape[:-1], -1)[..., :V]
-
-
-def id_sorted_edges(q: mx.array) -> mx.array:
-    """Step 6: CDF in vocabulary-id order with the last kept edge forced to 1 (float64 on the CPU)."""
-    cdf = accurate_cumsum(q)
-    V = q.shape[-1]
-    ids = mx.arange(V)
-    last_kept = mx.max(mx.where(q > 0, ids, -1), axis=-1, keepdims=True)
-    return mx.where(ids >= last_kept, 1.0, cdf)
-
-
-def _sorted_edges(qs: mx.array) -> mx.array:
-    """CDF of probabilities already in descending order, the last kept edge forced to 1."""
-    n_kept = mx.sum(qs > 0, axis=-1, keepdims=True)
-    return mx.where(mx.arange(qs.shape[-1]) >= n_kept - 1, 1.0, accurate_cumsum(qs))
-
-
 def prob_sorted(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array, mx.array]:
     """Steps 2-6 in probability order: the token ids by descending probability (a stable sort: equal
     probabilities keep id order), their CDF edges (last kept edge 1) and their filtered probabilities.
@@ -200,7 +153,7 @@ def prob_sorted(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.arr
         ids, q = _top_k(tempered_probs(logits, s), s)
         rank = mx.argsort(-q, axis=-1)
         qs = mx.take_along_axis(q, rank, axis=-1)
-        return mx.take_along_axis(ids, rank, axis=-1), _sorted_edges(qs), qs
+        return mx.take_along_axis(ids, rank, axis=-1), sorted_edges(qs), qs
     p = tempered_probs(logits, s)
     rank = mx.argsort(-p, axis=-1)
     ps = mx.take_along_axis(p, rank, axis=-1)
@@ -209,7 +162,7 @@ def prob_sorted(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.arr
         qs = ps / ps.sum(axis=-1, keepdims=True)
     else:  # the whole vocabulary, normalised by Z already (as the fast pick, which sees only its head, uses it)
         qs = ps
-    return rank, _sorted_edges(qs), qs
+    return rank, sorted_edges(qs), qs
 
 
 def _pick_prob(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array]:

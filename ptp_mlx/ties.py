@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from .sampler import SamplingSettings, filtered_probs, id_sorted_edges, prob_sorted, tempered_probs
+from .cdf import id_sorted_edges
+from .sampler import SamplingSettings, filtered_probs, prob_sorted, tempered_probs
 
 LOGIT_TOL = 1e-3  # about 50x the logit difference measured between the two decoders
 EDGE_TOL = 1e-5  # about 10x the largest bin-edge difference measured between them

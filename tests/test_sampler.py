@@ -241,7 +241,7 @@ def test_settings_validation():
 
 def test_accurate_cumsum_tracks_the_exact_cdf():
     """A float32 running sum over a large vocabulary drifts from the exact CDF; the sampler's sums do not."""
-    from ptp_mlx.sampler import accurate_cumsum, blocked_cumsum
+    from ptp_mlx.cdf import accurate_cumsum, blocked_cumsum
 
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 3, (2, 49152)).astype(np.float32)
@@ -260,7 +260,8 @@ def test_accurate_cumsum_tracks_the_exact_cdf():
 def test_top_k_fast_path_picks_what_the_full_vocabulary_path_picks():
     """``pick`` with top-k works on the k candidates only; it must choose what the full-vocabulary CDF chooses
     for every u (up to the rounding of the normaliser, far below any u spacing tested here)."""
-    from ptp_mlx.sampler import filtered_probs, id_sorted_edges
+    from ptp_mlx.cdf import id_sorted_edges
+    from ptp_mlx.sampler import filtered_probs
 
     rng = np.random.default_rng(3)
     logits = mx.array(rng.normal(0, 2.5, (6, 3000)).astype(np.float32))
