@@ -24,7 +24,7 @@ from .drafting.cost import CostCurve
 from .drafting.policy import DraftingConfig
 from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, stream_generate
-from .kernels.packed import pack_halves, pack_model, registered
+from .kernels.packed import pack_halves, pack_model, registered, release_with
 from .logits import LogitsHook, LogitsSettings
 from .model.layers import weight_matrices
 from .model.ptp import PTPModel
@@ -91,6 +91,7 @@ class Engine:
         # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py): the same floats
         pack_model(weight_matrices(base), log=log)
         pack_halves(pm.lora_matrices())  # the adapter's A rows at the bfloat16 precision they are held at
+        release_with(pm, weight_matrices(base) + pm.lora_matrices())
         eng = cls(
             pm=pm,
             tokenizer=tokenizer,

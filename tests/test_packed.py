@@ -266,3 +266,23 @@ def test_a_models_count_is_its_own_codes_only():
     finally:
         packed.unpack_model([mine, other, lora])
     assert packed.registered([mine, other]) == 0 and reg is not None
+
+
+def test_a_models_codes_are_forgotten_with_it():
+    """``release_with``: once the model that owns registered matrices is collected, they are unregistered (the
+    registry no longer keeps them in memory)."""
+    import gc
+
+    lib_or_skip()
+
+    class Owner:
+        pass
+
+    owner, w, lora = Owner(), mx.array(quantized((64, 96), 4, 13)), mx.array(np.full((16, 96), 0.5, np.float32))
+    assert packed.pack_model([w], cache=False) == 1 and packed.pack_halves([lora]) == 1
+    packed.release_with(owner, [w, lora])
+    assert packed.registered([w]) == 1
+    del owner
+    gc.collect()
+    assert packed.registered([w]) == 0 and packed.pack_halves([lora]) == 1  # (forgotten: registered anew)
+    packed.unpack_model([lora])

@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import os
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -317,6 +318,13 @@ def pack_halves(matrices) -> int:
         if rows is not None and reg.register(w, view, 16, rows):
             n += 1
     return n
+
+
+def release_with(owner, matrices) -> None:
+    """Unregister ``matrices`` once ``owner`` (the model they belong to) is collected: the registry holds each
+    registered array, so without this a process that loads model after model (a server, the trainer's benches,
+    the tests) would keep every one of them in memory."""
+    weakref.finalize(owner, unpack_model, list(matrices))
 
 
 def unpack_model(matrices) -> None:
