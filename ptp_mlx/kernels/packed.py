@@ -323,8 +323,18 @@ def pack_halves(matrices) -> int:
 def release_with(owner, matrices) -> None:
     """Unregister ``matrices`` once ``owner`` (the model they belong to) is collected: the registry holds each
     registered array, so without this a process that loads model after model (a server, the trainer's benches,
-    the tests) would keep every one of them in memory."""
-    weakref.finalize(owner, unpack_model, list(matrices))
+    the tests) would keep every one of them in memory. Their addresses are taken now: the finalizer may run on
+    another thread (or at exit), where the arrays' stream is not known, so it calls nothing of MLX's."""
+    reg = _registry[0] if _registry else None
+    if reg is not None:
+        ptrs = [p for p in (np.asarray(memoryview(w)).ctypes.data for w in matrices) if p in reg.kept]
+        weakref.finalize(owner, _forget, reg, ptrs)
+
+
+def _forget(reg: Registry, ptrs: list[int]) -> None:
+    for ptr in ptrs:
+        if ptr in reg.kept:
+            reg.unregister(ptr)
 
 
 def unpack_model(matrices) -> None:
