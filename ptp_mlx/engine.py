@@ -89,9 +89,10 @@ class Engine:
         ad, cfg = load_adapter(adapter_dir, base) if adapter_dir else (None, None)
         pm = PTPModel(base, ad, cfg, fuse=True)
         # ptp-sgemm reads a quantized file's weights from their codes (kernels/packed.py): the same floats
-        pack_model(weight_matrices(base), log=log)
-        pack_halves(pm.lora_matrices())  # the adapter's A rows at the bfloat16 precision they are held at
-        release_with(pm, weight_matrices(base) + pm.lora_matrices())
+        weights, lora_a = weight_matrices(base), pm.lora_matrices()
+        pack_model(weights, log=log)
+        pack_halves(lora_a)  # the adapter's A rows at the bfloat16 precision they are held at
+        release_with(pm, weights + lora_a)
         eng = cls(
             pm=pm,
             tokenizer=tokenizer,

@@ -55,6 +55,12 @@ static unsigned long long pk_hits;
 /* Bytes a group of 32 values takes: codes then d and m (float32) for 4 and 8 bits; 32 bfloat16 halves for 16. */
 static int pk_gbytes(int bits) { return bits == 16 ? 64 : bits * 4 + 8; }
 
+/* Write entry `e` for `base`, its codes published last (a reader that sees them sees the fields). */
+static void pk_fill(struct packed *e, const float *base, int rows, int K, int bits, const unsigned char *data) {
+    e->base = base, e->rows = rows, e->K = K, e->bits = bits, e->gbytes = pk_gbytes(bits);
+    __atomic_store_n(&e->data, data, __ATOMIC_RELEASE);
+}
+
 /* Register the codes of `base` ([rows, K]); 0 where nothing is kept (a full table, a shape the kernel does not
  * read, a path without the kernel). The caller keeps `data` and `base` alive until ptp_sgemm_unpack(base). */
 int ptp_sgemm_pack(const float *base, int rows, int K, int bits, const unsigned char *data) {
@@ -65,22 +71,16 @@ int ptp_sgemm_pack(const float *base, int rows, int K, int bits, const unsigned 
         if (pk_table[i].base == base) { /* re-registered: the new codes replace the old in place */
             pk_table[i].data = 0;
             __atomic_thread_fence(__ATOMIC_SEQ_CST);
-            pk_table[i].rows = rows, pk_table[i].K = K, pk_table[i].bits = bits;
-            pk_table[i].gbytes = pk_gbytes(bits);
-            __atomic_store_n(&pk_table[i].data, data, __ATOMIC_RELEASE);
+            pk_fill(&pk_table[i], base, rows, K, bits, data);
             ok = 1;
         }
     for (int i = 0; !ok && i < pk_count; i++)
         if (!pk_table[i].data) { /* a forgotten matrix's entry: no product reads it (its codes are null) */
-            struct packed *e = &pk_table[i];
-            e->base = base, e->rows = rows, e->K = K, e->bits = bits, e->gbytes = pk_gbytes(bits);
-            __atomic_store_n(&e->data, data, __ATOMIC_RELEASE);
+            pk_fill(&pk_table[i], base, rows, K, bits, data);
             ok = 1;
         }
     if (!ok && pk_count < PK_MAX) {
-        struct packed *e = &pk_table[pk_count];
-        e->base = base, e->rows = rows, e->K = K, e->bits = bits, e->gbytes = pk_gbytes(bits);
-        __atomic_store_n(&e->data, data, __ATOMIC_RELEASE);
+        pk_fill(&pk_table[pk_count], base, rows, K, bits, data);
         __atomic_store_n(&pk_count, pk_count + 1, __ATOMIC_RELEASE);
         ok = 1;
     }
@@ -173,28 +173,18 @@ INLINE T512 void ptile(const int MR, const int NR, const int BITS, int K, const 
             }
             continue;
         }
-        if (BITS == 16) { /* bfloat16 halves: a shift gives back each float */
-            for (int h = 0; h < 2; h++) {
-                __m512 b[8];
-                for (int j = 0; j < NR; j++) {
-                    __m256i x = _mm256_loadu_si256((const __m256i *)(grp + j * prow + 32 * h));
-                    b[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
-                }
-                for (int i = 0; i < MR; i++) {
-                    __m512 a = _mm512_loadu_ps(A + i * lda + k + 16 * h);
-                    __asm__("" : "+v"(a));
-                    for (int j = 0; j < NR; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
-                }
-            }
-            continue;
-        }
-        for (int h = 0; h < 2; h++) { /* 8 bits: a code a byte */
+        for (int h = 0; h < 2; h++) { /* 8 bits: a code a byte; 16: bfloat16 halves, a shift gives each float */
             __m512 b[8];
             for (int j = 0; j < NR; j++) {
                 const unsigned char *q = grp + j * prow;
-                __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
-                const float *dm = (const float *)(q + 32);
-                b[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_set1_ps(dm[0]), _mm512_set1_ps(dm[1]));
+                if (BITS == 16) {
+                    __m256i x = _mm256_loadu_si256((const __m256i *)(q + 32 * h));
+                    b[j] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+                } else {
+                    __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + 16 * h)));
+                    const float *dm = (const float *)(q + 32);
+                    b[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_set1_ps(dm[0]), _mm512_set1_ps(dm[1]));
+                }
             }
             for (int i = 0; i < MR; i++) {
                 __m512 a = _mm512_loadu_ps(A + i * lda + k + 16 * h);

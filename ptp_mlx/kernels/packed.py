@@ -267,15 +267,9 @@ def pack_model(matrices, cache: bool = True, log=None) -> int:
     throw-away weights). ``log``: told once when codes are looked for rather than read from the cache (a first
     start: a few seconds for the default model). Nothing where ptp-sgemm cannot read codes, on another device, or with
     ``PTP_MLX_PACKED=0``. Results keep their bits either way; products over registered matrices read less."""
-    import mlx.core as mx
-
     from ..paths import cache_root
 
-    reg = registry() if enabled() and mx.default_device() == mx.cpu else None
-    if reg is None:
-        return 0
     folder = cache_root() / "packed"
-    n = 0
     told = []
 
     def notice() -> None:
@@ -283,19 +277,12 @@ def pack_model(matrices, cache: bool = True, log=None) -> int:
             told.append(True)
             log("finding the weights' 4-bit codes once (a few seconds; kept under PTP_MLX_HOME/packed)...")
 
-    for w in matrices:
-        if w.dtype != mx.float32 or w.ndim != 2:
-            continue
-        mx.eval(w)
-        view = np.asarray(memoryview(w))  # zero copy: the very memory MLX hands to cblas_sgemm
-        if not view.flags.c_contiguous or view.ctypes.data in reg.kept:
-            continue
+    def codes(view: np.ndarray) -> tuple[int, np.ndarray] | None:
         if find_codes(view[:SAMPLE_ROWS]) is None:
-            continue  # not codes (a model that never was a quantized file): no hashing, no search, no cache file
-        found = _cached_codes(view, folder, notice) if cache else find_codes(view)
-        if found is not None and reg.register(w, view, found[0], found[1]):
-            n += 1
-    return n
+            return None  # not codes (a model that never was a quantized file): no hashing, no search, no cache file
+        return _cached_codes(view, folder, notice) if cache else find_codes(view)
+
+    return _register_each(matrices, codes)
 
 
 def pack_halves(matrices) -> int:
@@ -303,6 +290,18 @@ def pack_halves(matrices) -> int:
     bfloat16 numbers (a fused group's adapter ``A`` rows, held at that precision: ``model/fused.py``); returns how
     many. Found in one pass over the bits, so nothing is cached. Nothing where ptp-sgemm cannot read codes or
     with ``PTP_MLX_PACKED=0``; products keep their bits either way."""
+
+    def bf16(view: np.ndarray) -> tuple[int, np.ndarray] | None:
+        rows = halves(view)
+        return None if rows is None else (16, rows)
+
+    return _register_each(matrices, bf16)
+
+
+def _register_each(matrices, find) -> int:
+    """Register each float32 matrix of ``matrices`` for which ``find(view)`` gives ``(bits, packed rows)`` (``view``:
+    a zero-copy numpy view, the very memory MLX hands to cblas_sgemm); how many. Nothing where ptp-sgemm cannot
+    read codes, on another device, or with ``PTP_MLX_PACKED=0``."""
     import mlx.core as mx
 
     reg = registry() if enabled() and mx.default_device() == mx.cpu else None
@@ -312,10 +311,10 @@ def pack_halves(matrices) -> int:
             continue
         mx.eval(w)
         view = np.asarray(memoryview(w))
-        if view.ctypes.data in reg.kept:
+        if not view.flags.c_contiguous or view.ctypes.data in reg.kept:
             continue
-        rows = halves(view)
-        if rows is not None and reg.register(w, view, 16, rows):
+        found = find(view)
+        if found is not None and reg.register(w, view, found[0], found[1]):
             n += 1
     return n
 
