@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+import ptp_mlx.decode.ahead as ahead
 import ptp_mlx.decode.pipeline as pipeline
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
@@ -65,7 +66,7 @@ def spy(monkeypatch):
     """Counts chained calls queued ("hit") and dropped ("miss"), with a tree or a chain, and checks that a queued
     call's token rows, gathered on the device before the read, are the ones its plan verifies on the host."""
     seen = Counter()
-    confirm, build = pipeline.confirm_chained, pipeline.build_call
+    confirm, build = pipeline.confirm_chained, ahead.build_call
     gathered = {}
 
     def built(sess, last, plan, i, tokens=None, chain=None):
@@ -85,7 +86,7 @@ def spy(monkeypatch):
             assert gathered[id(built)].tolist() == rows
         return call
 
-    monkeypatch.setattr(pipeline, "build_call", built)
+    monkeypatch.setattr(ahead, "build_call", built)  # (the chained builds: decode/ahead.py)
     monkeypatch.setattr(pipeline, "confirm_chained", counted)
     return seen
 

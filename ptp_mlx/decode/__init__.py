@@ -3,8 +3,8 @@
 - ``ar.py``: the prefill and the pipelined plain step loop (plain decoding and the PTP loop's bursts).
 - ``ptp.py``: the PTP loop (``ptp_calls``), beside ``ar.py``'s: both take a ``DecodeSession`` and yield a block and
   a ``CallRecord`` per call.
-- ``pipeline.py``: the call queue (``CallQueue``: the calls in flight and their offsets), and the next call built
-  for every outcome of this one while it computes (chained calls).
+- ``pipeline.py``: the call queue (``CallQueue``: the calls in flight and their offsets, when to build ahead);
+  ``ahead.py``: the next call built for every outcome of this one while it computes (chained calls).
 - ``call.py``: one PTP call, built and finished (verify, accept, trim); ``shape.py``: its spec (``CallSpec``: the
   rows, ``model/shape.py: CallShape``, the settings and the rule), its inputs (``CallInputs``) and outputs.
 - ``fixed.py``: the fixed-shape call as a pure function of arrays, compiled per spec and attention bucket

@@ -25,253 +25,26 @@ gives it back), and let go before the call is queued, so its writes stay in plac
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
-import numpy as np
 
-from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
-from .call import NO_CLOCK, ChainInputs, PendingCall, build_call, call_shape, call_uniforms, finish_call
+from ..drafting.protocol import CallResult, Drafter, DraftPlan
+from .ahead import (  # noqa: F401  (the builds' verbs, re-exported for callers of the queue)
+    Build,
+    Chained,
+    _by_kind,
+    _matches,
+    build_after_burst,
+    build_chained,
+    confirm_after_burst,
+    confirm_chained,
+    drop_chained,
+)
+from .call import NO_CLOCK, PendingCall, build_call, finish_call
 from .chain_odds import ChainChoice, Confirmed, choice_for, fade, spare
-from .fixed import ALTS
 from .session import DecodeSession
-from .shape import CallSpec
 
-MAX_KINDS = 2  # builds of the call after the one computing, one per kind of next call (``_kind``)
-OTHER_KIND_MIN = 0.15  # the chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest
-
-
-@dataclass
-class Build:
-    """One build of the call after the one computing, for the outcomes of one kind (``guesses[g]``, None for the
-    others), and the cache's state after it (None: the state the cache holds, the likeliest kind's build)."""
-
-    call: PendingCall
-    guesses: list[Guess | None]
-    rows: int
-    state: tuple | None
-
-
-@dataclass
-class Chained:
-    """The call after ``call``, built for each of its outcomes (``guesses[g]``: the drafter's plan when ``g``
-    drafts stand; None where the answer ends first, or where ``others`` hold it). ``before``: the cache's state
-    before the build."""
-
-    call: PendingCall
-    guesses: list[Guess | None]
-    before: tuple | None
-    rows: int
-    token: mx.array | None = None  # the lazy token a call after a burst was built on
-    others: list[Build] = field(default_factory=list)  # builds for outcomes of other kinds (compiled graphs only)
-    every: list[Guess | None] = field(default_factory=list)  # each outcome's guess, built or not (``Confirmed``)
-    source: str | None = None  # the source of the call it was built after (``Confirmed``)
-
-    def pick(self, accepted: int) -> Build | None:
-        """The build for the outcome of ``accepted`` drafts (this one's own, its ``state`` None; or one of
-        ``others``), or None where none was built for it."""
-        if self.guesses[accepted] is not None:
-            return Build(self.call, self.guesses, self.rows, None)
-        return next((o for o in self.others if o.guesses[accepted] is not None), None)
-
-
-def build_chained(
-    sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int, kinds: int = 1,
-    confirmed: Confirmed | None = None,
-) -> Chained | None:  # fmt: skip
-    """Build the call after ``call`` (built, not read) for all its outcomes at once, or None where that does not
-    apply: the eager pass (``CallPlan``, no compile bank), a logits hook, or a drafter that cannot tell any
-    outcome's next call. Where outcomes' next calls differ in shape (``_kind``), one build per kind serves the
-    likeliest kinds (``Drafter.likely``, each outcome's chance weighed by how often guesses like its own were
-    confirmed after calls like this one: ``confirmed``): the likeliest's, and up to ``kinds - 1`` more whose
-    outcomes are likely enough and whose graphs are compiled already (the unused builds are let go unrun).
-    After a token tree, it is built for the chain's outcomes; a strand that stands drops it (``CallQueue.read``:
-    its K/V rows move on the host, in the state before this build)."""
-    plan, cache = call.plan, sess.cache
-    if sess.bank is None or sess.hook is not None:
-        return None
-    n = len(plan.drafts)
-    guesses: list[Guess | None] = []
-    for g in range(n + 1):
-        i = call.i + 1 + g
-        if i >= max_new:  # the answer ends with this outcome: no next call to build for it
-            guesses.append(None)
-            continue
-        guess = drafter.guess(plan, g, i, max_new - i, ctx - (call.offset + 1 + g))
-        if guess is not None and (guess.plan.burst or (guess.plan.strands and not guess.strand_src)):
-            guess = None
-        # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
-        guesses.append(guess)
-    chained, before = None, cache.snapshot()
-    likely = drafter.likely(plan)
-    if confirmed is not None:
-        likely = confirmed.weigh(plan.source, guesses, likely)
-    for mine in _by_kind(guesses, likely):
-        if chained is not None and len(chained.others) + 1 >= kinds:
-            break
-        if chained is None:
-            built = _build_kind(sess, call, mine, n)
-            if built is not None:
-                chained = Chained(built[0], mine, before, built[1], every=guesses, source=plan.source)
-            continue
-        after = cache.snapshot()
-        cache.restore(before)
-        built = _build_kind(sess, call, mine, n, compiled_only=True)
-        if built is not None:
-            chained.others.append(Build(built[0], mine, built[1], cache.snapshot()))
-        cache.restore(after)
-    return chained
-
-
-def _build_kind(
-    sess: DecodeSession, call: PendingCall, guesses: list[Guess | None], n: int, compiled_only: bool = False
-) -> tuple[PendingCall, int] | None:
-    """The call after ``call`` for the outcomes ``guesses`` name (all of one kind) and its rows, or None where it
-    cannot be built ahead (``compiled_only``: nor where its graph is not compiled yet)."""
-    known = [x for x in guesses if x is not None]
-    nxt = known[0].plan
-    if known[0].draft_rows is not None and nxt.drafts and call.out.aux_top is None:
-        return None  # drafts from this call's rows, which it does not output
-    if nxt.strands and call.out.alt is None:
-        return None  # a tree of this call's runner-ups, which it does not output
-    rule = sess.rule.for_source(nxt.source, strict=nxt.strict)
-    if rule.guarded:
-        return None  # a pivot rule reads the context, which this call's block may still change
-    shape = call_shape(nxt, sess.runner_up, sess.reads_top_prob)
-    rows = shape.rows
-    if compiled_only and not sess.bank.compiled_for(CallSpec(shape, sess.settings, rule), call.offset + 1 + n + rows):
-        return None
-    # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
-    m = len(nxt.drafts)
-    tree = sum(len(st.tokens) for st in nxt.strands)  # a tree's tokens: this call's (row, rank) each
-    per_outcome = np.zeros((n + 1, m + tree), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
-    row_u, aux_u = call_uniforms(sess, nxt, 0)
-    row_table = np.zeros((n + 1, row_u.size), np.float32)
-    aux_table = np.zeros((n + 1, aux_u.size), np.float32)
-    for g, x in enumerate(guesses):
-        if x is not None:
-            per_outcome[g, :m] = x.plan.drafts if x.draft_rows is None else x.draft_rows
-            if tree:  # flat indices into [argmax | runner-ups] per auxiliary row (``table`` below)
-                per_outcome[g, m:] = [row * (1 + ALTS) + rank for row, rank in x.strand_src]
-            row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
-    c = call.out.accepted  # int32 []: the outcome, known on the device only
-    # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
-    tokens = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
-    if m:
-        picked = mx.take(mx.array(per_outcome), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
-        if tree:  # the drafts and the tree's tokens, from this call's argmax and runner-ups
-            table = mx.concatenate([call.out.aux_top[:, None], call.out.alt], axis=1).reshape(-1)
-            idx = mx.concatenate([picked[:m] * (1 + ALTS), picked[m:]])
-            tokens.append(mx.take(table, idx).astype(mx.int32))
-        elif known[0].draft_rows is None:
-            tokens.append(picked)
-        else:
-            tokens.append(mx.take(call.out.aux_top, picked).astype(mx.int32))
-    inputs = ChainInputs(
-        tokens=mx.concatenate(tokens) if len(tokens) > 1 else tokens[0],
-        row_u=mx.take(mx.array(row_table), c, axis=0),
-        aux_u=mx.take(mx.array(aux_table), c, axis=0),
-        offset=mx.array(call.offset + 1, dtype=mx.int32) + c,
-        bound=call.offset + 1 + n,
-    )
-    return build_call(sess, None, nxt, None, chain=inputs), rows
-
-
-def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i: int, max_new: int, ctx: int):
-    """The PTP call after an autoregressive burst, built while the burst's last step computes (``token``: that
-    step's output, lazy), or None where the drafter cannot tell it (``Drafter.guess_start``). Its rows are
-    ``[token]``, the guess's drafts (a lookup chain that assumes ``token`` is the copied text's next one: the read
-    tells) and the branches: nothing the host has not read but the token itself, so its offset is known."""
-    cache = sess.cache
-    if sess.bank is None or sess.hook is not None or i >= max_new:
-        return None
-    plan = drafter.guess_start(i, max_new - i, ctx - cache.offset)
-    if plan is None or plan.strands or plan.burst:
-        return None
-    if plan.drafts and sess.rule.for_source(plan.source, strict=plan.strict).guarded:
-        return None  # a pivot rule reads the context, which the token still to be read extends
-    before = cache.snapshot()
-    tokens = mx.maximum(token.reshape(1), 0).astype(mx.int32)
-    if plan.drafts:
-        tokens = mx.concatenate([tokens, mx.array(plan.drafts, dtype=mx.int32)])
-    built = build_call(sess, None, plan, i, tokens=tokens)
-    return Chained(built, [Guess(plan, None)], before, call_shape(plan).rows, token)
-
-
-def confirm_after_burst(chained: Chained, plan: DraftPlan | None, cache, last: int) -> PendingCall | None:
-    """The call built after a burst, if ``plan`` (the drafter's real plan, the burst's tokens read) is the one it
-    was built for and ``last`` (the burst's last token, as read) the token it was built on (not a token the host
-    resolved: sampler.py, ``UNRESOLVED``); otherwise None, the call dropped and the cache back at the burst's end."""
-    guess = chained.guesses[0].plan
-    ok = plan is not None and not plan.burst and not plan.strands and list(plan.drafts) == list(guess.drafts)
-    ok = ok and int(chained.token.item()) == last  # (computed: the burst's last step was read)
-    ok = ok and plan.branches == guess.branches and plan.source == guess.source and plan.strict == guess.strict
-    if not ok:
-        drop_chained(chained, cache, chained.call.offset)
-        return None
-    chained.before = None
-    return replace(chained.call, plan=plan)
-
-
-def _kind(guess: Guess) -> tuple:
-    """What one build must share across outcomes: the shape, the acceptance rule (``DraftPlan.strict``) and where the
-    drafts come from (this call's rows, or tokens the host knows: not one gather)."""
-    p = guess.plan
-    tree = tuple((st.at, len(st.tokens), st.width, st.parent) for st in p.strands)
-    return len(p.drafts), p.branches, p.strict, guess.draft_rows is None, tree
-
-
-def _by_kind(guesses: list[Guess | None], likely: list[float] | None) -> list[list[Guess | None]]:
-    """``guesses`` split by kind (``_kind``), the kind whose outcomes are likeliest to happen first (``likely[g]``:
-    P(g drafts stand); None: all alike); after the first, only kinds at least ``OTHER_KIND_MIN`` likely. Each list
-    keeps its kind's guesses in place and None elsewhere (a read that reports an outcome of no build drops them)."""
-    weight: dict[tuple, float] = {}
-    for g, x in enumerate(guesses):
-        if x is not None:
-            p = likely[g] if likely is not None and g < len(likely) else 1.0
-            weight[_kind(x)] = weight.get(_kind(x), 0.0) + p + 1e-9
-    kinds = sorted(weight, key=weight.get, reverse=True)
-    kinds = kinds[:1] + [k for k in kinds[1:] if likely is None or weight[k] >= OTHER_KIND_MIN]
-    return [[x if x is not None and _kind(x) == k else None for x in guesses] for k in kinds]
-
-
-def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None, i: int, cache) -> PendingCall | None:
-    """The chained call, if ``plan`` (the drafter's real next plan after ``result``, None: the answer ended) is
-    the one guessed for the outcome that happened (in the likeliest kind's build or another's); it then starts at
-    generated position ``i`` and the state before it is let go (its writes stay in place), with every other build.
-    None: the chained call is dropped, the cache is back at the accepted path, and ``plan`` is built as usual."""
-    keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the likeliest build's rows
-    hit = chained.pick(result.accepted) if result.strand is None else None
-    ok = hit is not None and plan is not None and not plan.burst and not result.resolved
-    # (a tree's strands: the read's argmax and runner-ups in its placeholders)
-    ok = ok and _matches(plan, hit.guesses[result.accepted].realize(result))
-    if not ok:
-        drop_chained(chained, cache, keep)
-        return None
-    if hit.state is not None:  # another kind's build: the cache takes the state after it, past the accepted path
-        cache.restore(hit.state)
-        cache.trim_to(keep + hit.rows)
-    # (let go of the state before and of every other build now, so the call's writes stay in place)
-    chained.before, chained.others = None, []
-    return replace(hit.call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
-
-
-def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:
-    """Give the cache back its state before the chained build, trimmed to ``keep`` rows (None: as it was then)."""
-    chained.others = []
-    if chained.before is not None:
-        cache.restore(chained.before)
-        chained.before = None
-    if keep is not None:
-        cache.trim_to(keep)
-
-
-def _matches(plan: DraftPlan | None, built: DraftPlan) -> bool:
-    """Whether ``plan`` (the drafter's real next plan) is the one a guess realized as ``built``."""
-    ok = plan is not None and not plan.burst
-    ok = ok and plan.branches == built.branches and plan.drafts == built.drafts and plan.strands == built.strands
-    ok = ok and plan.source == built.source and plan.strict == built.strict
-    return ok and all(t >= 0 for st in built.strands for t in st.tokens)  # (every placeholder had its token)
+MAX_KINDS = 2  # builds of the call after the one computing, one per kind of next call (``ahead._kind``)
 
 
 class CallQueue:
