@@ -386,3 +386,69 @@ def test_study_tables_and_plots_runs_from_their_logs(tmp_path, capsys):
     assert runs[1]["last"]["cpu_hours"] == 0.2 and runs[1]["last"]["tokens_per_window_greedy"] == 1.8
     assert (out / "study.png").stat().st_size > 1000
     assert main(["study", "--runs", str(tmp_path / "nope"), "--out", str(out)]) == 2
+
+
+def _fake_wheels(tmp_path):
+    import zipfile
+
+    cb = tmp_path / "chatterbot_corpus-1.3.3-py2.py3-none-any.whl"
+    with zipfile.ZipFile(cb, "w") as z:
+        convs = "\n".join(f"- - What is thing number {i}?\n  - It is {i}." for i in range(30))
+        z.writestr("chatterbot_corpus/data/english/things.yml", "categories:\n- things\nconversations:\n" + convs)
+        z.writestr("chatterbot_corpus/data/spanish/x.yml", "conversations:\n- - Hola que tal amigo mio\n  - bien\n")
+    gs = tmp_path / "gensim.whl"
+    with zipfile.ZipFile(gs, "w") as z:
+        text = "\n".join(
+            f"Reporters in Canberra met Anna Bell {i} times. " + " ".join(["word"] * 50) for i in range(20)
+        )
+        z.writestr("gensim/test/test_data/lee_background.cor", text)
+    return cb, gs
+
+
+def test_user_task_prompts_cover_what_users_ask(tmp_path):
+    """``ptp-train prompts --user-tasks``: questions, summaries and RAG over the passages, translation both ways
+    (chatterbot's Spanish into English), chats of several turns; every source split for validation."""
+    from ptp_mlx.train.corpora import build_prompts
+    from ptp_mlx.train.user_tasks import names, sentences
+
+    assert names("The talks in Canberra ended. Anna Bell said the President left.") == ["Canberra", "Anna Bell"]
+    assert sentences("One. Two? Three!") == ["One.", "Two?", "Three!"]
+    cb, gs = _fake_wheels(tmp_path)
+    out = tmp_path / "prompts.jsonl"
+    n = build_prompts(out, cb, gs, n_math=40, user_tasks=True)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    cats = {r["category"] for r in rows}
+    assert {"qa", "summarization", "rag", "translation", "conversation"} <= cats and n == len(rows)
+    assert n > 30 + 20 + 40 + 250  # the plain file's prompts and more
+    assert any("Hola que tal amigo mio" in r["turns"][0] for r in rows if r["source"] == "to-en")
+    assert any("Canberra" in r["turns"][0] or "Anna Bell" in r["turns"][0] for r in rows if r["source"] == "passage-qa")
+    chats = [r for r in rows if r["category"] == "conversation"]
+    assert chats and all(2 <= len(r["turns"]) <= 3 for r in chats)
+    for src in {r["source"] for r in rows}:
+        ids = [r["id"] for r in rows if r["source"] == src]
+        assert len(ids) < 5 or 0 < sum(is_validation(i) for i in ids) < len(ids), src
+    assert build_prompts(tmp_path / "again.jsonl", cb, gs, n_math=40, user_tasks=True) == n
+    assert (tmp_path / "again.jsonl").read_text() == out.read_text()  # seeded: reproducible
+
+
+def test_pregenerate_answers_a_chat_turn_by_turn(tiny, tmp_path):
+    """A prompt of several turns is completed after the teacher's own greedy answer to each earlier turn."""
+    from ptp_mlx.prompt import encode_prompt
+    from ptp_mlx.sampler import SamplingSettings
+
+    model, tok = tiny
+    s = SamplingSettings(0.7, 50, 0.95)
+    one, two = tmp_path / "one.jsonl", tmp_path / "two.jsonl"
+    one.write_text(json.dumps({"id": "c-1", "category": "c", "turns": ["tell me a story"]}))
+    two.write_text(json.dumps({"id": "c-1", "category": "c", "turns": ["tell me a story", "shorter please"]}))
+    pregenerate(model, tok, one, tmp_path / "a.jsonl", n=1, sampling=s, max_new=8, split="all")
+    pregenerate(model, tok, two, tmp_path / "b.jsonl", n=2, sampling=s, max_new=8, split="all")
+    first = read_records(tmp_path / "a.jsonl")[0]  # the greedy answer to the first turn alone
+    answer = tok.decode([t for t in first["tokens"][first["start"] :] if t not in set(tok.eos_token_ids)])
+    chat = [
+        {"role": "user", "content": "tell me a story"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "shorter please"},
+    ]
+    recs = read_records(tmp_path / "b.jsonl")
+    assert len(recs) == 2 and all(r["tokens"][: r["start"]] == encode_prompt(tok, chat) for r in recs)

@@ -33,8 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("prompts", help="build a larger prompt file from registry corpora and templates")
     c.add_argument("--out", required=True, type=Path, help="prompt JSONL to write")
     c.add_argument("--chatterbot", type=Path, default=None, help="chatterbot_corpus-1.3.3 wheel")
-    c.add_argument("--gensim", type=Path, default=None, help="gensim-4.4.0 wheel (its test data)")
+    c.add_argument("--gensim", type=Path, default=None, help="gensim 4.x wheel (its test data)")
     c.add_argument("--math", type=int, default=600, help="templated maths problems")
+    c.add_argument(
+        "--user-tasks",
+        action="store_true",
+        help="also questions, summaries and translations over the wheels' text, and chats of several turns",
+    )
     c.add_argument("--seed", type=int, default=0)
     f = sub.add_parser(
         "corpus",
@@ -44,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--out", required=True, type=Path, help="teacher JSONL (appended; resumable)")
     f.add_argument("--no-stdlib", action="store_true", help="leave out the Python standard library's source")
     f.add_argument("--chatterbot", type=Path, default=None, help="chatterbot_corpus-1.3.3 wheel (dialogs)")
-    f.add_argument("--gensim", type=Path, default=None, help="gensim-4.4.0 wheel (news paragraphs)")
+    f.add_argument("--gensim", type=Path, default=None, help="gensim 4.x wheel (news paragraphs)")
     f.add_argument("--split", choices=["all", "train", "val"], default="train", help="documents of this split")
     f.add_argument("--limit", type=int, default=None, help="at most N new documents")
     f.add_argument("--max-tokens", type=int, default=384, help="answer tokens per document")
@@ -103,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
     if args.cmd == "prompts":
         from .corpora import build_prompts
 
-        n = build_prompts(args.out, args.chatterbot, args.gensim, n_math=args.math, seed=args.seed)
+        n = build_prompts(
+            args.out, args.chatterbot, args.gensim, n_math=args.math, seed=args.seed, user_tasks=args.user_tasks
+        )
         print(f"prompts: {n} written to {args.out}", file=sys.stderr)
         return 0
     if args.cmd == "corpus":

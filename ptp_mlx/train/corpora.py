@@ -7,9 +7,10 @@ plateaued from lack of data). This builds a larger prompt file in the same schem
 - the ``chatterbot-corpus`` wheel (BSD-3): the opening line of each dialog, as a chat question;
 - the ``gensim`` wheel's test data: the Lee news paragraphs, wrapped in a few instruction templates;
 - templated arithmetic/algebra word problems and programming tasks written here, with random numbers
-  and names from a fixed seed.
+  and names from a fixed seed;
+- with ``user_tasks``, ``user_tasks.py``'s questions, summaries and translations over the same text, and chats.
 
-Wheels are read in place (``pip download --no-deps chatterbot-corpus==1.3.3 gensim==4.4.0``), nothing is
+Wheels are read in place (``pip download --no-deps chatterbot-corpus==1.3.3 gensim==4.3.3``; any gensim 4), nothing is
 installed or fetched at run time. Ids carry a source prefix and a running number, so the project's
 validation split (``data.is_validation``) holds out a fifth of every source.
 """
@@ -161,30 +162,53 @@ def news_prompts(wheel: Path) -> list[str]:
     return [NEWS_TEMPLATES[i % len(NEWS_TEMPLATES)].format(t=p) for i, p in enumerate(news_paragraphs(wheel))]
 
 
-def build_prompts(out: Path, chatterbot: Path | None, gensim: Path | None, n_math: int = 600, seed: int = 0) -> int:
-    """Write the prompt file (atomically); returns the number of prompts."""
+def build_prompts(
+    out: Path,
+    chatterbot: Path | None,
+    gensim: Path | None,
+    n_math: int = 600,
+    seed: int = 0,
+    user_tasks: bool = False,
+) -> int:
+    """Write the prompt file (atomically); returns the number of prompts. ``user_tasks``: also the prompts of
+    ``user_tasks.py`` (questions, summaries and translations over the wheels' text, chats of several turns)."""
     from ..paths import atomic_write_bytes
 
     r = random.Random(seed)
-    rows: list[tuple[str, str, str]] = []
-    for src, path, fn in (("chat", chatterbot, chatterbot_prompts), ("news", gensim, news_prompts)):
-        if path is not None:
-            if not Path(path).is_file():
-                raise UserError(f"wheel not found: {path}")
-            try:
-                rows += [(src, "instruction", t) for t in fn(Path(path))]
-            except (zipfile.BadZipFile, KeyError) as e:
-                raise UserError(f"{path}: not the expected wheel ({e})") from None
-    rows += [("math", "math_reasoning", _math_problem(r)) for _ in range(n_math)]
+    rows: list[tuple[str, str, list[str]]] = []
+    for path in (chatterbot, gensim):
+        if path is not None and not Path(path).is_file():
+            raise UserError(f"wheel not found: {path}")
+    try:
+        for src, path, fn in (("chat", chatterbot, chatterbot_prompts), ("news", gensim, news_prompts)):
+            if path is not None:
+                rows += [(src, "instruction", [t]) for t in fn(Path(path))]
+        if user_tasks:
+            rows += _user_task_rows(chatterbot, gensim, r)
+    except (zipfile.BadZipFile, KeyError) as e:
+        raise UserError(f"{e}: not the expected wheel") from None
+    rows += [("math", "math_reasoning", [_math_problem(r)]) for _ in range(n_math)]
     rows += [
-        ("code", "coding", style.format(name=name, args=args, desc=desc))
+        ("code", "coding", [style.format(name=name, args=args, desc=desc)])
         for name, args, desc in CODE_TASKS
         for style in CODE_STYLES
     ]
     r.shuffle(rows)
     lines = [
-        json.dumps({"id": f"{src}-{i:05d}", "category": cat, "turns": [t], "source": src})
-        for i, (src, cat, t) in enumerate(rows)
+        json.dumps({"id": f"{src}-{i:05d}", "category": cat, "turns": turns, "source": src})
+        for i, (src, cat, turns) in enumerate(rows)
     ]
     atomic_write_bytes(Path(out), ("\n".join(lines) + "\n").encode())
     return len(lines)
+
+
+def _user_task_rows(chatterbot: Path | None, gensim: Path | None, r: random.Random) -> list:
+    """``user_tasks.py``'s prompts from whichever wheels are given (chats need at least one)."""
+    from . import user_tasks as ut
+
+    paragraphs = news_paragraphs(Path(gensim)) if gensim is not None else []
+    foreign = ut.foreign_lines(Path(chatterbot)) if chatterbot is not None else {}
+    openers = chatterbot_prompts(Path(chatterbot)) if chatterbot is not None else []
+    openers = r.sample(openers, min(len(openers), 400))  # chats open with a question or a passage task
+    openers += [r.choice(ut.SUMMARIES).format(p=p) for p in paragraphs[::3]]
+    return ut.passage_tasks(paragraphs, r) + ut.translation_tasks(paragraphs, foreign, r) + ut.chat_tasks(openers, r)

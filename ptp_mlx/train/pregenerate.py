@@ -105,6 +105,27 @@ def _records(prompt_ids, T, L, R, greedy_first: bool, eos: set[int], order: str)
     return out
 
 
+def _chats(model, tokenizer, prompts, s, max_new: int, eos: set[int], max_prompt: int, batch: int) -> dict:
+    """Each prompt's chat up to its last user turn: a prompt of several ``turns`` gets the teacher's own greedy
+    answer after each earlier one, as a chat with it would have (answered turn by turn, ``batch`` prompts at once).
+    """
+    chats = {p["id"]: [{"role": "user", "content": p["turns"][0]}] for p in prompts}
+    for k in range(1, max((len(p["turns"]) for p in prompts), default=1)):
+        later = [p for p in prompts if len(p["turns"]) > k]
+        for i in range(0, len(later), batch):
+            group = later[i : i + batch]
+            ids = [encode_prompt(tokenizer, chats[p["id"]])[-max_prompt:] for p in group]
+            rngs = [np.random.default_rng(0) for _ in group]  # (greedy rows draw no uniform)
+            rows = _complete_many(model, ids, 1, True, s, max_new, eos, rngs)
+            for p, (rec,) in zip(group, rows, strict=True):
+                answer = [t for t in rec["tokens"][rec["start"] :] if t not in eos]
+                chats[p["id"]] += [
+                    {"role": "assistant", "content": tokenizer.decode(answer)},
+                    {"role": "user", "content": p["turns"][k]},
+                ]
+    return chats
+
+
 def pregenerate(
     model,
     tokenizer,
@@ -139,6 +160,7 @@ def pregenerate(
     t0 = time.perf_counter()
     n_rows = 1 if greedy_only else n
     greedy_first = greedy_first or greedy_only
+    # (a chat's first turn stands for its length here: its later turns are answered batch by batch, below)
     encoded = [(p, encode_prompt(tokenizer, p["turns"][0])[-max_prompt:]) for p in todo]
     if batch_prompts > 1:  # similar lengths share a batch (less left padding), sorted within blocks
         block = batch_prompts * 8  # so that a partial run still covers the file's mix of prompts
@@ -152,6 +174,9 @@ def pregenerate(
             if deadline is not None and time.perf_counter() > deadline:
                 print("pregenerate: time budget reached", file=sys.stderr)
                 break
+            if any(len(p["turns"]) > 1 for p, _ in group):
+                chats = _chats(model, tokenizer, [p for p, _ in group], sampling, max_new, eos, max_prompt, len(group))
+                group = [(p, encode_prompt(tokenizer, chats[p["id"]])[-max_prompt:]) for p, _ in group]
             rngs = [np.random.default_rng([seed, zlib.crc32(p["id"].encode())]) for p, _ in group]
             if len(group) == 1:
                 rows_per = [_complete(model, group[0][1], n_rows, greedy_first, sampling, max_new, eos, rngs[0])]
