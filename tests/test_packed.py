@@ -286,3 +286,21 @@ def test_a_models_codes_are_forgotten_with_it():
     gc.collect()
     assert packed.registered([w]) == 0 and packed.pack_halves([lora]) == 1  # (forgotten: registered anew)
     packed.unpack_model([lora])
+
+
+def test_the_cost_sweep_prices_the_same_weights_from_codes_then_as_floats(monkeypatch):
+    """``ptp-bench --cost-sweep`` gives two lines a shape: calls reading the weights from codes, then the same calls
+    with the weights read as floats (the codes let go in between)."""
+    from ptp_mlx.bench import sweep
+
+    lib_or_skip()
+    w = mx.array(quantized((64, 96), 8, 5))
+    seen = []
+    monkeypatch.setattr(sweep, "price", lambda pm, context, repeats: seen.append(packed.registered([w])) or {})
+    try:
+        assert packed.pack_model([w], cache=False) == 1
+        assert [name for name, _ in sweep._prices(None, [w], True, 128, 1, "135m")] == ["135m", "135m (floats)"]
+        assert seen == [1, 0]
+        assert [name for name, _ in sweep._prices(None, [w], False, 128, 1, "135m")] == ["135m"]
+    finally:
+        packed.unpack_model([w])

@@ -141,22 +141,37 @@ def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=prin
     doc, lines = {}, []
     head = ["model shape", "params", "plain step ms"] + [f"ptp {r} rows (x step)" for r in CALLS]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    # (PTP_MLX_PACKED=0 keeps the registry but registers nothing: both say whether the codes were read)
+    codes = packed.enabled() and packed.registry() is not None
     for size in sizes:
         log(f"cost sweep: {size} ...")
         pm = random_model(size)
         n_params = sum(v.size for _, v in tree_flatten(pm.base.parameters()))
-        ms = price(pm, context, repeats)
-        doc[size] = {**ms, "params": n_params}
-        cells = [f"{ms[f'ptp {r}']:.1f} ({ms[f'ptp {r}'] / ms['step']:.2f})" for r in CALLS]
-        lines.append("| " + " | ".join([size, f"{n_params / 1e6:.0f}M", f"{ms['step']:.1f}", *cells]) + " |")
-        packed.unpack_model(weight_matrices(pm.base) + pm.lora_matrices())  # (the registry keeps them alive)
-        del pm
+        matrices = weight_matrices(pm.base) + pm.lora_matrices()
+        # Read from codes, then (the same weights) as floats: the second line is where the rows' cost is the
+        # weights' reading, the first where the codes made reading cheap and the rows' multiply-adds show.
+        for name, ms in _prices(pm, matrices, codes, context, repeats, size):
+            doc[name] = {**ms, "params": n_params}
+            cells = [f"{ms[f'ptp {r}']:.1f} ({ms[f'ptp {r}'] / ms['step']:.2f})" for r in CALLS]
+            lines.append("| " + " | ".join([name, f"{n_params / 1e6:.0f}M", f"{ms['step']:.1f}", *cells]) + " |")
+        packed.unpack_model(matrices)  # (the registry keeps them alive)
+        del pm, matrices
         mx.clear_cache()
-    # (PTP_MLX_PACKED=0 keeps the registry but registers nothing: both say whether the codes were read)
-    codes = packed.enabled() and packed.registry() is not None
-    how = "read from codes" if codes else "read as floats (PTP_MLX_PACKED=0, or no codes path here)"
+    how = "read from codes, then as floats" if codes else "read as floats (PTP_MLX_PACKED=0, or no codes path here)"
     text = (
         f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32 from 4/8-bit codes as the default model "
         f"({how}), context {context}, best of {repeats} interleaved rounds\n"
     )
     return text + "\n".join(lines), doc
+
+
+def _prices(pm, matrices: list, codes: bool, context: int, repeats: int, size: str):
+    """``(line name, price(...))`` with the weights read from codes (where they are), then as floats."""
+    from ..kernels import packed
+
+    if codes:
+        yield size, price(pm, context, repeats)
+        packed.unpack_model(matrices)
+        yield f"{size} (floats)", price(pm, context, repeats)
+    else:
+        yield size, price(pm, context, repeats)
