@@ -177,16 +177,22 @@ def build_prompts(
     r = random.Random(seed)
     rows: list[tuple[str, str, list[str]]] = []
     for path in (chatterbot, gensim):
-        if path is not None and not Path(path).is_file():
-            raise UserError(f"wheel not found: {path}")
+        if path is not None:
+            if not Path(path).is_file():
+                raise UserError(f"wheel not found: {path}")
+            try:
+                with zipfile.ZipFile(path) as z:
+                    z.namelist()
+            except zipfile.BadZipFile as e:
+                raise UserError(f"{path}: not the expected wheel ({e})") from None
     try:
         for src, path, fn in (("chat", chatterbot, chatterbot_prompts), ("news", gensim, news_prompts)):
             if path is not None:
                 rows += [(src, "instruction", [t]) for t in fn(Path(path))]
         if user_tasks:
             rows += _user_task_rows(chatterbot, gensim, r)
-    except (zipfile.BadZipFile, KeyError) as e:
-        raise UserError(f"{e}: not the expected wheel") from None
+    except KeyError as e:
+        raise UserError(f"not the expected wheel (chatterbot-corpus, gensim): {e.args[0] if e.args else e}") from None
     rows += [("math", "math_reasoning", [_math_problem(r)]) for _ in range(n_math)]
     rows += [
         ("code", "coding", [style.format(name=name, args=args, desc=desc)])
