@@ -147,6 +147,10 @@ def test_the_guard_compares_measured_paces():
     g.add(3, 1.5 * STEP, 1.5 * STEP)
     g.add(3, 1.5 * STEP, 1.5 * STEP)
     assert not g.behind(STEP)  # (unclipped: 9 tokens in 53 steps' time)
+    g.clear()
+    for _ in range(GUARD_MIN):
+        g.add(2, 2 * STEP, None)
+    assert g.behind(STEP)  # plain decoding's pace exactly: PTP must beat it (its costs outside the window)
 
 
 def _budget(cost) -> Budget:
