@@ -9,6 +9,7 @@ from collections import Counter
 import mlx.core as mx
 import pytest
 
+import ptp_mlx.decode.ahead as ahead
 import ptp_mlx.decode.pipeline as pipeline
 from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.drafting.protocol import Drafter, DraftPlan, Guess
@@ -300,13 +301,13 @@ def test_builds_go_to_the_outcomes_whose_guesses_the_read_confirms():
     conf = pipeline.Confirmed()
     fresh = conf.weigh("lookup", guesses, likely)
     assert fresh == pytest.approx([0.15, 0.1, 0.05, 0.2])  # (prior: one half each)
-    assert pipeline._by_kind(guesses, fresh)[0][3] is None  # the falls' kind first: 0.3 against 0.2
+    assert ahead._by_kind(guesses, fresh)[0][3] is None  # the falls' kind first: 0.3 against 0.2
     for _ in range(6):
         conf.judge("lookup", adapter, hit=False)
         conf.judge("lookup", lookup, hit=True)
     weighed = conf.weigh("lookup", guesses, likely)
     assert weighed[3] > sum(weighed[:3])
-    first = pipeline._by_kind(guesses, weighed)[0]
+    first = ahead._by_kind(guesses, weighed)[0]
     assert first[3] is lookup and first[:3] == [None, None, None]
     assert conf.rate(("ptp", "ptp")) == 0.5  # another call's kind: not judged yet
     assert conf.weigh("ptp", [None, adapter], None) == [1.0, 0.5]  # (no likely: all alike; no guess: unweighed)

@@ -29,10 +29,8 @@ import time
 import mlx.core as mx
 
 from ..drafting.protocol import CallResult, Drafter, DraftPlan
-from .ahead import (  # noqa: F401  (the builds' verbs, re-exported for callers of the queue)
-    Build,
+from .ahead import (
     Chained,
-    _by_kind,
     _matches,
     build_after_burst,
     build_chained,
