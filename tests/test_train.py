@@ -154,21 +154,13 @@ def test_batched_pregenerate_matches_one_prompt_at_a_time(tiny, tmp_path):
 
 
 def test_prompt_builder_reads_wheels_and_splits_every_source(tmp_path):
-    import zipfile
 
     import pytest
 
     from ptp_mlx.errors import UserError
     from ptp_mlx.train.corpora import build_prompts
 
-    cb = tmp_path / "chatterbot_corpus-1.3.3-py2.py3-none-any.whl"
-    with zipfile.ZipFile(cb, "w") as z:
-        convs = "\n".join(f"- - What is thing number {i}?\n  - It is {i}." for i in range(30))
-        z.writestr("chatterbot_corpus/data/english/things.yml", "categories:\n- things\nconversations:\n" + convs)
-        z.writestr("chatterbot_corpus/data/spanish/x.yml", "conversations:\n- - Hola que tal amigo\n  - bien\n")
-    gs = tmp_path / "gensim.whl"
-    with zipfile.ZipFile(gs, "w") as z:
-        z.writestr("gensim/test/test_data/lee_background.cor", "\n".join(" ".join(["word"] * 50) for _ in range(20)))
+    cb, gs = _fake_wheels(tmp_path)
     out = tmp_path / "prompts.jsonl"
     n = build_prompts(out, cb, gs, n_math=40)
     rows = [json.loads(x) for x in out.read_text().splitlines()]

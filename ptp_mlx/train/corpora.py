@@ -23,6 +23,7 @@ import zipfile
 from pathlib import Path
 
 from ..errors import UserError
+from . import user_tasks as ut
 
 NEWS_TEMPLATES = [
     "Summarize the following news report in two sentences.\n\n{t}",
@@ -157,9 +158,9 @@ def chatterbot_prompts(wheel: Path) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def news_prompts(wheel: Path) -> list[str]:
-    """The Lee news paragraphs of gensim's test data, each wrapped in one instruction template."""
-    return [NEWS_TEMPLATES[i % len(NEWS_TEMPLATES)].format(t=p) for i, p in enumerate(news_paragraphs(wheel))]
+def _wrapped(paragraphs: list[str]) -> list[str]:
+    """The news paragraphs, each wrapped in one instruction template."""
+    return [NEWS_TEMPLATES[i % len(NEWS_TEMPLATES)].format(t=p) for i, p in enumerate(paragraphs)]
 
 
 def build_prompts(
@@ -185,12 +186,14 @@ def build_prompts(
                     z.namelist()
             except zipfile.BadZipFile as e:
                 raise UserError(f"{path}: not the expected wheel ({e})") from None
-    try:
-        for src, path, fn in (("chat", chatterbot, chatterbot_prompts), ("news", gensim, news_prompts)):
-            if path is not None:
-                rows += [(src, "instruction", [t]) for t in fn(Path(path))]
+    try:  # (each wheel read once: the user tasks reuse its openers and paragraphs)
+        openers = chatterbot_prompts(Path(chatterbot)) if chatterbot is not None else []
+        paragraphs = news_paragraphs(Path(gensim)) if gensim is not None else []
+        rows += [("chat", "instruction", [t]) for t in openers]
+        rows += [("news", "instruction", [t]) for t in _wrapped(paragraphs)]
         if user_tasks:
-            rows += _user_task_rows(chatterbot, gensim, r)
+            foreign = ut.foreign_lines(Path(chatterbot)) if chatterbot is not None else {}
+            rows += _user_task_rows(openers, paragraphs, foreign, r)
     except KeyError as e:
         raise UserError(f"not the expected wheel (chatterbot-corpus, gensim): {e.args[0] if e.args else e}") from None
     rows += [("math", "math_reasoning", [_math_problem(r)]) for _ in range(n_math)]
@@ -208,13 +211,8 @@ def build_prompts(
     return len(lines)
 
 
-def _user_task_rows(chatterbot: Path | None, gensim: Path | None, r: random.Random) -> list:
-    """``user_tasks.py``'s prompts from whichever wheels are given (chats need at least one)."""
-    from . import user_tasks as ut
-
-    paragraphs = news_paragraphs(Path(gensim)) if gensim is not None else []
-    foreign = ut.foreign_lines(Path(chatterbot)) if chatterbot is not None else {}
-    openers = chatterbot_prompts(Path(chatterbot)) if chatterbot is not None else []
+def _user_task_rows(openers: list[str], paragraphs: list[str], foreign: dict[str, list[str]], r: random.Random):
+    """``user_tasks.py``'s prompts from the wheels' chat openers, news paragraphs and other languages' lines."""
     openers = r.sample(openers, min(len(openers), 400))  # chats open with a question or a passage task
     openers += [r.choice(ut.SUMMARIES).format(p=p) for p in paragraphs[::3]]
     return ut.passage_tasks(paragraphs, r) + ut.translation_tasks(paragraphs, foreign, r) + ut.chat_tasks(openers, r)

@@ -2,9 +2,9 @@
 give, several passages as context (RAG), translation both ways, and chats of several turns.
 
 The development prompts are instructions, maths and code only, and the shipped adapter drafts worse on the other
-kinds (docs/results/user-tasks/: 1.91 tokens per window against 2.01, translations 1.39). These prompts fill that gap from the same two wheels ``corpora.py`` reads (the
-Lee news paragraphs of gensim's test data; chatterbot's dialogs, English and six other languages), wrapped in
-templates written here. A chat's later turns follow the teacher's own answers: ``pregenerate`` answers the earlier
+kinds (docs/results/user-tasks/: 1.91 tokens per window against 2.01, translations 1.39). These prompts fill that
+gap from the same two wheels ``corpora.py`` reads (the Lee news paragraphs of gensim's test data; chatterbot's
+dialogs, English and six other languages), wrapped in templates written here. A chat's later turns follow the teacher's own answers: ``pregenerate`` answers the earlier
 turns first (``turns`` holds the user's messages only, as Spec-Bench's multi-turn prompts do).
 """
 
@@ -71,32 +71,10 @@ FOLLOW_UPS = [
 ]
 
 _RUN = re.compile(r"\b[A-Z][a-z]+(?:\s[A-Z][a-z]+)*")
-_STOP = {
-    "The",
-    "This",
-    "That",
-    "These",
-    "Those",
-    "It",
-    "He",
-    "She",
-    "They",
-    "We",
-    "Mr",
-    "Mrs",
-    "In",
-    "On",
-    "But",
-    "President",
-    "Prime",
-    "Minister",
-    "Government",
-    "Senator",
-    "Police",
-    "Premier",
-    "Opposition",
-    "Federal",
-}
+_STOP = set(
+    "The This That These Those It He She They We Mr Mrs In On But "
+    "President Prime Minister Government Senator Police Premier Opposition Federal".split()
+)  # capitalised words that are no name by themselves
 
 
 def sentences(text: str) -> list[str]:
