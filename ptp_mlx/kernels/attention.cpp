@@ -50,10 +50,7 @@ namespace {
 using namespace ptp16;
 constexpr int RB = 4;  // query rows computed together (8 accumulator vectors)
 
-struct View4 {  // a 4-d array's data and element strides, broadcast dimensions at stride 0
-  const char* data;
-  int64_t st[4];
-};
+using ptpcpu::View4;  // a 4-d array's data and element strides, broadcast dimensions at stride 0
 
 View4 view4(const mx::array& a, const mx::Shape& full) {
   View4 v{a.data<char>(), {0, 0, 0, 0}};
@@ -283,6 +280,72 @@ nt_fn score_kernel() {
   return off != nullptr && std::string(off) == "0" ? nullptr : fn;
 }
 
+}  // namespace
+
+void ptpcpu::attention_run(const View4& q, const View4& k, const View4& v, const View4& m, int B_, int Hq, int L_,
+                           int D, int Hkv_, int S_, int mk, float scale, float* op) {
+  thread_local std::vector<int> vis, nscan;
+  thread_local Job J;
+  J.B = B_, J.Hq = Hq, J.L = L_, J.D = D;
+  J.Hkv = Hkv_, J.S = S_, J.rep = J.Hq / J.Hkv, J.mk = mk, J.scale = scale, J.op = op;
+  J.nt = score_kernel();
+  const int B = J.B, L = J.L, Hkv = J.Hkv, S = J.S, rep = J.rep;
+  J.qv = q, J.kv = k, J.vv = v, J.mv = m;
+  const View4& mv = J.mv;
+  const int R = J.R = rep * L;  // the query rows that share one key/value head
+  J.Sp = (S + LANES - 1) / LANES * LANES;
+  J.blocks = (R + RB - 1) / RB;
+  // Each row's visible keys, in increasing order, and the end of the keys any row sees. A mask shared by the
+  // batch and the heads (every call's) is scanned once per row of the pass, not once per head.
+  const bool shared = mk == 0 || (mv.st[0] == 0 && mv.st[1] == 0);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const int slots = shared ? L : B * Hkv * R;
+  vis.resize(static_cast<size_t>(slots) * S);
+  nscan.assign(slots, -1);
+  J.vrow.resize(static_cast<size_t>(B) * Hkv * R);
+  J.nvis.resize(static_cast<size_t>(B) * Hkv * R);
+  J.send.assign(static_cast<size_t>(B) * Hkv, 0);
+  for (int b = 0; b < B; ++b)
+    for (int g = 0; g < Hkv; ++g) {
+      const int bg = b * Hkv + g;
+      int& send = J.send[bg];
+      for (int r = 0; r < R; ++r) {
+        const int h = g * rep + r / L, l = r % L;
+        const int slot = shared ? l : bg * R + r;
+        if (nscan[slot] < 0) {
+          int* vr = vis.data() + static_cast<size_t>(slot) * S;
+          int n = 0;
+          if (mk == 0) {
+            for (int s = 0; s < S; ++s) vr[n++] = s;
+          } else if (mk == 1) {
+            const bool* mr = reinterpret_cast<const bool*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
+            for (int s = 0; s < S; ++s)
+              if (mr[s * mv.st[3]]) vr[n++] = s;
+          } else {
+            const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
+            for (int s = 0; s < S; ++s)
+              if (mr[s * mv.st[3]] != ninf) vr[n++] = s;
+          }
+          nscan[slot] = n;
+        }
+        const size_t at = static_cast<size_t>(bg) * R + r;
+        J.vrow[at] = vis.data() + static_cast<size_t>(slot) * S;
+        J.nvis[at] = nscan[slot];
+        if (J.nvis[at] > 0 && J.vrow[at][J.nvis[at] - 1] + 1 > send) send = J.vrow[at][J.nvis[at] - 1] + 1;
+      }
+    }
+  // The units on both threads where ptp-sgemm has its second one (each key/value head's rows a unit or more).
+  const int units = B * Hkv * J.blocks;
+  parallel_fn par = parallel();
+  auto run = [](void* ctx, int u) { unit(*static_cast<const Job*>(ctx), u); };
+  if (par != nullptr)
+    par(run, &J, units);
+  else
+    for (int u = 0; u < units; ++u) unit(J, u);
+}
+
+namespace {
+
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const mx::array& q = inputs[0];  // [B, Hq, L, D]
   const mx::array& k = inputs[1];  // [B, Hkv, S, D]
@@ -298,67 +361,10 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   encoder.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
                     v = mx::array::unsafe_weak_copy(v), mask, mk, op = out.data<float>(), scale = scale_]() {
     thread_local std::vector<float> qbuf, kbuf, vbuf;
-    thread_local std::vector<int> vis, nscan;
-    thread_local Job J;
-    J.B = q.shape(0), J.Hq = q.shape(1), J.L = q.shape(2), J.D = q.shape(3);
-    J.Hkv = k.shape(1), J.S = k.shape(2), J.rep = J.Hq / J.Hkv, J.mk = mk, J.scale = scale, J.op = op;
-    J.nt = score_kernel();
-    const int B = J.B, L = J.L, Hkv = J.Hkv, S = J.S, rep = J.rep;
-    const mx::Shape full = {B, J.Hq, L, S};
-    J.qv = dense_last(q, qbuf), J.kv = dense_last(k, kbuf), J.vv = dense_last(v, vbuf);
-    J.mv = View4{nullptr, {0, 0, 0, 0}};
-    if (mask) J.mv = view4(*mask, full);
-    const View4& mv = J.mv;
-    const int R = J.R = rep * L;  // the query rows that share one key/value head
-    J.Sp = (S + LANES - 1) / LANES * LANES;
-    J.blocks = (R + RB - 1) / RB;
-    // Each row's visible keys, in increasing order, and the end of the keys any row sees. A mask shared by the
-    // batch and the heads (every call's) is scanned once per row of the pass, not once per head.
-    const bool shared = mk == 0 || (mv.st[0] == 0 && mv.st[1] == 0);
-    const float ninf = -std::numeric_limits<float>::infinity();
-    const int slots = shared ? L : B * Hkv * R;
-    vis.resize(static_cast<size_t>(slots) * S);
-    nscan.assign(slots, -1);
-    J.vrow.resize(static_cast<size_t>(B) * Hkv * R);
-    J.nvis.resize(static_cast<size_t>(B) * Hkv * R);
-    J.send.assign(static_cast<size_t>(B) * Hkv, 0);
-    for (int b = 0; b < B; ++b)
-      for (int g = 0; g < Hkv; ++g) {
-        const int bg = b * Hkv + g;
-        int& send = J.send[bg];
-        for (int r = 0; r < R; ++r) {
-          const int h = g * rep + r / L, l = r % L;
-          const int slot = shared ? l : bg * R + r;
-          if (nscan[slot] < 0) {
-            int* vr = vis.data() + static_cast<size_t>(slot) * S;
-            int n = 0;
-            if (mk == 0) {
-              for (int s = 0; s < S; ++s) vr[n++] = s;
-            } else if (mk == 1) {
-              const bool* mr = reinterpret_cast<const bool*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
-              for (int s = 0; s < S; ++s)
-                if (mr[s * mv.st[3]]) vr[n++] = s;
-            } else {
-              const float* mr = reinterpret_cast<const float*>(mv.data) + b * mv.st[0] + h * mv.st[1] + l * mv.st[2];
-              for (int s = 0; s < S; ++s)
-                if (mr[s * mv.st[3]] != ninf) vr[n++] = s;
-            }
-            nscan[slot] = n;
-          }
-          const size_t at = static_cast<size_t>(bg) * R + r;
-          J.vrow[at] = vis.data() + static_cast<size_t>(slot) * S;
-          J.nvis[at] = nscan[slot];
-          if (J.nvis[at] > 0 && J.vrow[at][J.nvis[at] - 1] + 1 > send) send = J.vrow[at][J.nvis[at] - 1] + 1;
-        }
-      }
-    // The units on both threads where ptp-sgemm has its second one (each key/value head's rows a unit or more).
-    const int units = B * Hkv * J.blocks;
-    parallel_fn par = parallel();
-    auto run = [](void* ctx, int u) { unit(*static_cast<const Job*>(ctx), u); };
-    if (par != nullptr)
-      par(run, &J, units);
-    else
-      for (int u = 0; u < units; ++u) unit(J, u);
+    const mx::Shape full = {q.shape(0), q.shape(1), q.shape(2), k.shape(2)};
+    const View4 mv = mask ? view4(*mask, full) : View4{nullptr, {0, 0, 0, 0}};
+    ptpcpu::attention_run(dense_last(q, qbuf), dense_last(k, kbuf), dense_last(v, vbuf), mv, q.shape(0),
+                          q.shape(1), q.shape(2), q.shape(3), k.shape(1), k.shape(2), mk, scale, op);
   });
 }
 

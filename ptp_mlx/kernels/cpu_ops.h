@@ -112,4 +112,27 @@ inline sgemm_fn blas_sgemm(const char* who) {
   return fn;
 }
 
+// A 4-d array's data and element strides, broadcast dimensions at stride 0 (attention's operands).
+struct View4 {
+  const char* data;
+  int64_t st[4];
+};
+
+// The kernels behind the primitives, as functions over memory: each primitive runs one of them, and ptp-block
+// (block.cpp) runs them in a layer's order, so a layer computed either way has the same bits.
+// rowwise.cpp
+void rms_norm_rows(const float* x, int64_t rows, int64_t stride, int64_t N, const float* w, float eps, float* out);
+void swiglu_rows(const float* g, int64_t gstride, const float* x, int64_t xstride, int64_t rows, int64_t N,
+                 float* out);
+void rope_rows(const float* x, const int64_t* xst, const float* c, const float* s, int64_t cst, int64_t sst,
+               float* o, const int* shape, int dims, bool traditional);
+// attention.cpp: q [B, Hq, L, D], k and v [B, Hkv, S, D] with a contiguous last axis, mask kind mk (0 none, 1
+// bool, 2 additive float32); out [B, Hq, L, D] row-major.
+void attention_run(const View4& q, const View4& k, const View4& v, const View4& m, int B, int Hq, int L, int D,
+                   int Hkv, int S, int mk, float scale, float* out);
+// gated_linear.cpp: a group's product (and its LoRA delta on rows whose gate is not zero, when R > 0 and gate is
+// given) into y, [M, ld] with the projections in columns [0, N); returns ld.
+int group_run(const float* xs, int M, int K, const float* W, int N, int R, const void* B, bool b16,
+              const int32_t* spans, const float* gate, const float* bias, std::vector<float>& y);
+
 }  // namespace ptpcpu

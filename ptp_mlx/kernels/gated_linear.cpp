@@ -111,6 +111,53 @@ void add_delta(int M, int R, int N, const float* gp, const float* ap, int la, co
   }
 }
 
+}  // namespace
+
+// The group's product, and with a gate and R > 0 its LoRA delta on rows whose gate is not zero, into y [M, ld]:
+// the projections in columns [0, N), the A rows' columns after them when they joined the call. Returns ld.
+int ptpcpu::group_run(const float* xs, int M, int K, const float* Wp, int N, int R, const void* Bp, bool b16,
+                      const int32_t* sp, const float* gp, const float* bias, std::vector<float>& y) {
+  thread_local std::vector<float> abuf;
+  bool any = false;
+  for (int i = 0; gp != nullptr && i < M && !any; ++i) any = gp[i] != 0.0f;
+  ptpcpu::sgemm_fn sgemm = ptpcpu::blas_sgemm("ptp-gated-linear");
+  // With auxiliary rows and ptp-sgemm computing the product itself, the adapter's A rows (stored right after
+  // W[:N]) join the projection's call: each column of that kernel's product is the same whatever other columns
+  // the call has, so y's columns keep their bits, and A streams with W on both threads instead of in a cold
+  // one-thread call of its own (30 layers x 4 groups of them: about 1 ms of an 8-row call, 2026-12-05).
+  typedef int (*takes_fn)(int);
+  static takes_fn takes = reinterpret_cast<takes_fn>(dlsym(RTLD_DEFAULT, "ptp_sgemm_takes_nt"));
+  const bool fold = any && R > 0 && takes != nullptr && takes(M) != 0;
+  const int ld = fold ? N + R : N;  // y's row stride (y and a side by side when folded)
+  y.resize(static_cast<size_t>(M) * ld);
+  float* yp = y.data();
+  if (bias != nullptr)
+    for (int i = 0; i < M; ++i) {
+      std::memcpy(yp + static_cast<size_t>(i) * ld, bias, sizeof(float) * N);
+      if (fold) std::fill(yp + static_cast<size_t>(i) * ld + N, yp + static_cast<size_t>(i) * ld + ld, 0.0f);
+    }
+  // Exactly MLX's call for a plain pass's `x @ W[:N].T` (or addmm with the bias copied into the output), with
+  // the A rows' columns after it when folded.
+  sgemm(RowMajor, NoTrans, Trans, M, fold ? N + R : N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, yp, ld);
+  if (!any || R == 0) return ld;
+  const float* ap = yp + N;  // a = x @ W[N:]^T, rows `la` apart
+  int la = ld;
+  if (!fold) {
+    abuf.resize(static_cast<size_t>(M) * R);
+    sgemm(RowMajor, NoTrans, Trans, M, R, K, 1.0f, xs, K, Wp + static_cast<size_t>(N) * K, K, 0.0f, abuf.data(), R);
+    ap = abuf.data(), la = R;
+  }
+  // The delta, rank block by rank block (ranks that share a span: one projection's block of B, read once
+  // for every auxiliary row while it stays in cache), each auxiliary row's columns summed over k in order.
+  if (b16)
+    add_delta(M, R, N, gp, ap, la, reinterpret_cast<const uint16_t*>(Bp), sp, yp, ld);
+  else
+    add_delta(M, R, N, gp, ap, la, reinterpret_cast<const float*>(Bp), sp, yp, ld);
+  return ld;
+}
+
+namespace {
+
 class GatedLinear : public ptpcpu::CpuPrimitive {
  public:
   GatedLinear(mx::Stream stream, std::vector<int> outs, bool has_bias)
@@ -161,7 +208,7 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
   encoder.dispatch([x = mx::array::unsafe_weak_copy(x), gate = mx::array::unsafe_weak_copy(gate),
                     Wp = W.data<float>(), Bp = B.data<void>(), b16 = B.dtype() == mx::bfloat16,
                     sp = spans.data<int32_t>(), bias, outp, outs = outs_, M, N, K, R]() {
-    thread_local std::vector<float> xbuf, gbuf, abuf, ybuf;
+    thread_local std::vector<float> xbuf, gbuf, ybuf;
     const float* xs = x.data<float>();
     if (!x.flags().row_contiguous) {
       xbuf.resize(static_cast<size_t>(M) * K);
@@ -174,45 +221,9 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
       ptpcpu::dense(gate, gbuf.data());
       gp = gbuf.data();
     }
-    bool any = false;
-    for (int i = 0; i < M && !any; ++i) any = gp[i] != 0.0f;
-    ptpcpu::sgemm_fn sgemm = ptpcpu::blas_sgemm("ptp-gated-linear");
-    // With auxiliary rows and ptp-sgemm computing the product itself, the adapter's A rows (stored right after
-    // W[:N]) join the projection's call: each column of that kernel's product is the same whatever other columns
-    // the call has, so y's columns keep their bits, and A streams with W on both threads instead of in a cold
-    // one-thread call of its own (30 layers x 4 groups of them: about 1 ms of an 8-row call, 2026-12-05).
-    typedef int (*takes_fn)(int);
-    static takes_fn takes = reinterpret_cast<takes_fn>(dlsym(RTLD_DEFAULT, "ptp_sgemm_takes_nt"));
-    const bool fold = any && R > 0 && takes != nullptr && takes(M) != 0;
-    const int ld = fold ? N + R : N;  // y's row stride (y and a side by side when folded)
-    // One projection, not folded: straight into its output; else into one buffer, then each one's columns.
-    float* yp = outs.size() == 1 && !fold ? outp[0] : (ybuf.resize(static_cast<size_t>(M) * ld), ybuf.data());
-    auto scatter = [&]() {
-      if (outs.size() > 1 || fold) ptpcpu::scatter_columns(yp, M, outs, outp, ld);
-    };
-    if (bias != nullptr)
-      for (int i = 0; i < M; ++i) {
-        std::memcpy(yp + static_cast<size_t>(i) * ld, bias, sizeof(float) * N);
-        if (fold) std::fill(yp + static_cast<size_t>(i) * ld + N, yp + static_cast<size_t>(i) * ld + ld, 0.0f);
-      }
-    // Exactly MLX's call for a plain pass's `x @ W[:N].T` (or addmm with the bias copied into the output), with
-    // the A rows' columns after it when folded.
-    sgemm(RowMajor, NoTrans, Trans, M, fold ? N + R : N, K, 1.0f, xs, K, Wp, K, bias != nullptr ? 1.0f : 0.0f, yp, ld);
-    if (!any || R == 0) return scatter();
-    float* ap = yp + N;  // a = x @ W[N:]^T, rows `la` apart
-    int la = ld;
-    if (!fold) {
-      abuf.resize(static_cast<size_t>(M) * R);
-      sgemm(RowMajor, NoTrans, Trans, M, R, K, 1.0f, xs, K, Wp + static_cast<size_t>(N) * K, K, 0.0f, abuf.data(), R);
-      ap = abuf.data(), la = R;
-    }
-    // The delta, rank block by rank block (ranks that share a span: one projection's block of B, read once
-    // for every auxiliary row while it stays in cache), each auxiliary row's columns summed over k in order.
-    if (b16)
-      add_delta(M, R, N, gp, ap, la, reinterpret_cast<const uint16_t*>(Bp), sp, yp, ld);
-    else
-      add_delta(M, R, N, gp, ap, la, reinterpret_cast<const float*>(Bp), sp, yp, ld);
-    scatter();
+    std::vector<float>& y = ybuf;
+    const int ld = ptpcpu::group_run(xs, M, K, Wp, N, R, Bp, b16, sp, gp, bias, y);
+    ptpcpu::scatter_columns(y.data(), M, outs, outp, ld);
   });
 }
 
@@ -256,13 +267,15 @@ void register_attention(nb::module_& m);  // attention.cpp
 void register_rowwise(nb::module_& m);    // rowwise.cpp
 void register_heads(nb::module_& m);      // heads.cpp
 void register_linear(nb::module_& m);     // linear.cpp
+void register_block(nb::module_& m);      // block.cpp
 
 NB_MODULE(_ptp_cpu_ops, m) {
-  m.doc() = "ptp-mlx's CPU primitives: a fused projection group (plain, or with its gated LoRA), a layer's attention, SwiGLU, RMS norm, table RoPE and the auxiliary rows' head";
+  m.doc() = "ptp-mlx's CPU primitives: a fused projection group (plain, or with its gated LoRA), a layer's attention, SwiGLU, RMS norm, table RoPE and the auxiliary rows' head, a whole decoder layer";
   register_attention(m);
   register_rowwise(m);
   register_heads(m);
   register_linear(m);
+  register_block(m);
   m.def("gated_linear", &gated_linear, nb::arg("x"), nb::arg("W"), nb::arg("B"), nb::arg("gate"),
         nb::arg("spans"), nb::arg("out"), nb::arg("bias") = nb::none(),
         "y = x @ W[:out].T (+ bias), plus (x @ W[out:].T * gate) @ B on rows whose gate is not zero.");

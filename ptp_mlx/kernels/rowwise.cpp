@@ -28,13 +28,97 @@
 namespace mx = mlx::core;
 namespace nb = nanobind;
 
+namespace ptpcpu {
+
+using namespace ptp16;
+
+inline v16 silu_mul(v16 g, v16 x) { return g / (1.0f + exp16(-g)) * x; }
+
+// out = silu(g) * x over `rows` rows of N (rows `gstride`, `xstride` apart; out row-major): every element through
+// the same 16-lane code, a row's tail through a padded vector.
+void swiglu_rows(const float* g, int64_t gstride, const float* x, int64_t xstride, int64_t rows, int64_t N,
+                 float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* gi = g + r * gstride;
+    const float* xi = x + r * xstride;
+    float* o = out + r * N;
+    int64_t j = 0;
+    for (; j + LANES <= N; j += LANES) store(o + j, silu_mul(load(gi + j), load(xi + j)));
+    if (j < N) {  // the row's tail through a padded vector: the same code as every other element
+      float tg[LANES] = {}, tx[LANES] = {}, to[LANES];
+      std::copy(gi + j, gi + N, tg);
+      std::copy(xi + j, xi + N, tx);
+      store(to, silu_mul(load(tg), load(tx)));
+      std::copy(to, to + (N - j), o + j);
+    }
+  }
+}
+
+// out = x * (1 / sqrt(mean(x^2) + eps)) (* w) over `rows` rows of N (`stride` apart; out row-major); the sum of
+// squares in 16 fixed lanes.
+void rms_norm_rows(const float* x, int64_t rows, int64_t stride, int64_t N, const float* w, float eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xi = x + r * stride;
+    float* o = out + r * N;
+    v16 acc{};
+    int64_t j = 0;
+    for (; j + LANES <= N; j += LANES) {
+      const v16 v = load(xi + j);
+      acc += v * v;
+    }
+    if (j < N) {
+      float t[LANES] = {};
+      std::copy(xi + j, xi + N, t);
+      const v16 v = load(t);
+      acc += v * v;
+    }
+    const float scale = 1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(N) + eps);
+    if (w != nullptr)
+      for (int64_t k = 0; k < N; ++k) o[k] = xi[k] * scale * w[k];
+    else
+      for (int64_t k = 0; k < N; ++k) o[k] = xi[k] * scale;
+  }
+}
+
+// RoPE of x [B, H, R, D] from per-row tables cos, sin [R, dims / 2]: the graph form's products and sums exactly
+// (a = x1 cos - x2 sin, b = x1 sin + x2 cos, each product rounded before the sum), columns past dims copied.
+#if defined(__clang__)
+#define PTP_NO_CONTRACT
+#else
+#define PTP_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#endif
+
+PTP_NO_CONTRACT void rope_rows(const float* x, const int64_t* xst, const float* c, const float* s, int64_t cst,
+                               int64_t sst, float* o, const int* shape, int dims, bool traditional) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  const int B = shape[0], H = shape[1], R = shape[2], D = shape[3], half = dims / 2;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h)
+      for (int r = 0; r < R; ++r) {
+        const float* xr = x + b * xst[0] + h * xst[1] + r * xst[2];
+        const float* cr = c + r * cst;
+        const float* sr = s + r * sst;
+        float* orow = o + ((static_cast<int64_t>(b) * H + h) * R + r) * D;
+        for (int i = 0; i < half; ++i) {
+          const int i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : half + i;
+          const float x1 = xr[i1 * xst[3]], x2 = xr[i2 * xst[3]];
+          const float p1 = x1 * cr[i], p2 = x2 * sr[i], p3 = x1 * sr[i], p4 = x2 * cr[i];
+          orow[i1] = p1 - p2;
+          orow[i2] = p3 + p4;
+        }
+        for (int j = dims; j < D; ++j) orow[j] = xr[j * xst[3]];
+      }
+}
+
+}  // namespace ptpcpu
+
 namespace {
 
 using namespace ptp16;
 using ptpcpu::CpuPrimitive;
 using ptpcpu::rows_of;
-
-inline v16 silu_mul(v16 g, v16 x) { return g / (1.0f + exp16(-g)) * x; }
 
 class SwiGLU : public CpuPrimitive {
  public:
@@ -56,20 +140,7 @@ void SwiGLU::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
     thread_local std::vector<float> gbuf, xbuf;
     const int64_t N = g.shape(-1);
     const auto gr = rows_of(g, gbuf), xr = rows_of(x, xbuf);
-    for (int64_t r = 0; r < gr.rows; ++r) {
-      const float* gi = gr.p + r * gr.stride;
-      const float* xi = xr.p + r * xr.stride;
-      float* o = op + r * N;
-      int64_t j = 0;
-      for (; j + LANES <= N; j += LANES) store(o + j, silu_mul(load(gi + j), load(xi + j)));
-      if (j < N) {  // the row's tail through a padded vector: the same code as every other element
-        float tg[LANES] = {}, tx[LANES] = {}, to[LANES];
-        std::copy(gi + j, gi + N, tg);
-        std::copy(xi + j, xi + N, tx);
-        store(to, silu_mul(load(tg), load(tx)));
-        std::copy(to, to + (N - j), o + j);
-      }
-    }
+    ptpcpu::swiglu_rows(gr.p, gr.stride, xr.p, xr.stride, gr.rows, N, op);
   });
 }
 
@@ -110,27 +181,7 @@ void RMSNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
     const int64_t N = x.shape(-1);
     const auto xr = rows_of(x, xbuf);
     const float* wp = w ? rows_of(*w, wbuf).p : nullptr;
-    for (int64_t r = 0; r < xr.rows; ++r) {
-      const float* xi = xr.p + r * xr.stride;
-      float* o = op + r * N;
-      v16 acc{};
-      int64_t j = 0;
-      for (; j + LANES <= N; j += LANES) {
-        const v16 v = load(xi + j);
-        acc += v * v;
-      }
-      if (j < N) {
-        float t[LANES] = {};
-        std::copy(xi + j, xi + N, t);
-        const v16 v = load(t);
-        acc += v * v;
-      }
-      const float scale = 1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(N) + eps);
-      if (wp != nullptr)
-        for (int64_t k = 0; k < N; ++k) o[k] = xi[k] * scale * wp[k];
-      else
-        for (int64_t k = 0; k < N; ++k) o[k] = xi[k] * scale;
-    }
+    ptpcpu::rms_norm_rows(xr.p, xr.rows, xr.stride, N, wp, eps, op);
   });
 }
 
@@ -146,38 +197,6 @@ mx::array rms_norm(const mx::array& x, std::optional<mx::array> weight, float ep
   auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(x.shape(), mx::float32, std::make_shared<RMSNorm>(stream, eps, weight.has_value()),
                    std::move(inputs));
-}
-
-// RoPE of x [B, H, R, D] from per-row tables cos, sin [R, dims / 2]: the graph form's products and sums exactly
-// (a = x1 cos - x2 sin, b = x1 sin + x2 cos, each product rounded before the sum), columns past dims copied.
-#if defined(__clang__)
-#define PTP_NO_CONTRACT
-#else
-#define PTP_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
-#endif
-
-PTP_NO_CONTRACT void rope_rows(const float* x, const int64_t* xst, const float* c, const float* s, int64_t cst,
-                               int64_t sst, float* o, const int* shape, int dims, bool traditional) {
-#if defined(__clang__)
-#pragma clang fp contract(off)
-#endif
-  const int B = shape[0], H = shape[1], R = shape[2], D = shape[3], half = dims / 2;
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < H; ++h)
-      for (int r = 0; r < R; ++r) {
-        const float* xr = x + b * xst[0] + h * xst[1] + r * xst[2];
-        const float* cr = c + r * cst;
-        const float* sr = s + r * sst;
-        float* orow = o + ((static_cast<int64_t>(b) * H + h) * R + r) * D;
-        for (int i = 0; i < half; ++i) {
-          const int i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : half + i;
-          const float x1 = xr[i1 * xst[3]], x2 = xr[i2 * xst[3]];
-          const float p1 = x1 * cr[i], p2 = x2 * sr[i], p3 = x1 * sr[i], p4 = x2 * cr[i];
-          orow[i1] = p1 - p2;
-          orow[i2] = p3 + p4;
-        }
-        for (int j = dims; j < D; ++j) orow[j] = xr[j * xst[3]];
-      }
 }
 
 class RopeTable : public CpuPrimitive {
@@ -210,7 +229,7 @@ void RopeTable::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     const auto cr = rows_of(c, cbuf), sr = rows_of(s, sbuf);
     const int shape[4] = {x.shape(0), x.shape(1), x.shape(2), x.shape(3)};
     const int64_t xst[4] = {x.strides()[0], x.strides()[1], x.strides()[2], x.strides()[3]};
-    rope_rows(x.data<float>(), xst, cr.p, sr.p, cr.stride, sr.stride, op, shape, dims, trad);
+    ptpcpu::rope_rows(x.data<float>(), xst, cr.p, sr.p, cr.stride, sr.stride, op, shape, dims, trad);
   });
 }
 

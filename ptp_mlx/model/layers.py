@@ -26,7 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
 from ..errors import UserError
-from . import cpu_math
+from . import block, cpu_math
 from .fused import FusedGate
 from .kv import KVState, in_our_pass, mark_pass
 from .rope import table_rope, uses_table
@@ -270,6 +270,7 @@ def install(model: nn.Module) -> PTPContext:
                 if isinstance(mod, (nn.Linear, nn.QuantizedLinear)):
                     setattr(parent, name, GatedLoRALinear(mod, ctx, (i, name)))
     cpu_math.install(model.layers)  # attention and SwiGLU over our K/V state with a fast exp on the CPU
+    block.install(model.layers)  # a fixed pass's llama-style layer as one primitive on the CPU (model/block.py)
     object.__setattr__(model, "_ptp_ctx", ctx)  # a plain attribute, not a module parameter
     return ctx
 

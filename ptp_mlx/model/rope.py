@@ -60,14 +60,19 @@ def _table(rope: nn.Module, positions: mx.array, dtype) -> tuple[mx.array, mx.ar
     return out[..., :half], out[..., half:]
 
 
+def table_for(rope: nn.Module, positions: mx.array, tables: dict, dtype) -> tuple[mx.array, mx.array]:
+    """The call's ``(cos, sin)`` for ``rope`` (built by the first layer that asks, kept in ``tables``)."""
+    key = (_freqs_key(rope), rope.dims, rope.traditional, getattr(rope, "base", None), getattr(rope, "scale", None))
+    key += (dtype,)
+    if key not in tables:
+        tables[key] = _table(rope, positions, dtype)
+    return tables[key]
+
+
 def table_rope(rope: nn.Module, x: mx.array, positions: mx.array, tables: dict) -> mx.array:
     """``rope(x)`` with row ``r`` of ``x`` [B, H, rows, D] at ``positions[r]``; the table is built on first use and
     kept in ``tables`` (one per call: every layer of the call shares it)."""
-    key = (_freqs_key(rope), rope.dims, rope.traditional, getattr(rope, "base", None), getattr(rope, "scale", None))
-    key += (x.dtype,)
-    if key not in tables:
-        tables[key] = _table(rope, positions, x.dtype)
-    cos, sin = tables[key]
+    cos, sin = table_for(rope, positions, tables, x.dtype)
     dims, half = rope.dims, rope.dims // 2
     fused = cpu_math.fused_op("rope_table")
     if fused is not None and x.dtype == mx.float32:  # one node, the same products and sums: the same bits

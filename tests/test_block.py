@@ -1,0 +1,188 @@
+"""ptp-block (``kernels/block.cpp``, ``model/block.py``): a fixed pass's llama-style layer as one primitive.
+
+It must equal the per-op graph it stands for bit for bit (every output of a PTP call of every plan shape, greedy and
+sampled, the K/V rows it writes, a plain step's logits), on the real default model with its shipped adapter and on
+the tiny test model; it must actually run there (counted), never on passes it does not cover (prefill, mlx-lm's own
+cache), and ``PTP_MLX_BLOCK=0`` must switch it off."""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ptp_mlx.decode.call import build_call, finish_call
+from ptp_mlx.decode.fixed import _mask_fn, bank_for, topology
+from ptp_mlx.decode.session import DecodeSession
+from ptp_mlx.drafting.protocol import DraftPlan, Strand
+from ptp_mlx.engine import Engine
+from ptp_mlx.kernels import extension
+from ptp_mlx.model import block as blockmod
+from ptp_mlx.model.kv import FixedPass, KVState
+from ptp_mlx.model.shape import CallShape, FixedPlan
+from ptp_mlx.sampler import SamplingSettings, UniformStream
+from ptp_mlx.testing import make_tiny_model, save_random_adapter
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built on Linux only")
+
+PLANS = {
+    "one-window": DraftPlan([], [(0, 4)]),
+    "chain": DraftPlan([7, 9], [(0, 2), (1, 2), (2, 3)]),
+    "tree": DraftPlan([7, 9], [(0, 2), (2, 3)], strands=[Strand(0, (12,), 2), Strand(0, (13,))]),
+    "no-windows": DraftPlan([7, 9, 11], []),
+}
+SETTINGS = {"greedy": SamplingSettings(0.0), "sampled": SamplingSettings(0.9, 40, 0.95, seed=3)}
+
+
+@pytest.fixture(scope="module")
+def needs_extension():
+    if extension.module() is None:
+        pytest.skip(f"the CPU extension is not built here: {extension._state['why']}")
+
+
+@pytest.fixture(scope="module")
+def default_engine(default_model_dir, needs_extension):
+    return Engine.load(str(default_model_dir), None, measure_cost=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tmp_path_factory, needs_extension):
+    d = tmp_path_factory.mktemp("block")
+    model = make_tiny_model(d / "model", varied=True, seed=3)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PTP_MLX_HOME", str(d / "home"))
+        return Engine.load(str(model), str(save_random_adapter(model, d / "adapter")), measure_cost=False)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many layers took the primitive (a list, appended to per layer call that did)."""
+    seen: list[int] = []
+    real = blockmod.layer_block
+
+    def spy(*args):
+        out = real(*args)
+        if out is not None:
+            seen.append(1)
+        return out
+
+    monkeypatch.setattr(blockmod, "layer_block", spy)
+    return seen
+
+
+def _prefilled(pm, n: int) -> KVState:
+    st = pm.make_cache()
+    ids = (np.arange(n) * 7 + 3) % 250
+    pm.base(mx.array(ids)[None], cache=st)
+    mx.eval(st.arrays())
+    return st
+
+
+def _call(pm, plan: DraftPlan, s: SamplingSettings):
+    """One eager PTP call after a 40-token prefix: every output it returns and the K/V rows it keeps."""
+    st = _prefilled(pm, 40)
+    sess = DecodeSession(
+        pm, st, UniformStream(5), s, None, bank=bank_for(pm, False), runner_up=True, reads_top_prob=not s.greedy
+    )
+    call = build_call(sess, 3, plan, 0)
+    outs = {k: np.array(v) for k, v in vars(call.out).items() if isinstance(v, mx.array)}
+    finish_call(st, call)
+    return outs, [np.array(a) for kv in st.contents() for a in kv]
+
+
+def _same(a, b) -> None:
+    assert a.keys() == b.keys() if isinstance(a, dict) else len(a) == len(b)
+    for x, y in zip(a.values(), b.values(), strict=True) if isinstance(a, dict) else zip(a, b, strict=True):
+        assert x.dtype == y.dtype and np.array_equal(x, y, equal_nan=True)
+
+
+def test_the_supported_layers_qualify(default_engine, tiny_engine):
+    for eng in (default_engine, tiny_engine):
+        assert all(getattr(type(layer), "_ptp_block", False) for layer in eng.pm.base.layers)
+
+
+@pytest.mark.parametrize("sname", list(SETTINGS))
+@pytest.mark.parametrize("pname", list(PLANS))
+@pytest.mark.parametrize("which", ["default", "tiny"])
+def test_a_call_through_the_block_equals_the_per_op_graph(
+    default_engine, tiny_engine, counted, monkeypatch, which, pname, sname
+):
+    pm = (default_engine if which == "default" else tiny_engine).pm
+    plan, s = PLANS[pname], SETTINGS[sname]
+    monkeypatch.setenv("PTP_MLX_BLOCK", "0")
+    per_op = _call(pm, plan, s)
+    assert not counted
+    monkeypatch.setenv("PTP_MLX_BLOCK", "1")
+    one = _call(pm, plan, s)
+    assert len(counted) == len(pm.base.layers)  # every layer of the call took it (prefill did not)
+    _same(per_op[0], one[0])
+    _same(per_op[1], one[1])
+
+
+def _plain_logits(pm, st: KVState, tokens: list[int]) -> np.ndarray:
+    """A fixed plain pass (no auxiliary rows) of ``tokens`` as a chain after ``st``: their logits."""
+    k = len(tokens)
+    bucket, offset, end = bank_for(pm, False)._prepare(st, k)
+    shape = CallShape(tuple(range(-1, k - 1)))
+    p = FixedPass(offset, bucket, _mask_fn(*topology(shape), offset, bucket, pm.dtype))
+    keys, values = st.take_buffers()
+    traced = KVState.traced(keys, values, p)
+    pm.ctx.begin(FixedPlan(offset + mx.arange(k, dtype=mx.int32)), None, None)
+    try:
+        logits = pm.base(mx.array(tokens)[None], cache=traced)[0]
+    finally:
+        pm.ctx.end()
+    mx.eval(logits, *traced.keys, *traced.values)
+    st.put_buffers(traced.keys, traced.values, end)
+    return np.array(logits)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_plain_passes_and_their_k_v_rows_are_the_per_op_graphs(default_engine, counted, monkeypatch, rows):
+    pm = default_engine.pm
+    got = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("PTP_MLX_BLOCK", flag)
+        st = _prefilled(pm, 30)
+        logits = _plain_logits(pm, st, [101 + 13 * j for j in range(rows)])
+        got[flag] = (logits, [np.array(a) for kv in st.contents() for a in kv])
+    assert len(counted) == len(pm.base.layers)
+    assert np.array_equal(got["0"][0], got["1"][0])
+    _same(got["0"][1], got["1"][1])
+
+
+def test_stock_caches_and_prefill_keep_the_module_path(default_engine, counted):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    base = default_engine.pm.base
+    mx.eval(base(mx.array([[1, 2, 3]]), cache=make_prompt_cache(base)))
+    _prefilled(default_engine.pm, 12)
+    assert not counted
+
+
+def test_a_snapshot_keeps_its_buffers_while_the_block_writes(default_engine, counted):
+    """The K/V rows are written in place only where nothing else holds the buffers (MLX's own rule for a slice
+    update): a snapshot of the state taken before the pass keeps what it had."""
+    pm = default_engine.pm
+    st = _prefilled(pm, 20)
+    snap = st.snapshot()
+    before = [np.array(a) for a in snap[0] + snap[1]]
+    _plain_logits(pm, st, [5, 6, 7])
+    assert len(counted) == len(pm.base.layers)
+    _same(before, [np.array(a) for a in snap[0] + snap[1]])
+    assert not np.array_equal(np.array(st.keys[0]), before[0])  # the state's own buffers did get the rows
+
+
+@pytest.mark.parametrize("k", [2, 5, 16])
+def test_k_rows_through_the_block_equal_k_one_row_passes(default_engine, counted, k):
+    """Batch invariance (docs/method.md section 10) holds through the block, as through the per-op graph."""
+    pm = default_engine.pm
+    tokens = [200 + 31 * j for j in range(k)]
+    st = _prefilled(pm, 25)
+    alone = np.concatenate([_plain_logits(pm, st, [t]) for t in tokens])
+    st.trim_to(25)
+    together = _plain_logits(pm, st, tokens)
+    assert len(counted) == (k + 1) * len(pm.base.layers)
+    assert np.array_equal(alone, together)
