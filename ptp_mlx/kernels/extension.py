@@ -24,7 +24,8 @@ from pathlib import Path
 from . import cpu_key, kernel_dir, shared_path
 
 SOURCES = tuple(
-    Path(__file__).with_name(n) for n in ("gated_linear.cpp", "attention.cpp", "rowwise.cpp", "heads.cpp", "linear.cpp", "block.cpp")
+    Path(__file__).with_name(n)
+    for n in ("gated_linear.cpp", "attention.cpp", "rowwise.cpp", "heads.cpp", "linear.cpp", "block.cpp")
 )
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_ops.h", "simd16.h"))
 MODULE = "_ptp_cpu_ops"
