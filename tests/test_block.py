@@ -186,3 +186,19 @@ def test_k_rows_through_the_block_equal_k_one_row_passes(default_engine, counted
     together = _plain_logits(pm, st, tokens)
     assert len(counted) == (k + 1) * len(pm.base.layers)
     assert np.array_equal(alone, together)
+
+
+def test_an_engine_without_an_adapter_takes_the_block_too(tmp_path, counted, monkeypatch, needs_extension):
+    """No adapter (a converted model decoded plainly or with prompt lookup): its projections are fused alone, and
+    its fixed passes run one node a layer, with the per-op graph's bits."""
+    model = make_tiny_model(tmp_path / "model", varied=True, seed=5)
+    monkeypatch.setenv("PTP_MLX_HOME", str(tmp_path / "home"))
+    pm = Engine.load(str(model), "none", measure_cost=False).pm
+    assert pm.adapter is None
+    got = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("PTP_MLX_BLOCK", flag)
+        st = _prefilled(pm, 10)
+        got[flag] = _plain_logits(pm, st, [3, 4, 5])
+    assert len(counted) == len(pm.base.layers)
+    assert np.array_equal(got["0"], got["1"])

@@ -176,13 +176,14 @@ def _spans(B: mx.array) -> mx.array:
 
 
 def fuse_projections(blocks: list[list[dict]], adapter, dtype, owner: int) -> bool:
-    """Fuse every float block's projections with ``adapter``'s LoRA (see the module docstring). ``blocks``: per
-    layer, its attention's and its MLP's patched projections by name (``layers.projection_modules``), which then
-    call their group. Returns False (nothing changed) for a quantized base."""
+    """Fuse every float block's projections with ``adapter``'s LoRA, or alone where ``adapter`` is None (see the
+    module docstring). ``blocks``: per layer, its attention's and its MLP's patched projections by name
+    (``layers.projection_modules``), which then call their group. Returns False (nothing changed) for a quantized
+    base."""
     if any(type(m.linear) is not nn.Linear for parts in blocks for mods in parts for m in mods.values()):
         return False
     for i, parts in enumerate(blocks):
-        loras = adapter.layers[i]
+        loras = adapter.layers[i] if adapter is not None else {}
         for mods in parts:
             groups = [tuple(n for n in g if n in mods) for g in INPUT_GROUPS]
             groups = [g for g in groups if len(g) > 1]

@@ -140,10 +140,11 @@ class PTPModel:
         # The model's activation dtype (fixed-shape calls build their additive masks in it).
         self.dtype = None if self.ctx is None else token_embedding(base)(mx.array([0])).dtype
         self._grouped = False  # projections fused with the adapter's A (model/fused.py)
-        if fuse and adapter is not None:  # inference only: fused copies do not follow later weight updates
+        if fuse and self.ctx is not None:  # inference only: fused copies do not follow later weight updates
+            # (with no adapter too: a plain pass's groups are one node each, and a layer one (model/block.py))
             blocks = [projection_modules(layer) for layer in base.layers]
             self._grouped = fuse_projections(blocks, adapter, self.dtype, id(self))
-            if not self._grouped:  # a quantized base: stacked LoRA matmuls beside the base ones
+            if not self._grouped and adapter is not None:  # a quantized base: stacked LoRA matmuls beside the base ones
                 self._fused = FusedLoRA(adapter, self.dtype)
 
     def lora_matrices(self) -> list[mx.array]:
