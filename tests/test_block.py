@@ -47,13 +47,23 @@ def default_engine(default_model_dir, needs_extension):
     return Engine.load(str(default_model_dir), None, measure_cost=False)
 
 
+_TINY: dict[str, Engine] = {}
+
+
+def _tiny(family: str, tmp_path_factory) -> Engine:
+    """A tiny random model of ``family`` with a random adapter (one per family for the module)."""
+    if family not in _TINY:
+        d = tmp_path_factory.mktemp(f"block-{family}")
+        model = make_tiny_model(d / "model", family=family, varied=True, seed=3)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("PTP_MLX_HOME", str(d / "home"))
+            _TINY[family] = Engine.load(str(model), str(save_random_adapter(model, d / "adapter")), measure_cost=False)
+    return _TINY[family]
+
+
 @pytest.fixture(scope="module")
 def tiny_engine(tmp_path_factory, needs_extension):
-    d = tmp_path_factory.mktemp("block")
-    model = make_tiny_model(d / "model", varied=True, seed=3)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PTP_MLX_HOME", str(d / "home"))
-        return Engine.load(str(model), str(save_random_adapter(model, d / "adapter")), measure_cost=False)
+    return _tiny("llama", tmp_path_factory)
 
 
 @pytest.fixture
@@ -105,11 +115,11 @@ def test_the_supported_layers_qualify(default_engine, tiny_engine):
 
 @pytest.mark.parametrize("sname", list(SETTINGS))
 @pytest.mark.parametrize("pname", list(PLANS))
-@pytest.mark.parametrize("which", ["default", "tiny"])
+@pytest.mark.parametrize("which", ["default", "llama", "qwen2", "mistral"])
 def test_a_call_through_the_block_equals_the_per_op_graph(
-    default_engine, tiny_engine, counted, monkeypatch, which, pname, sname
+    default_engine, tmp_path_factory, needs_extension, counted, monkeypatch, which, pname, sname
 ):
-    pm = (default_engine if which == "default" else tiny_engine).pm
+    pm = (default_engine if which == "default" else _tiny(which, tmp_path_factory)).pm
     plan, s = PLANS[pname], SETTINGS[sname]
     monkeypatch.setenv("PTP_MLX_BLOCK", "0")
     per_op = _call(pm, plan, s)

@@ -44,7 +44,7 @@ def qualifies(layer: nn.Module) -> bool:
     norms = (getattr(layer, "input_layernorm", None), getattr(layer, "post_attention_layernorm", None))
     if attn is None or mlp is None or any(type(n) is not nn.RMSNorm for n in norms):
         return False
-    if type(mlp).__name__ != "MLP" or getattr(layer, "use_sliding", False):
+    if type(mlp).__name__ != "MLP":  # (a sliding-window layer gets its window in the mask it is handed)
         return False
     return all(
         hasattr(p, n)
