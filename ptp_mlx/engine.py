@@ -26,6 +26,7 @@ from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, stream_generate
 from .kernels.packed import pack_halves, pack_model, registered, release_with
 from .logits import LogitsHook, LogitsSettings
+from .model.block import block_layers
 from .model.layers import weight_matrices
 from .model.ptp import PTPModel
 from .models import check_ptp_model, load, model_fingerprint
@@ -121,6 +122,7 @@ class Engine:
                 # bump when the cost of a PTP call changes (v4: real calls, pipelined AR step; v5: compiled calls)
                 f"ptp-call-v5-{'compiled' if compiled_by_default() else 'eager'}",
                 registered(weight_matrices(self.pm.base)),  # its weights read from codes: rows cost more
+                block_layers(self.pm.base),  # its layers one primitive each (model/block.py): a cheaper step
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", self.log, recalibrate)

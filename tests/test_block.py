@@ -212,3 +212,11 @@ def test_an_engine_without_an_adapter_takes_the_block_too(tmp_path, counted, mon
         got[flag] = _plain_logits(pm, st, [3, 4, 5])
     assert len(counted) == len(pm.base.layers)
     assert np.array_equal(got["0"], got["1"])
+
+
+def test_the_cost_curve_key_counts_the_block_layers(default_engine, monkeypatch):
+    """A curve probed with a node per op must not price calls made one node a layer (a step ~30% cheaper)."""
+    base = default_engine.pm.base
+    assert blockmod.block_layers(base) == len(base.layers)
+    monkeypatch.setenv("PTP_MLX_BLOCK", "0")
+    assert blockmod.block_layers(base) == 0

@@ -53,6 +53,14 @@ def qualifies(layer: nn.Module) -> bool:
     )
 
 
+def block_layers(model) -> int:
+    """How many of ``model``'s layers a fixed pass computes as one primitive here (0 where the extension or one of
+    the per-op primitives is off): part of the cost curve's key."""
+    if fused_op("block") is None or any(fused_op(n) is None for n in _PER_OP):
+        return 0
+    return sum(bool(getattr(type(layer), "_ptp_block", False)) for layer in model.layers)
+
+
 def install(layers) -> None:
     """Give every qualifying layer the one-primitive path (idempotent)."""
     for layer in layers:
