@@ -68,13 +68,18 @@ def install(layers) -> None:
         if getattr(cls, "_ptp_block", False) or not qualifies(layer):
             continue
         if cls not in _SUBCLASSES:
-            _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _call, "_ptp_block": True})
+            _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"__call__": _call_for(cls), "_ptp_block": True})
         layer.__class__ = _SUBCLASSES[cls]
 
 
-def _call(self, x, mask=None, cache=None):
-    out = layer_block(self, x, mask, cache)
-    return out if out is not None else super(type(self), self).__call__(x, mask, cache)
+def _call_for(stock: type):
+    """The subclass's call: the primitive where it applies, else the family's own ``stock`` call."""
+
+    def __call__(self, x, mask=None, cache=None):
+        out = layer_block(self, x, mask, cache)
+        return out if out is not None else stock.__call__(self, x, mask, cache)
+
+    return __call__
 
 
 def _groups(layer) -> list | None:
