@@ -115,7 +115,7 @@ def test_the_supported_layers_qualify(default_engine, tiny_engine):
 
 @pytest.mark.parametrize("sname", list(SETTINGS))
 @pytest.mark.parametrize("pname", list(PLANS))
-@pytest.mark.parametrize("which", ["default", "llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("which", ["default", "llama", "qwen2", "qwen3", "mistral"])
 def test_a_call_through_the_block_equals_the_per_op_graph(
     default_engine, tmp_path_factory, needs_extension, counted, monkeypatch, which, pname, sname
 ):

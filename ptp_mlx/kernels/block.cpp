@@ -1,4 +1,5 @@
-// ptp-block: one decoder layer of a fixed-shape pass (a llama-style block: RMS norm, q|k|v, RoPE from the call's
+// ptp-block: one decoder layer of a fixed-shape pass (a llama-style block: RMS norm, q|k|v (per-head q and k norms
+// for qwen3), RoPE from the call's
 // table, the K/V rows written at the pass's offset, attention over the bucket, o, residual, RMS norm, gate|up,
 // SwiGLU, down, residual) as one MLX primitive on the CPU.
 //
@@ -35,7 +36,7 @@ namespace nb = nanobind;
 namespace {
 
 constexpr int GROUPS = 4;  // q|k|v, o, gate|up, down
-enum { X, KBUF, VBUF, START, COS, SIN, MASK, NORM1, NORM2, GATE, FIRST_GROUP };
+enum { X, KBUF, VBUF, START, COS, SIN, MASK, NORM1, NORM2, GATE, QNORM, KNORM, FIRST_GROUP };
 
 struct Group {
   int N = 0, R = 0;  // output columns, LoRA rank (0: none)
@@ -45,12 +46,13 @@ struct Group {
 
 struct Config {
   int Hq, Hkv, D, dims, S, mk;  // heads, head size, rotated dims, keys read (bucket), mask kind (1 bool, 2 add)
-  bool traditional, gated;
-  float eps1, eps2, scale;
+  bool traditional, gated, qk_norm;  // qk_norm: q and k normed per head before RoPE (qwen3)
+  float eps1, eps2, scale, eps_qk;
   Group g[GROUPS];
   bool operator==(const Config& o) const {
     if (Hq != o.Hq || Hkv != o.Hkv || D != o.D || dims != o.dims || S != o.S || mk != o.mk ||
-        traditional != o.traditional || gated != o.gated || eps1 != o.eps1 || eps2 != o.eps2 || scale != o.scale)
+        traditional != o.traditional || gated != o.gated || eps1 != o.eps1 || eps2 != o.eps2 || scale != o.scale ||
+        qk_norm != o.qk_norm || eps_qk != o.eps_qk)
       return false;
     for (int i = 0; i < GROUPS; ++i)
       if (g[i].N != o.g[i].N || g[i].R != o.g[i].R || g[i].bias != o.g[i].bias || g[i].b16 != o.g[i].b16)
@@ -119,7 +121,7 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
   encoder.dispatch([in = std::move(in), c = c_, op = out.data<float>(), kp = outputs[1].data<float>(),
                     vp = outputs[2].data<float>(), copy_k, copy_v, kin = inputs[KBUF].data<float>(),
                     vin = inputs[VBUF].data<float>(), kbytes = inputs[KBUF].nbytes()]() {
-    thread_local std::vector<float> xbuf, cbuf, sbuf, gbuf, xn, y1, qr, kr, ao, at, y2, h, y3, act, y4;
+    thread_local std::vector<float> xbuf, cbuf, sbuf, gbuf, xn, y1, qn, kn, qr, kr, ao, at, y2, h, y3, act, y4;
     const mx::array& x = in[X];
     const int H = x.shape(-1), M = static_cast<int>(x.size() / H);
     const int Hq = c.Hq, Hkv = c.Hkv, D = c.D, cap = in[KBUF].shape(2);
@@ -145,11 +147,22 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
     const int ld1 = group(0, xn.data(), H, y1);
     qr.resize(static_cast<size_t>(Hq) * M * D);
     kr.resize(static_cast<size_t>(Hkv) * M * D);
-    const int64_t yst[4] = {0, D, ld1, 1};  // q, k and v as [1, heads, M, D] views of the group's product
     const int qshape[4] = {1, Hq, M, D}, kshape[4] = {1, Hkv, M, D};
-    ptpcpu::rope_rows(y1.data(), yst, cr.p, sr.p, cr.stride, sr.stride, qr.data(), qshape, c.dims, c.traditional);
-    ptpcpu::rope_rows(y1.data() + Hq * D, yst, cr.p, sr.p, cr.stride, sr.stride, kr.data(), kshape, c.dims,
-                      c.traditional);
+    const float *qsrc = y1.data(), *ksrc = y1.data() + Hq * D;  // q and k as [1, heads, M, D] views
+    int64_t qst[4] = {0, D, ld1, 1}, kst_in[4] = {0, D, ld1, 1};
+    if (c.qk_norm) {  // each head's q and k through its RMS norm first, rows of D as the per-op norm takes them
+      qn.resize(static_cast<size_t>(M) * Hq * D);
+      kn.resize(static_cast<size_t>(M) * Hkv * D);
+      for (int r = 0; r < M; ++r) {
+        ptpcpu::rms_norm_rows(qsrc + static_cast<size_t>(r) * ld1, Hq, D, D, in[QNORM].data<float>(), c.eps_qk,
+                              qn.data() + static_cast<size_t>(r) * Hq * D);
+        ptpcpu::rms_norm_rows(ksrc + static_cast<size_t>(r) * ld1, Hkv, D, D, in[KNORM].data<float>(), c.eps_qk,
+                              kn.data() + static_cast<size_t>(r) * Hkv * D);
+      }
+      qsrc = qn.data(), ksrc = kn.data(), qst[2] = int64_t(Hq) * D, kst_in[2] = int64_t(Hkv) * D;
+    }
+    ptpcpu::rope_rows(qsrc, qst, cr.p, sr.p, cr.stride, sr.stride, qr.data(), qshape, c.dims, c.traditional);
+    ptpcpu::rope_rows(ksrc, kst_in, cr.p, sr.p, cr.stride, sr.stride, kr.data(), kshape, c.dims, c.traditional);
     if (copy_k) std::memcpy(kp, kin, kbytes);
     if (copy_v) std::memcpy(vp, vin, kbytes);
     // the write position, clamped as MLX's slice update clamps it
@@ -197,22 +210,24 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
 
 // arrays: x [1, M, H], K and V buffers [1, Hkv, cap, D], start int32 [1], cos and sin [.., M, dims / 2], mask
 // (broadcasting to [1, Hq, M, S]; bool, or additive float32), the two norms' weights [H], the row gate (M floats;
-// any array when no group has a LoRA), then per group (q|k|v, o, gate|up, down) W [N + R, K], its bias [N] if
+// any array when no group has a LoRA), the q and k norms' weights [D] (qwen3; any arrays without), then per group (q|k|v, o, gate|up, down) W [N + R, K], its bias [N] if
 // any, and with a LoRA its B [R, N] (float32 or bfloat16) and spans [R, 2] int32.
-// ints: Hq, Hkv, D, dims, traditional, S, then per group N, R, has_bias. floats: eps1, eps2, scale.
+// ints: Hq, Hkv, D, dims, traditional, S, qk_norm, then per group N, R, has_bias. floats: eps1, eps2, scale,
+// the q and k norms' eps.
 std::vector<mx::array> block(const std::vector<mx::array>& arrays, const std::vector<int>& ints,
                              const std::vector<float>& floats) {
   auto check = [](bool ok, const char* what) {
     if (!ok) throw std::invalid_argument(std::string("block: ") + what);
   };
-  check(ints.size() == 6 + 3 * GROUPS && floats.size() == 3, "6 + 12 ints and 3 floats");
+  check(ints.size() == 7 + 3 * GROUPS && floats.size() == 4, "7 + 12 ints and 4 floats");
   Config c{};
   c.Hq = ints[0], c.Hkv = ints[1], c.D = ints[2], c.dims = ints[3], c.traditional = ints[4] != 0, c.S = ints[5];
-  c.eps1 = floats[0], c.eps2 = floats[1], c.scale = floats[2];
+  c.qk_norm = ints[6] != 0;
+  c.eps1 = floats[0], c.eps2 = floats[1], c.scale = floats[2], c.eps_qk = floats[3];
   int at = FIRST_GROUP;
   for (int i = 0; i < GROUPS; ++i) {
     Group& g = c.g[i];
-    g.N = ints[6 + 3 * i], g.R = ints[7 + 3 * i], g.bias = ints[8 + 3 * i] != 0, g.at = at;
+    g.N = ints[7 + 3 * i], g.R = ints[8 + 3 * i], g.bias = ints[9 + 3 * i] != 0, g.at = at;
     at += 1 + g.bias + 2 * (g.R > 0);
     c.gated |= g.R > 0;
   }
@@ -239,6 +254,11 @@ std::vector<mx::array> block(const std::vector<mx::array>& arrays, const std::ve
   for (int i : {int(NORM1), int(NORM2)})
     check(arrays[i].dtype() == mx::float32 && arrays[i].size() == static_cast<size_t>(H), "norm weights are [hidden]");
   if (c.gated) check(arrays[GATE].dtype() == mx::float32 && arrays[GATE].size() == static_cast<size_t>(M), "one gate a row");
+  if (c.qk_norm)
+    for (int i : {int(QNORM), int(KNORM)})
+      check(arrays[i].dtype() == mx::float32 && arrays[i].size() == static_cast<size_t>(c.D) &&
+                arrays[i].flags().row_contiguous,
+            "q and k norm weights are float32 [D]");
   const int Kin[GROUPS] = {H, c.Hq * c.D, H, c.g[2].N / 2};
   check(c.g[0].N == (c.Hq + 2 * c.Hkv) * c.D && c.g[1].N == H && c.g[2].N % 2 == 0 && c.g[3].N == H,
         "groups q|k|v, o, gate|up and down");

@@ -11,8 +11,9 @@ so a layer computed either way has the same bits (``tests/test_block.py``). It a
 primitive it stands for would run: float32, the extension built, none of them switched off; ``PTP_MLX_BLOCK=0``
 keeps the per-op graph.
 
-A layer qualifies by its structure, checked once: llama's and qwen2's ``TransformerBlock`` (pre-norm RMS norms,
-q|k|v and gate|up fused groups, a table RoPE, SwiGLU). Its class is swapped for a subclass whose call tries the
+A layer qualifies by its structure, checked once: llama's (and so mistral's), qwen2's and qwen3's
+``TransformerBlock`` (pre-norm RMS norms, qwen3's per-head q and k norms, q|k|v and gate|up fused groups, a table
+RoPE, SwiGLU). Its class is swapped for a subclass whose call tries the
 primitive first (the module tree, its parameters and every other call stay as they were).
 """
 
@@ -28,7 +29,7 @@ from .rope import table_for, uses_table
 from .shape import PassKind
 
 # mlx-lm modules whose TransformerBlock is x + attn(norm(x)), then + mlp(norm(.)), with llama's attention and MLP.
-_FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2")
+_FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
 _PER_OP = ("attention", "swiglu", "rms_norm", "rope_table", "linear")  # the primitives a block stands for
 _GROUPS = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("self_attn", ("o_proj",)))
 _GROUPS += (("mlp", ("gate_proj", "up_proj")), ("mlp", ("down_proj",)))
@@ -45,6 +46,9 @@ def qualifies(layer: nn.Module) -> bool:
     if attn is None or mlp is None or any(type(n) is not nn.RMSNorm for n in norms):
         return False
     if type(mlp).__name__ != "MLP":  # (a sliding-window layer gets its window in the mask it is handed)
+        return False
+    qk = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]  # qwen3's per-head norms, both or neither
+    if any(n is not None and type(n) is not nn.RMSNorm for n in qk) or (qk[0] is None) != (qk[1] is None):
         return False
     return all(
         hasattr(p, n)
@@ -128,8 +132,12 @@ def layer_block(layer, x: mx.array, mask, cache) -> mx.array | None:
     n1, n2 = layer.input_layernorm, layer.post_attention_layernorm
     kv_heads, q_heads = attn.n_kv_heads, attn.n_heads
     head = groups[0].outs[1] // kv_heads
+    qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    if qn is not None and (qn.eps != kn.eps or qn.weight.dtype != mx.float32 or kn.weight.dtype != mx.float32):
+        return None
     arrays = [x, st.keys[i], st.values[i], p.start, cos, sin, mask, n1.weight, n2.weight, gate]
-    ints = [q_heads, kv_heads, head, rope.dims, int(rope.traditional), p.bucket]
+    arrays += [p.start, p.start] if qn is None else [qn.weight, kn.weight]
+    ints = [q_heads, kv_heads, head, rope.dims, int(rope.traditional), p.bucket, int(qn is not None)]
     for g in groups:
         with_lora = gated and g.B is not None
         arrays.append(g.W)
@@ -138,5 +146,6 @@ def layer_block(layer, x: mx.array, mask, cache) -> mx.array | None:
         if with_lora:
             arrays += [g.B16, g.spans]
         ints += [g.out, g.B16.shape[0] if with_lora else 0, int(g.bias is not None)]
-    out, st.keys[i], st.values[i] = fn(arrays, ints, [float(n1.eps), float(n2.eps), float(attn.scale)])
+    floats = [float(n1.eps), float(n2.eps), float(attn.scale), float(qn.eps) if qn is not None else 0.0]
+    out, st.keys[i], st.values[i] = fn(arrays, ints, floats)
     return out
