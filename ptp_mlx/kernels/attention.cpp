@@ -51,14 +51,8 @@ using namespace ptp16;
 constexpr int RB = 4;  // query rows computed together (8 accumulator vectors)
 
 using ptpcpu::View4;  // a 4-d array's data and element strides, broadcast dimensions at stride 0
+using ptpcpu::view4;
 
-View4 view4(const mx::array& a, const mx::Shape& full) {
-  View4 v{a.data<char>(), {0, 0, 0, 0}};
-  const int off = 4 - static_cast<int>(a.ndim());
-  for (int d = 0; d < static_cast<int>(a.ndim()); ++d)
-    v.st[d + off] = a.shape(d) == 1 && full[d + off] != 1 ? 0 : a.strides()[d];
-  return v;
-}
 
 // q, k or v with a contiguous last axis as it is; the rare other view copied into ``buf`` (row-major).
 View4 dense_last(const mx::array& a, std::vector<float>& buf) {

@@ -175,15 +175,9 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
         std::memcpy(vp + dst, vsrc + static_cast<size_t>(r) * ld1 + g * D, sizeof(float) * D);
       }
     const ptpcpu::View4 qv{reinterpret_cast<const char*>(qr.data()), {int64_t(Hq) * M * D, int64_t(M) * D, D, 1}};
-    const int64_t kst[4] = {int64_t(Hkv) * cap * D, int64_t(cap) * D, D, 1};
-    const ptpcpu::View4 kv{reinterpret_cast<const char*>(kp), {kst[0], kst[1], kst[2], kst[3]}};
-    const ptpcpu::View4 vv{reinterpret_cast<const char*>(vp), {kst[0], kst[1], kst[2], kst[3]}};
-    const mx::array& m = in[MASK];
-    ptpcpu::View4 mv{m.data<char>(), {0, 0, 0, 0}};
-    const int moff = 4 - static_cast<int>(m.ndim());
-    const int full[4] = {1, Hq, M, c.S};
-    for (int d = 0; d < static_cast<int>(m.ndim()); ++d)
-      mv.st[d + moff] = m.shape(d) == 1 && full[d + moff] != 1 ? 0 : m.strides()[d];
+    const ptpcpu::View4 kv{reinterpret_cast<const char*>(kp), {int64_t(Hkv) * cap * D, int64_t(cap) * D, D, 1}};
+    const ptpcpu::View4 vv{reinterpret_cast<const char*>(vp), {kv.st[0], kv.st[1], kv.st[2], kv.st[3]}};
+    const ptpcpu::View4 mv = ptpcpu::view4(in[MASK], {1, Hq, M, c.S});
     ao.resize(static_cast<size_t>(Hq) * M * D);
     ptpcpu::attention_run(qv, kv, vv, mv, 1, Hq, M, D, Hkv, c.S, c.mk, c.scale, ao.data());
     // [Hq, M, D] -> [M, Hq * D], o, the residual.

@@ -118,6 +118,15 @@ struct View4 {
   int64_t st[4];
 };
 
+// `a` as a view of shape `full` (a's axes right-aligned to full's four), its broadcast axes at stride 0.
+inline View4 view4(const mx::array& a, const mx::Shape& full) {
+  View4 v{a.data<char>(), {0, 0, 0, 0}};
+  const int off = 4 - static_cast<int>(a.ndim());
+  for (int d = 0; d < static_cast<int>(a.ndim()); ++d)
+    v.st[d + off] = a.shape(d) == 1 && full[d + off] != 1 ? 0 : a.strides()[d];
+  return v;
+}
+
 // The kernels behind the primitives, as functions over memory: each primitive runs one of them, and ptp-block
 // (block.cpp) runs them in a layer's order, so a layer computed either way has the same bits.
 // rowwise.cpp

@@ -221,9 +221,8 @@ void GatedLinear::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx:
       ptpcpu::dense(gate, gbuf.data());
       gp = gbuf.data();
     }
-    std::vector<float>& y = ybuf;
-    const int ld = ptpcpu::group_run(xs, M, K, Wp, N, R, Bp, b16, sp, gp, bias, y);
-    ptpcpu::scatter_columns(y.data(), M, outs, outp, ld);
+    const int ld = ptpcpu::group_run(xs, M, K, Wp, N, R, Bp, b16, sp, gp, bias, ybuf);
+    ptpcpu::scatter_columns(ybuf.data(), M, outs, outp, ld);
   });
 }
 

@@ -13,8 +13,8 @@ keeps the per-op graph.
 
 A layer qualifies by its structure, checked once: llama's (and so mistral's), qwen2's and qwen3's
 ``TransformerBlock`` (pre-norm RMS norms, qwen3's per-head q and k norms, q|k|v and gate|up fused groups, a table
-RoPE, SwiGLU). Its class is swapped for a subclass whose call tries the
-primitive first (the module tree, its parameters and every other call stay as they were).
+RoPE, SwiGLU). Its class is swapped for a subclass whose call tries the primitive first (the module tree, its
+parameters and every other call stay as they were).
 """
 
 from __future__ import annotations
@@ -57,10 +57,17 @@ def qualifies(layer: nn.Module) -> bool:
     )
 
 
+def _primitive():
+    """The extension's ``block``, or None where it or any per-op primitive it stands for is off (its bits are
+    theirs)."""
+    fn = fused_op("block")
+    return None if fn is None or any(fused_op(n) is None for n in _PER_OP) else fn
+
+
 def block_layers(model) -> int:
-    """How many of ``model``'s layers a fixed pass computes as one primitive here (0 where the extension or one of
-    the per-op primitives is off): part of the cost curve's key."""
-    if fused_op("block") is None or any(fused_op(n) is None for n in _PER_OP):
+    """How many of ``model``'s layers a fixed pass computes as one primitive here (0 where the primitive is off):
+    part of the cost curve's key."""
+    if _primitive() is None:
         return 0
     return sum(bool(getattr(type(layer), "_ptp_block", False)) for layer in model.layers)
 
@@ -111,18 +118,16 @@ def layer_block(layer, x: mx.array, mask, cache) -> mx.array | None:
     if p is None or plan is None or plan.kind is not PassKind.FIXED or x.ndim != 3 or x.shape[0] != 1:
         return None
     rope = attn.rope.rope
-    fn = fused_op("block")
-    if fn is None or not uses_table(rope) or any(fused_op(n) is None for n in _PER_OP):
+    fn = _primitive()
+    if fn is None or not uses_table(rope):
         return None
     groups = _groups(layer)
     lora = ctx.lora
     if groups is None or (lora is not None and not isinstance(lora, FusedGate)):
         return None
-    gated = lora is not None and all(g.owner == lora.owner for g in groups)
-    if lora is not None and not gated:
-        return None
-    if gated and any(g.B is not None and g.gated is None for g in groups):
-        return None  # a LoRA the per-op path runs as a graph: keep it
+    gated = lora is not None
+    if gated and any(g.owner != lora.owner or (g.B is not None and g.gated is None) for g in groups):
+        return None  # another adapter's groups, or a LoRA the per-op path runs as a graph: keep that path
     rows = x.shape[1]
     gate = p.start
     if gated:
