@@ -10,32 +10,13 @@ import numpy as np
 import pytest
 
 from ptp_mlx import blas
-from ptp_mlx.decode.fixed import _mask_fn, bank_for, topology
-from ptp_mlx.model.kv import FixedPass, KVState
+from ptp_mlx.decode.fixed import bank_for
 from ptp_mlx.model.ptp import PTPModel
-from ptp_mlx.model.shape import CallShape, FixedPlan
+from ptp_mlx.testing.decoding import chain_logits
 
 pytestmark = pytest.mark.slow
 
 PREFIX = "The quick brown fox jumps over the lazy dog. Then it ran to the river, where"
-
-
-def chain_logits(pm, bank, state: KVState, tokens: list[int]) -> np.ndarray:
-    """One fixed pass of ``tokens`` as a chain (row j follows row j-1) after ``state``: their logits [k, vocab]."""
-    k = len(tokens)
-    bucket, offset, end = bank._prepare(state, k)
-    shape = CallShape(tuple(range(-1, k - 1)))
-    p = FixedPass(offset, bucket, _mask_fn(*topology(shape), offset, bucket, pm.dtype))
-    keys, values = state.take_buffers()
-    st = KVState.traced(keys, values, p)
-    pm.ctx.begin(FixedPlan(offset + mx.arange(k, dtype=mx.int32)), None, None)
-    try:
-        logits = pm.base(mx.array(tokens)[None], cache=st)[0]
-    finally:
-        pm.ctx.end()
-    mx.eval(logits, *st.keys, *st.values)  # sync: the host reads the logits and trims the state
-    state.put_buffers(st.keys, st.values, end)
-    return np.array(logits)
 
 
 @pytest.fixture(scope="module")
@@ -57,11 +38,11 @@ def test_k_rows_equal_k_one_row_passes_bit_for_bit(setup):
     tokens = [int(t) for t in rng.integers(100, 20000, size=24)]
     alone = []
     for t in tokens:  # the reference: one row at a time
-        alone.append(chain_logits(pm, bank, state, [t])[0])
+        alone.append(chain_logits(pm, state, [t])[0])
     state.trim_to(start)
     alone = np.stack(alone)
     for k in range(2, 25):
-        wide = chain_logits(pm, bank, state, tokens[:k])
+        wide = chain_logits(pm, state, tokens[:k])
         state.trim_to(start)
         same = [np.array_equal(wide[j].view(np.uint32), alone[j].view(np.uint32)) for j in range(k)]
         gap = float(np.abs(wide - alone[:k]).max())

@@ -14,16 +14,15 @@ import numpy as np
 import pytest
 
 from ptp_mlx.decode.call import build_call, finish_call
-from ptp_mlx.decode.fixed import _mask_fn, bank_for, topology
+from ptp_mlx.decode.fixed import bank_for
 from ptp_mlx.decode.session import DecodeSession
 from ptp_mlx.drafting.protocol import DraftPlan, Strand
 from ptp_mlx.engine import Engine
 from ptp_mlx.kernels import extension
 from ptp_mlx.model import block as blockmod
-from ptp_mlx.model.kv import FixedPass, KVState
-from ptp_mlx.model.shape import CallShape, FixedPlan
 from ptp_mlx.sampler import SamplingSettings, UniformStream
 from ptp_mlx.testing import make_tiny_model, save_random_adapter
+from ptp_mlx.testing.decoding import chain_logits, prefilled
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="built on Linux only")
 
@@ -82,17 +81,9 @@ def counted(monkeypatch):
     return seen
 
 
-def _prefilled(pm, n: int) -> KVState:
-    st = pm.make_cache()
-    ids = (np.arange(n) * 7 + 3) % 250
-    pm.base(mx.array(ids)[None], cache=st)
-    mx.eval(st.arrays())
-    return st
-
-
 def _call(pm, plan: DraftPlan, s: SamplingSettings):
     """One eager PTP call after a 40-token prefix: every output it returns and the K/V rows it keeps."""
-    st = _prefilled(pm, 40)
+    st = prefilled(pm, 40)
     sess = DecodeSession(
         pm, st, UniformStream(5), s, None, bank=bank_for(pm, False), runner_up=True, reads_top_prob=not s.greedy
     )
@@ -131,32 +122,14 @@ def test_a_call_through_the_block_equals_the_per_op_graph(
     _same(per_op[1], one[1])
 
 
-def _plain_logits(pm, st: KVState, tokens: list[int]) -> np.ndarray:
-    """A fixed plain pass (no auxiliary rows) of ``tokens`` as a chain after ``st``: their logits."""
-    k = len(tokens)
-    bucket, offset, end = bank_for(pm, False)._prepare(st, k)
-    shape = CallShape(tuple(range(-1, k - 1)))
-    p = FixedPass(offset, bucket, _mask_fn(*topology(shape), offset, bucket, pm.dtype))
-    keys, values = st.take_buffers()
-    traced = KVState.traced(keys, values, p)
-    pm.ctx.begin(FixedPlan(offset + mx.arange(k, dtype=mx.int32)), None, None)
-    try:
-        logits = pm.base(mx.array(tokens)[None], cache=traced)[0]
-    finally:
-        pm.ctx.end()
-    mx.eval(logits, *traced.keys, *traced.values)
-    st.put_buffers(traced.keys, traced.values, end)
-    return np.array(logits)
-
-
 @pytest.mark.parametrize("rows", [1, 3, 8])
 def test_plain_passes_and_their_k_v_rows_are_the_per_op_graphs(default_engine, counted, monkeypatch, rows):
     pm = default_engine.pm
     got = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("PTP_MLX_BLOCK", flag)
-        st = _prefilled(pm, 30)
-        logits = _plain_logits(pm, st, [101 + 13 * j for j in range(rows)])
+        st = prefilled(pm, 30)
+        logits = chain_logits(pm, st, [101 + 13 * j for j in range(rows)])
         got[flag] = (logits, [np.array(a) for kv in st.contents() for a in kv])
     assert len(counted) == len(pm.base.layers)
     assert np.array_equal(got["0"][0], got["1"][0])
@@ -168,7 +141,7 @@ def test_stock_caches_and_prefill_keep_the_module_path(default_engine, counted):
 
     base = default_engine.pm.base
     mx.eval(base(mx.array([[1, 2, 3]]), cache=make_prompt_cache(base)))
-    _prefilled(default_engine.pm, 12)
+    prefilled(default_engine.pm, 12)
     assert not counted
 
 
@@ -176,10 +149,10 @@ def test_a_snapshot_keeps_its_buffers_while_the_block_writes(default_engine, cou
     """The K/V rows are written in place only where nothing else holds the buffers (MLX's own rule for a slice
     update): a snapshot of the state taken before the pass keeps what it had."""
     pm = default_engine.pm
-    st = _prefilled(pm, 20)
+    st = prefilled(pm, 20)
     snap = st.snapshot()
     before = [np.array(a) for a in snap[0] + snap[1]]
-    _plain_logits(pm, st, [5, 6, 7])
+    chain_logits(pm, st, [5, 6, 7])
     assert len(counted) == len(pm.base.layers)
     _same(before, [np.array(a) for a in snap[0] + snap[1]])
     assert not np.array_equal(np.array(st.keys[0]), before[0])  # the state's own buffers did get the rows
@@ -190,10 +163,10 @@ def test_k_rows_through_the_block_equal_k_one_row_passes(default_engine, counted
     """Batch invariance (docs/method.md section 10) holds through the block, as through the per-op graph."""
     pm = default_engine.pm
     tokens = [200 + 31 * j for j in range(k)]
-    st = _prefilled(pm, 25)
-    alone = np.concatenate([_plain_logits(pm, st, [t]) for t in tokens])
+    st = prefilled(pm, 25)
+    alone = np.concatenate([chain_logits(pm, st, [t]) for t in tokens])
     st.trim_to(25)
-    together = _plain_logits(pm, st, tokens)
+    together = chain_logits(pm, st, tokens)
     assert len(counted) == (k + 1) * len(pm.base.layers)
     assert np.array_equal(alone, together)
 
@@ -208,8 +181,8 @@ def test_an_engine_without_an_adapter_takes_the_block_too(tmp_path, counted, mon
     got = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("PTP_MLX_BLOCK", flag)
-        st = _prefilled(pm, 10)
-        got[flag] = _plain_logits(pm, st, [3, 4, 5])
+        st = prefilled(pm, 10)
+        got[flag] = chain_logits(pm, st, [3, 4, 5])
     assert len(counted) == len(pm.base.layers)
     assert np.array_equal(got["0"], got["1"])
 

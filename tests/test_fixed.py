@@ -23,6 +23,7 @@ from ptp_mlx.generate import DecodeOptions, stream_generate
 from ptp_mlx.model.kv import CHUNK, KVState, round_up
 from ptp_mlx.sampler import SamplingSettings, UniformStream
 from ptp_mlx.testing import make_tiny_model, save_random_adapter
+from ptp_mlx.testing.decoding import prefilled
 
 PLANS = {
     "one-window": DraftPlan([], [(0, 4)]),
@@ -56,14 +57,6 @@ def engine(tmp_path_factory):
         eng = Engine.load(str(model), str(save_random_adapter(model, d / "adapter")), measure_cost=False)
     bank_for(eng.pm, True).compile_after = 1  # compiled from the first call: these tests compare compiled calls
     return eng
-
-
-def prefilled(pm, n: int) -> KVState:
-    st = pm.make_cache()
-    ids = (np.arange(n) * 7 + 3) % 250
-    pm.base(mx.array(ids)[None], cache=st)
-    mx.eval(st.arrays())
-    return st
 
 
 def run(pm, st, plan, s, bank):

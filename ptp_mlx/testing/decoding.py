@@ -1,7 +1,8 @@
 """Shared pieces of the decoding tests: prompts and sampling settings, ``run`` / ``ar`` (decode through the one
 generator every interface uses) and ``assert_same``, the exactness check against autoregressive decoding (a
-divergence passes only at a measured float near-tie, explained by ``explain_divergence``). The models they run on
-are the fixtures of ``tests/conftest.py`` (``varied``, ``pm_sticky``, ``pm_random``), built by the functions here."""
+divergence passes only at a measured float near-tie, explained by ``explain_divergence``); ``prefilled`` and
+``chain_logits``: a K/V state and a fixed plain pass's logits over it. The models they run on are the fixtures of
+``tests/conftest.py`` (``varied``, ``pm_sticky``, ``pm_random``), built by the functions here."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from ..decode.fixed import _mask_fn, bank_for, topology
 from ..drafting.budget import Budget
 from ..drafting.cost import CostCurve
 from ..drafting.policy import DraftingConfig
 from ..generate import DecodeOptions, stream_generate
+from ..model.kv import FixedPass, KVState
 from ..model.layers import token_embedding
 from ..model.ptp import PTPAdapter, PTPModel
+from ..model.shape import CallShape, FixedPlan
 from ..prompt import encode_prompt
 from ..sampler import SamplingSettings
 from . import OracleDrafter, explain_divergence, randomize_adapter
@@ -147,3 +151,30 @@ def random_model(model) -> PTPModel:
     randomize_adapter(ad, seed=2)
     # greedy_u: under greedy decoding every auxiliary row gets this reserved u (drafts the argmax).
     return PTPModel(model, ad, {"window": WINDOW, "greedy_u": 1.0})
+
+
+def prefilled(pm, n: int):
+    """``pm``'s K/V state after a prefill of ``n`` fixed token ids (``(7 i + 3) mod 250``)."""
+    st = pm.make_cache()
+    pm.base(mx.array((np.arange(n) * 7 + 3) % 250)[None], cache=st)
+    mx.eval(st.arrays())  # sync: the tests read and trim this state
+    return st
+
+
+def chain_logits(pm, state, tokens: list[int]) -> np.ndarray:
+    """One fixed pass (no auxiliary rows) of ``tokens`` as a chain (row j follows row j-1) after ``state``, as the
+    compiled plain steps run it: their logits [k, vocab]; the state keeps the rows."""
+    k = len(tokens)
+    bucket, offset, end = bank_for(pm, False)._prepare(state, k)
+    shape = CallShape(tuple(range(-1, k - 1)))
+    p = FixedPass(offset, bucket, _mask_fn(*topology(shape), offset, bucket, pm.dtype))
+    keys, values = state.take_buffers()
+    st = KVState.traced(keys, values, p)
+    pm.ctx.begin(FixedPlan(offset + mx.arange(k, dtype=mx.int32)), None, None)
+    try:
+        logits = pm.base(mx.array(tokens)[None], cache=st)[0]
+    finally:
+        pm.ctx.end()
+    mx.eval(logits, *st.keys, *st.values)  # sync: the host reads the logits and trims the state
+    state.put_buffers(st.keys, st.values, end)
+    return np.array(logits)
