@@ -10,7 +10,7 @@ Linux x86_64 dependency of ptp-mlx (self-contained: it needs nothing from the sy
 single-threaded OpenBLAS (``libopenblas0-serial``), for machines the wheel does not cover (aarch64).
 
 In front of that library sits ptp-sgemm (``ptp_mlx/kernels``, built at first use with the system C compiler):
-it takes the few-row products of decoding (at most 64 rows), where a BLAS's packing makes k rows cost far more
+it takes the products of decoding and of prefill chunks (at most 256 rows), where a BLAS's packing makes k rows cost far more
 than one, computes them batch-invariantly, and forwards every other call to the library above (or, where none
 was found, to MLX's bundled reference BLAS). It is loaded into the global scope first, so MLX's ``cblas_sgemm``
 resolves to it while every other BLAS/LAPACK symbol still resolves to the library. ``PTP_MLX_SGEMM=0`` skips

@@ -48,3 +48,25 @@ def test_k_rows_equal_k_one_row_passes_bit_for_bit(setup):
         gap = float(np.abs(wide - alone[:k]).max())
         bad = [j for j, s in enumerate(same) if not s]
         assert not bad, f"k={k}: rows {bad} differ (max gap {gap:.2e}; BLAS {blas.state['blas']})"
+
+
+def test_a_prefills_rows_are_the_same_whatever_its_chunks(setup, monkeypatch):
+    """A prompt's K/V rows (and so every later logit) do not depend on how ``decode/ar.py`` chunks its prefill, up
+    to ptp-sgemm's row limit (256): a prompt of 200 rows in one pass, in the default 128-row chunks and in 64-row
+    chunks, bit for bit."""
+    from ptp_mlx.decode import ar
+
+    pm = setup[0]
+    lib = blas.kernel()
+    if lib is None or lib.ptp_sgemm_max_m() < 200:
+        pytest.skip("ptp-sgemm does not take 200-row products here (the BLAS's rows are not batch-invariant)")
+    ids = [(7 * i + 3) % 5000 + 50 for i in range(201)]
+    got = []
+    for chunk in (256, ar.PREFILL_CHUNK, 64):
+        monkeypatch.setattr(ar, "PREFILL_CHUNK", chunk)
+        state = pm.make_cache()
+        ar.prefill(pm.base, ids[:-1], state)
+        got.append([np.array(a) for a in state.arrays()])
+    assert ar.PREFILL_CHUNK == 64 and len(got[0]) == 2 * len(pm.base.layers)
+    for other in got[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(got[0], other, strict=True))

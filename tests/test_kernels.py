@@ -105,10 +105,20 @@ def test_against_numpy_on_tails(lib, path, tb):
 @pytest.mark.parametrize("tb", [TR, NO])
 def test_against_numpy_every_width(lib, path, tb):
     rng = np.random.default_rng(2)
+    assert lib.ptp_sgemm_max_m() == 256  # (a prefill chunk's 128 rows included)
+    lib.ptp_sgemm_set_max_m.argtypes = [ctypes.c_int]
+    try:
+        assert lib.ptp_sgemm_set_max_m(64) == 64
+        before = lib.ptp_sgemm_taken()
+        for m in range(1, 71):
+            check(lib, rng, m, 65, 577 if tb == TR else 65, tb, beta=float(m % 2))
+        assert lib.ptp_sgemm_taken() - before == 64  # 65..70 went to the (built-in) fallback
+    finally:
+        lib.ptp_sgemm_set_max_m(256)
     before = lib.ptp_sgemm_taken()
-    for m in range(1, 71):
-        check(lib, rng, m, 65, 577 if tb == TR else 65, tb, beta=float(m % 2))
-    assert lib.ptp_sgemm_taken() - before == lib.ptp_sgemm_max_m() == 64  # 65..70 went to the (built-in) fallback
+    for m in (128, 255, 256, 257):
+        check(lib, rng, m, 65, 97, tb, beta=float(m % 2))
+    assert lib.ptp_sgemm_taken() - before == 3
 
 
 def test_column_major(lib, path):
@@ -276,14 +286,14 @@ def test_forwards_what_it_does_not_take(lib):
 
     lib.ptp_sgemm_set_fallback(ctypes.cast(fallback, ctypes.c_void_p))
     try:
-        a, b, c = buf(rng, 65, 8, 8), buf(rng, 4, 8, 8), buf(rng, 65, 4, 4)
+        a, b, c = buf(rng, 257, 8, 8), buf(rng, 4, 8, 8), buf(rng, 257, 4, 4)
         lib.ptp_sgemm_enable(1)
         fwd = lib.ptp_sgemm_forwarded()
         gemm(lib, a[:2], b, c, TR, alpha=2.0)  # alpha != 1
         gemm(lib, a[:2], b, c, TR, beta=0.5)  # beta not 0 or 1
         gemm(lib, a, b, c, TR)  # M over the threshold
-        lib.cblas_sgemm(ROW, TR, TR, 2, 4, 8, 1.0, a.ctypes.data, 65, b.ctypes.data, 8, 0.0, c.ctypes.data, 4)
-        assert [s[3] for s in seen] == [2, 2, 65, 2] and seen[0][6] == 2.0 and seen[1][7] == 0.5
+        lib.cblas_sgemm(ROW, TR, TR, 2, 4, 8, 1.0, a.ctypes.data, 257, b.ctypes.data, 8, 0.0, c.ctypes.data, 4)
+        assert [s[3] for s in seen] == [2, 2, 257, 2] and seen[0][6] == 2.0 and seen[1][7] == 0.5
         assert seen[3][1:3] == (TR, TR)
         gemm(lib, a[:2], b, c, TR)  # taken: the fallback is not called
         assert len(seen) == 4 and lib.ptp_sgemm_forwarded() - fwd == 4
@@ -331,7 +341,7 @@ def test_a_large_forwarded_product_runs_in_halves_on_both_threads(lib, order):
             for m, n, k, tb, halves in (
                 (300, 401, 100, TR, "cols"),
                 (1001, 100, 100, NO, "rows"),
-                (80, 50, 100, TR, ""),
+                (280, 50, 100, TR, ""),
             ):
                 seen.clear()
                 a, b = buf(rng, m, k, k + 3), buf(rng, n, k, k + 1) if tb == TR else buf(rng, k, n, n + 1)

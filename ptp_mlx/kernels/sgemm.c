@@ -29,8 +29,10 @@
 #endif
 
 #ifndef PTP_MAX_M
-#define PTP_MAX_M 64 /* every decode width; above it a BLAS's packing wins (scripts/bench_sgemm.py) */
+#define PTP_MAX_M 256 /* every decode width and a prefill chunk (decode/ar.py: 128 rows); a prefill ran faster
+                         * so than through the BLAS on both threads up to about 256 rows (docs/method.md section 10) */
 #endif
+static int max_m = PTP_MAX_M; /* the most rows a call may have for the kernel to take it (ptp_sgemm_set_max_m) */
 
 enum { RowMajor = 101, ColMajor = 102, NoTrans = 111, Trans = 112 };
 
@@ -723,7 +725,7 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
     const float *rA = A, *rB = B;
     if (order == ColMajor) o = RowMajor, rta = tb, rtb = ta, rM = N, rN = M, rA = B, rB = A, rlda = ldb, rldb = lda;
     int ok = enabled && o == RowMajor && rta == NoTrans && (rtb == NoTrans || rtb == Trans) && alpha == 1.0f &&
-             (beta == 0.0f || beta == 1.0f) && rM >= 1 && rM <= PTP_MAX_M && rN >= 1 && K >= 1 && rlda >= K &&
+             (beta == 0.0f || beta == 1.0f) && rM >= 1 && rM <= max_m && rN >= 1 && K >= 1 && rlda >= K &&
              rldb >= (rtb == Trans ? K : rN) && ldc >= rN;
     if (ok) {
         unsigned long long t0 = now_ns();
@@ -754,11 +756,17 @@ int ptp_sgemm_use(const char *name) { return use_path(name); }
 void ptp_sgemm_set_fallback(void *fn) { memcpy(&fallback, &fn, sizeof fallback); } /* ISO C: no cast */
 void ptp_sgemm_enable(int on) { enabled = on != 0; }
 const char *ptp_sgemm_info(void) { return path_name; }
-int ptp_sgemm_max_m(void) { return PTP_MAX_M; }
+int ptp_sgemm_max_m(void) { return max_m; }
+/* m >= 1: the kernel takes calls of at most m rows from now on (benchmarks compare it with the BLAS; a process
+ * should not switch mid-way); returns the value in use. */
+int ptp_sgemm_set_max_m(int m) {
+    if (m >= 1) max_m = m;
+    return max_m;
+}
 /* Whether cblas_sgemm computes C = A B^T of M rows itself: then each column of C is the same whatever other
  * columns the call has (one accumulator per element), so a caller may fold more weight rows into one call
  * (ptp-gated-linear: the LoRA's A rows after the projection's). */
-int ptp_sgemm_takes_nt(int M) { return enabled && M >= 1 && M <= PTP_MAX_M; }
+int ptp_sgemm_takes_nt(int M) { return enabled && M >= 1 && M <= max_m; }
 unsigned long long ptp_sgemm_taken(void) { return __atomic_load_n(&n_taken, __ATOMIC_RELAXED); }
 unsigned long long ptp_sgemm_forwarded(void) { return __atomic_load_n(&n_forwarded, __ATOMIC_RELAXED); }
 /* Nanoseconds spent in the calls taken and forwarded, for profiles (ptp-bench --profile). */
@@ -787,7 +795,7 @@ int ptp_sgemm_set_threads(int n, int min_work, int spin) {
  * primitives (attention's scores), whose rows must come out alike at every width. 0 (nothing done) where M is
  * out of the kernel's range. */
 int ptp_sgemm_nt(int M, int N, int K, const float *A, long lda, const float *B, long ldb, float *C, long ldc) {
-    if (M < 1 || M > PTP_MAX_M || N < 1 || K < 1 || lda < K || ldb < K || ldc < N) return 0;
+    if (M < 1 || M > max_m || N < 1 || K < 1 || lda < K || ldb < K || ldc < N) return 0;
     A = aligned_rows(M, K, A, &lda);
     kern_nt(M, 0, N, K, A, lda, B, ldb, 0, C, ldc);
     return 1;
