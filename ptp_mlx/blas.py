@@ -112,7 +112,12 @@ def _load_kernel() -> ctypes.CDLL | None:
             return lib
     except Exception as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    print(f"notice: ptp-sgemm kernel not built ({why}); MLX uses the BLAS's sgemm for every width", file=sys.stderr)
+    from . import kernels  # (light: no numpy, no mlx)
+
+    if why == kernels.NO_COMPILER:  # (one notice for every CPU part a compiler would have built)
+        kernels.notice_once("no-compiler", kernels.NO_COMPILER_NOTICE)
+    else:
+        print(f"notice: ptp-sgemm kernel not built ({why}); MLX uses the BLAS's sgemm for every width", file=sys.stderr)
     return None
 
 

@@ -12,6 +12,7 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +23,20 @@ INCLUDED = (Path(__file__).with_name("packed.c"),)  # #included by sgemm.c: part
 FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-pthread"]
 NATIVE = "-march=native"
 COMPILERS = ("cc", "gcc", "clang")
+NO_COMPILER = "no C compiler found (cc, gcc or clang)"
+# What a process without a compiler is told, once, whichever of ptp-mlx's CPU parts asks first (``notice_once``).
+NO_COMPILER_NOTICE = (
+    f"notice: {NO_COMPILER}: ptp-mlx's CPU kernels are not built, so MLX's BLAS computes every product and attention, "
+    "norms and the adapter's LoRA run as graph nodes (slower); install gcc or clang, then `python -m ptp_mlx.kernels`"
+)
+_noticed: set[str] = set()
+
+
+def notice_once(key: str, text: str) -> None:
+    """Print ``text`` to stderr unless a notice under ``key`` was printed already in this process."""
+    if key not in _noticed:
+        _noticed.add(key)
+        print(text, file=sys.stderr)
 
 
 def find_compiler() -> str | None:
@@ -111,7 +126,7 @@ def build(force: bool = False) -> tuple[str | None, str]:
                 return str(path), ""
     cc = find_compiler()
     if cc is None:
-        return None, "no C compiler found (cc, gcc or clang)"
+        return None, NO_COMPILER
     failed = target.with_suffix(".failed")  # a broken toolchain is not retried at every start
     if failed.is_file() and not force:
         reason = failed.read_text(errors="replace").strip()

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import cpu_key, kernel_dir, shared_path
+from . import NO_COMPILER, NO_COMPILER_NOTICE, cpu_key, find_compiler, kernel_dir, notice_once, shared_path
 
 SOURCES = tuple(
     Path(__file__).with_name(n)
@@ -62,6 +62,14 @@ def library_name() -> str | None:
     tag = "|".join([*versions, sys.version, " ".join(FLAGS)])
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + tag.encode()).hexdigest()[:12]
     return f"cpu_ops-{digest}-{cpu_key()}.so"
+
+
+def _cxx() -> str | None:
+    """The C++ compiler CMake would take: ``$CXX``, else the first of c++, g++, clang++ on ``PATH``."""
+    for name in os.environ.get("CXX", "").split()[:1] + ["c++", "g++", "clang++"]:
+        if shutil.which(name):
+            return name
+    return None
 
 
 def _cmake() -> str | None:
@@ -111,6 +119,10 @@ def build(force: bool = False) -> tuple[str | None, str]:
     # A process with its own PTP_MLX_HOME (each test has one) builds into the default cache root, where the
     # next such process finds it: eleven seconds once, not per process.
     target = shared or target
+    if _cxx() is None:
+        return None, NO_COMPILER if find_compiler() is None else "no C++ compiler found (c++, g++ or clang++)"
+    if shutil.which("make") is None:
+        return None, "no make found (the build program CMake's default generator runs)"
     cmake = _cmake()
     if cmake is None:
         return None, "no cmake found"
@@ -213,6 +225,9 @@ def module():
     except Exception as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     _state["why"] = why
+    if why == NO_COMPILER:  # (one notice for every CPU part a compiler would have built)
+        notice_once("no-compiler", NO_COMPILER_NOTICE)
+        return None
     print(
         f"notice: ptp-mlx's CPU primitives not built ({why}); the adapter's LoRA, attention, norms and heads run as "
         "graph nodes (slower)",
