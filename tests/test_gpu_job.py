@@ -74,6 +74,7 @@ def test_gpu_job_dry_run(tmp_path, tiny):
     assert "135m" in figs["cost-sweep"]["cost_sweep"] and len(list(out3.iterdir())) <= 8
     text = (out3 / "compiled-check.txt").read_text()
     assert "calls," in text and "compile bank" in text and "every PTP shape == ar" in text
+    assert "ptp-bench --cost-sweep | Device(cpu" in text and " | blas " in text  # (what priced the rows)
     gpu_job.join(out, tmp_path / "adapter")
     adapter, cfg = load_adapter(tmp_path / "adapter", model)
     assert cfg.raw["cdf_order"] == "prob" and cfg.raw["training"]["slot_weights"] == "decay:0.7"

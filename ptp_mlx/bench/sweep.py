@@ -157,10 +157,13 @@ def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=prin
         packed.unpack_model(matrices)  # (the registry keeps them alive)
         del pm, matrices
         mx.clear_cache()
+    from .. import blas
+
     how = "read from codes, then as floats" if codes else "read as floats (PTP_MLX_PACKED=0, or no codes path here)"
     text = (
-        f"ptp-bench --cost-sweep | random-weight Llama shapes, fp32 from 4/8-bit codes as the default model "
-        f"({how}), context {context}, best of {repeats} interleaved rounds\n"
+        f"ptp-bench --cost-sweep | {mx.default_device()} | blas {blas.state['blas'].split(':')[0]} | random-weight "
+        f"Llama shapes, fp32 from 4/8-bit codes as the default model ({how}), context {context}, best of {repeats} "
+        "interleaved rounds\n"
     )
     return text + "\n".join(lines), doc
 
