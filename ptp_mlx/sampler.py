@@ -16,6 +16,7 @@ import numpy as np
 
 from .cdf import accurate_cumsum, id_sorted_edges, sorted_edges, work_dtype
 from .fused_exp import exp as fused_exp
+from .uniforms import UniformStream  # noqa: F401  (its home before uniforms.py; callers import it from here)
 
 CDF_ORDERS = ("id", "prob")
 
@@ -379,26 +380,6 @@ def bins(
     right = mx.where(found, mx.take_along_axis(edges, j, axis=-1)[..., 0], 0.0)
     left = mx.where(found, mx.take_along_axis(prev, j, axis=-1)[..., 0], 0.0)
     return left, right  # a token outside the kept support gets the empty bin [0, 0)
-
-
-class UniformStream:
-    """Seeded, index-addressable stream of float32 uniforms in [0, 1): ``u[i]`` drives generated token i."""
-
-    CHUNK = 4096
-
-    def __init__(self, seed: int = 0):
-        self.seed = seed
-        self._rng = np.random.default_rng(seed)
-        self._buf = np.zeros(0, dtype=np.float32)
-
-    def take(self, start: int, n: int) -> np.ndarray:
-        while self._buf.size < start + n:
-            # Fixed chunk size keeps the stream identical however it is read.
-            self._buf = np.concatenate([self._buf, self._rng.random(self.CHUNK, dtype=np.float32)])
-        return self._buf[start : start + n]
-
-    def __getitem__(self, i: int) -> float:
-        return float(self.take(i, 1)[0])
 
 
 def pick_with_bins(u: mx.array, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array, mx.array]:

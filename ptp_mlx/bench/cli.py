@@ -13,6 +13,7 @@ from pathlib import Path
 from ..cli_common import add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 from ..errors import UserError
 from .methods import METHODS
+from .report import curve_line
 
 DEFAULT_WIDTHS = "1,2,4,8,12,16,24,32,48,64"
 
@@ -205,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
     from .run import BenchRun, compare, diagnose, probe_cost_curve, run_bench
 
     if args.cost_sweep:
-        return _cost_sweep(args)
+        from .sweep import cost_sweep
+
+        return cost_sweep(args)
     eng = Engine.load(args.model, args.adapter, recalibrate=args.recalibrate)
     if args.free_rows:
         from ..drafting.cost import CostCurve
@@ -348,23 +351,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cost_sweep(args) -> int:
-    import json
-
-    from ..paths import atomic_write_bytes
-    from .sweep import SIZES, sweep_table
-
-    sizes = list(SIZES) if args.cost_sweep == "all" else [x.strip() for x in args.cost_sweep.split(",") if x.strip()]
-    try:
-        text, doc = sweep_table(sizes, log=lambda m: print(m, file=sys.stderr))
-    except ValueError as e:
-        raise UserError(str(e)) from None
-    print(text)
-    if args.json:
-        atomic_write_bytes(Path(args.json), (json.dumps({"cost_sweep": doc}, indent=1) + "\n").encode())
-    return 0
-
-
 def _profile(eng, prompt, sampling, args) -> int:
     import json
 
@@ -386,15 +372,6 @@ def _profile(eng, prompt, sampling, args) -> int:
         print(f"error: PTP output differs from ar in {', '.join(doc['diverged'])}", file=sys.stderr)
         return 1
     return 0
-
-
-def curve_line(curve) -> str:
-    """One line on the cost curve the budget uses: where it came from, how far learning moved it, a few widths."""
-    d = curve.to_dict()
-    at = ", ".join(f"{w}: {curve(w):.2f}" for w in (2, 4, 8, 16))
-    src = d.get("source", "flat")
-    moved = f", moved {d['moved']:.2f}x by {d['calls']} measured calls" if "moved" in d else ""
-    return f"cost curve in use ({src}{moved}): {at} steps"
 
 
 def main(argv=None) -> int:

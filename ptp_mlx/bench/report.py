@@ -287,3 +287,12 @@ def write_plot(path: str | Path, doc: dict) -> None:
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     _write(path, buf.getvalue())
+
+
+def curve_line(curve) -> str:
+    """One line on the cost curve the budget uses: where it came from, how far learning moved it, a few widths."""
+    d = curve.to_dict()
+    at = ", ".join(f"{w}: {curve(w):.2f}" for w in (2, 4, 8, 16))
+    src = d.get("source", "flat")
+    moved = f", moved {d['moved']:.2f}x by {d['calls']} measured calls" if "moved" in d else ""
+    return f"cost curve in use ({src}{moved}): {at} steps"

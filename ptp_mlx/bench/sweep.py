@@ -10,6 +10,7 @@ them (fixed-shape, compiled), after a prefill of ``context`` tokens.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import mlx.core as mx
@@ -178,3 +179,22 @@ def _prices(pm, matrices: list, codes: bool, context: int, repeats: int, size: s
         yield f"{size} (floats)", price(pm, context, repeats)
     else:
         yield size, price(pm, context, repeats)
+
+
+def cost_sweep(args) -> int:
+    """``ptp-bench --cost-sweep SIZES``: the table on stdout (and ``--json``); a bad size is a ``UserError``."""
+    import json
+    from pathlib import Path
+
+    from ..errors import UserError
+    from ..paths import atomic_write_bytes
+
+    sizes = list(SIZES) if args.cost_sweep == "all" else [x.strip() for x in args.cost_sweep.split(",") if x.strip()]
+    try:
+        text, doc = sweep_table(sizes, log=lambda m: print(m, file=sys.stderr))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    print(text)
+    if args.json:
+        atomic_write_bytes(Path(args.json), (json.dumps({"cost_sweep": doc}, indent=1) + "\n").encode())
+    return 0
