@@ -70,3 +70,20 @@ def test_a_prefills_rows_are_the_same_whatever_its_chunks(setup, monkeypatch):
     assert ar.PREFILL_CHUNK == 64 and len(got[0]) == 2 * len(pm.base.layers)
     for other in got[1:]:
         assert all(np.array_equal(a, b) for a, b in zip(got[0], other, strict=True))
+
+
+def test_the_prefill_chunk_is_the_cpus_choice_only(monkeypatch):
+    """128-row chunks where MLX computes on the CPU (measured there); 512 elsewhere, as before (not measured on a
+    GPU)."""
+    from ptp_mlx.decode import ar
+
+    seen = []
+
+    def model(x, cache):
+        seen.append(x.shape[1])
+
+    for device, want in ((mx.Device(mx.cpu), [128] * 4 + [88]), (mx.Device(mx.gpu), [512, 88])):
+        seen.clear()
+        monkeypatch.setattr(ar.mx, "default_device", lambda d=device: d)
+        ar.prefill(model, list(range(600)), [])
+        assert seen == want, device
