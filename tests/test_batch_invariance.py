@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from ptp_mlx import blas
-from ptp_mlx.decode.fixed import bank_for
 from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.testing.decoding import chain_logits
 
@@ -28,11 +27,11 @@ def setup(default_model_dir):
     state = pm.make_cache()
     base(mx.array(ids)[None], cache=state)
     mx.eval(state.arrays())
-    return pm, bank_for(pm, False), state, ids
+    return pm, state, ids
 
 
 def test_k_rows_equal_k_one_row_passes_bit_for_bit(setup):
-    pm, bank, state, ids = setup
+    pm, state, ids = setup
     start = state.offset
     rng = np.random.default_rng(0)
     tokens = [int(t) for t in rng.integers(100, 20000, size=24)]

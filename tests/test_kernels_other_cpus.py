@@ -89,16 +89,16 @@ def test_every_c_source_compiles_for_aarch64_linux(tmp_path):
     if not sys.platform.startswith("linux"):  # (the CPU kernels are Linux-only; nanobind is a Linux dependency)
         pytest.skip("the CPU kernels are built on Linux only")
     lib = tmp_path / "sgemm-aarch64.so"
-    flags = ["-target", "aarch64-linux-gnu", *(f for f in kernels.FLAGS)]
+    flags = ["-target", "aarch64-linux-gnu", *kernels.FLAGS]
     done = subprocess.run([*zig, "cc", *flags, "-o", str(lib), str(kernels.SOURCE)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert lib.read_bytes()[:4] == b"\x7fELF" and lib.read_bytes()[18] == 183  # e_machine EM_AARCH64
-    site = Path(np.__file__).parents[1]
-    inc = [
-        f"-I{site / 'mlx' / 'include'}",
-        f"-I{site / 'nanobind' / 'include'}",
-        f"-I{sysconfig.get_paths()['include']}",
-    ]
+    import mlx.core
+    import nanobind
+
+    # (the headers the extension's own build uses: MLX's next to mlx.core, nanobind's, the Python's)
+    mlx_include = Path(mlx.core.__file__).resolve().parent / "include"
+    inc = [f"-I{d}" for d in (mlx_include, nanobind.include_dir(), sysconfig.get_paths()["include"])]
     for src in sorted(SRC.glob("*.cpp")):
         cmd = [*zig, "c++", "-target", "aarch64-linux-gnu", "-std=c++20", "-O3", "-fPIC", "-w", "-c", *inc]
         done = subprocess.run([*cmd, str(src), "-o", str(tmp_path / f"{src.stem}.o")], capture_output=True, text=True)

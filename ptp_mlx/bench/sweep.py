@@ -10,11 +10,17 @@ them (fixed-shape, compiled), after a prefill of ``context`` tokens.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+
+from .. import blas
+from ..errors import UserError
+from ..paths import atomic_write_bytes
 
 # Llama shapes (hidden, layers, heads, KV heads, MLP, vocabulary): the default model's, then those of common
 # 0.5B / 1.5B / 3B models.
@@ -158,8 +164,6 @@ def sweep_table(sizes: list[str], context: int = 128, repeats: int = 5, log=prin
         packed.unpack_model(matrices)  # (the registry keeps them alive)
         del pm, matrices
         mx.clear_cache()
-    from .. import blas
-
     how = "read from codes, then as floats" if codes else "read as floats (PTP_MLX_PACKED=0, or no codes path here)"
     text = (
         f"ptp-bench --cost-sweep | {mx.default_device()} | blas {blas.state['blas'].split(':')[0]} | random-weight "
@@ -183,12 +187,6 @@ def _prices(pm, matrices: list, codes: bool, context: int, repeats: int, size: s
 
 def cost_sweep(args) -> int:
     """``ptp-bench --cost-sweep SIZES``: the table on stdout (and ``--json``); a bad size is a ``UserError``."""
-    import json
-    from pathlib import Path
-
-    from ..errors import UserError
-    from ..paths import atomic_write_bytes
-
     sizes = list(SIZES) if args.cost_sweep == "all" else [x.strip() for x in args.cost_sweep.split(",") if x.strip()]
     try:
         text, doc = sweep_table(sizes, log=lambda m: print(m, file=sys.stderr))

@@ -1,7 +1,6 @@
 // ptp-block: one decoder layer of a fixed-shape pass (a llama-style block: RMS norm, q|k|v (per-head q and k norms
-// for qwen3), RoPE from the call's
-// table, the K/V rows written at the pass's offset, attention over the bucket, o, residual, RMS norm, gate|up,
-// SwiGLU, down, residual) as one MLX primitive on the CPU.
+// for qwen3), RoPE from the call's table, the K/V rows written at the pass's offset, attention over the bucket, o,
+// residual, RMS norm, gate|up, SwiGLU, down, residual) as one MLX primitive on the CPU.
 //
 // Why: on MLX's CPU backend every node of a call's graph costs a few microseconds on the thread that replays the
 // compiled graph and again on the stream thread (dispatch, allocation, a wake-up), whatever its size. A layer of
