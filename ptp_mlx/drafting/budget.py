@@ -195,8 +195,10 @@ class Budget:
         feed the pace guard of its drafter (``source``: prompt lookup's, or the adapter's), cold or not: a shape
         compiled for one call is a cost the answer paid, and a budget that keeps meeting new shapes must see it (a
         warm call slowed by a stray spike is capped)."""
-        step = getattr(self.curve, "step_seconds", None)
-        expected = self.curve(rows) * step if step and rows > 1 and not cold else None
+        expected = None
+        if rows > 1 and not cold:  # (a plain step reads nothing: a learnt curve rebuilds only when read)
+            step = getattr(self.curve, "step_seconds", None)
+            expected = self.curve(rows) * step if step else None
         learn = getattr(self.curve, "observe", None)
         if learn is not None:
             learn(rows, seconds, cold=cold)

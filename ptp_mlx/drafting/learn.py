@@ -67,10 +67,16 @@ class LearnedCost:
         self.since_step = 0  # PTP calls since the last plain step was measured
         self.observed = 0
         self._prior_table = np.array([prior(w) for w in range(MAX_ROWS + 1)])
-        self._rebuild()  # (the prior bounded: never below a step, never falling with width)
-        self._saved = self._table.copy()
+        self._stale = True  # the table waits for its next reader (a plain step of a burst only marks it)
+        self._saved = self._table.copy()  # (the prior bounded: never below a step, never falling with width)
 
     # -- what the budget reads -------------------------------------------------------------------------------------
+    @property
+    def _table(self) -> np.ndarray:
+        if self._stale:
+            self._rebuild()
+        return self._table_
+
     def __call__(self, rows: int) -> float:
         if rows <= MAX_ROWS:
             return float(self._table[max(1, rows)])
@@ -80,6 +86,8 @@ class LearnedCost:
     @property
     def step_seconds(self) -> float | None:
         """The estimated seconds of a plain step (measured steps, else the probe's; as of the last rebuild)."""
+        if self._stale:
+            self._rebuild()
         return self._step
 
     @property
@@ -134,13 +142,15 @@ class LearnedCost:
         if cold:
             if b > 1:
                 self.ceiling[b] = min(self.ceiling.get(b, at_b), at_b)
-                self._rebuild()
+                self._stale = True
             return
         self.samples.setdefault(b, deque(maxlen=WINDOW)).append(at_b)
         self.since_step = 0 if b == 1 else self.since_step + 1
         self.observed += 1
-        self._rebuild()
-        if self._should_save():
+        # (rebuilt when next read: a burst's plain steps, one per token, only mark it; the write-back is weighed
+        # after drafting calls, whose widths are what it counts)
+        self._stale = True
+        if b > 1 and self._should_save():
             self.save()
 
     def _prior_log(self, b: int) -> float:
@@ -178,9 +188,10 @@ class LearnedCost:
             prior_log = self._step_prior + np.log(self._prior_table[2:])
             table[2:] = np.exp(prior_log + log_corr - step)
         table[1] = 1.0
-        self._table = np.maximum.accumulate(np.maximum(table, 1.0))
+        self._table_ = np.maximum.accumulate(np.maximum(table, 1.0))
         # (read by the budget several times per call: kept, as every estimate only changes here)
         self._step = None if step is None else math.exp(step)
+        self._stale = False
 
     # -- on disk ---------------------------------------------------------------------------------------------------
     def _should_save(self) -> bool:
