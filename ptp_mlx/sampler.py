@@ -300,7 +300,13 @@ def pick(
     gives ``UNRESOLVED`` (-2), which ``resolve`` turns into its exact token from the same logits.
     """
     s = SamplingSettings(temperature, top_k, top_p, order=order)
-    finite = mx.isfinite(mx.max(logits, axis=-1)) & mx.all(~mx.isnan(logits), axis=-1)
+    fused = _greedy_pick(logits)  # (one node on the CPU: the argmax, and -1 where the row is not finite)
+    if fused is not None and s.greedy:
+        return _checked(fused) if check else fused
+    if fused is not None:  # the same finiteness test, one pass over the row
+        finite = fused >= 0
+    else:
+        finite = mx.isfinite(mx.max(logits, axis=-1)) & mx.all(~mx.isnan(logits), axis=-1)
     if s.greedy:
         out = mx.argmax(logits, axis=-1).astype(mx.int32)
     elif fast and may_leave_unresolved(s, logits.shape[-1]):
@@ -319,11 +325,27 @@ def pick(
         out = mx.sum(edges <= mx.expand_dims(u, -1), axis=-1).astype(mx.int32)
         finite = finite & mx.all(~mx.isnan(q), axis=-1)
     out = mx.where(finite, out, -1)
-    if check:
-        # Sync: validation needs the values on the host.
-        if bool(mx.any(out < 0).item()):
-            raise ValueError("cannot sample: a row of logits is entirely masked (-inf) or not finite")
+    return _checked(out) if check else out
+
+
+def _checked(out: mx.array) -> mx.array:
+    # Sync: validation needs the values on the host.
+    if bool(mx.any(out < 0).item()):
+        raise ValueError("cannot sample: a row of logits is entirely masked (-inf) or not finite")
     return out
+
+
+def _greedy_pick(logits: mx.array) -> mx.array | None:
+    """The greedy pick as one primitive on the CPU (``kernels/heads.cpp: greedy_pick``: each row's argmax, the lowest
+    id among equal maxima, -1 where the row is not finite; what ``mx.argmax`` and the finiteness test give, in two
+    passes over the row instead of four, about 0.15 ms a row less here); None elsewhere, or with
+    ``PTP_MLX_GREEDY_PICK=0``."""
+    if logits.dtype != mx.float32 or mx.default_device() != mx.cpu or not _on("PTP_MLX_GREEDY_PICK"):
+        return None
+    from .kernels.extension import module
+
+    mod = module()
+    return None if mod is None or not hasattr(mod, "greedy_pick") else mod.greedy_pick(logits)
 
 
 def pick_with(u: mx.array | float, logits: mx.array, s: SamplingSettings, **kw) -> mx.array:

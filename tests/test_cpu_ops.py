@@ -337,3 +337,38 @@ def test_top_ids_are_the_largest_in_id_order_ties_to_the_lower_ids(ops, V, c):
     assert np.array(ops.top_ids(mx.array(x[None, 1:3]), c)).shape == (1, 2, c)  # leading axes kept
     with pytest.raises(ValueError, match="top_ids"):
         ops.top_ids(mx.array(x), V + 1)
+
+
+@pytest.mark.parametrize("V", [49152, 259, 16, 1])
+def test_greedy_pick_is_the_graph_argmax_and_minus_one_where_not_finite(ops, V, monkeypatch):
+    """``greedy_pick`` (``sampler.pick`` at temperature 0 on the CPU) gives what ``mx.argmax`` and the finiteness
+    test give: the lowest id among equal maxima, -0.0 equal to 0.0, -1 for a row with a NaN or a non-finite maximum;
+    through ``pick`` with the primitive and without it, eager and compiled."""
+    from ptp_mlx.sampler import pick
+
+    rng = np.random.default_rng(V)
+    x = rng.normal(size=(8, V)).astype(np.float32) * 3
+    x[1] = np.round(x[1])  # ties at the maximum
+    x[2, :] = 0.0
+    x[2, -1] = -0.0  # (equal maxima of both signs: the first)
+    x[3, rng.integers(V)] = np.nan
+    x[4, :] = -np.inf
+    x[5, rng.integers(V)] = np.inf
+    x[6, : V // 2] = -np.inf
+    x[7, -1] = 100.0  # the maximum in the tail past the last whole vector
+    a = mx.array(x)
+    want = np.where(
+        np.isfinite(x.max(axis=1)) & ~np.isnan(x).any(axis=1), np.argmax(np.nan_to_num(x, nan=-np.inf), axis=1), -1
+    )
+    assert np.array(ops.greedy_pick(a)).tolist() == want.tolist()
+    assert np.array(ops.greedy_pick(a.reshape(2, 4, V))).shape == (2, 4)  # leading axes kept
+    assert np.array(ops.greedy_pick(a[:, ::-1])).tolist()[0] == int(np.argmax(x[0, ::-1]))  # a strided view
+    for flag in ("1", "0"):
+        monkeypatch.setenv("PTP_MLX_GREEDY_PICK", flag)
+        assert np.array(pick(0.5, a, check=False)).tolist() == want.tolist(), flag
+        assert np.array(mx.compile(lambda v: pick(0.5, v, check=False))(a)).tolist() == want.tolist(), flag
+        with pytest.raises(ValueError, match="cannot sample"):
+            pick(0.5, a)
+        assert np.array(pick(0.5, a[7:], check=True)).tolist() == want[7:].tolist()
+    with pytest.raises(ValueError, match="greedy_pick"):
+        ops.greedy_pick(a.astype(mx.float16))
