@@ -71,12 +71,35 @@ def _tempered(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array
     (``fused_exp.py``): about 1e-7 relative, against a float32 sum's 1e-4, for a fifth of the float64 exp's cost
     (MLX's CPU backend computes that one element at a time). Only the tokens a pick needs then get the float64
     exp of their own (``_probs_at``)."""
-    x = logits.astype(mx.float32).astype(work_dtype())
-    if s.temperature not in (0, 1):
-        x = x / s.temperature
+    x = _scaled(logits, s)
+    stats = _tempered_stats(logits, s)
+    if stats is not None:
+        return x, stats[0], stats[1]
     m = mx.max(x, axis=-1, keepdims=True)
     z = mx.sum(fused_exp((x - m).astype(mx.float32)).astype(x.dtype), axis=-1, keepdims=True)
     return x, m, z
+
+
+def _scaled(logits: mx.array, s: SamplingSettings) -> mx.array:
+    """The logits at temperature T in the work dtype (elementwise: the same values for any subset of a row)."""
+    x = logits.astype(mx.float32).astype(work_dtype())
+    return x / s.temperature if s.temperature not in (0, 1) else x
+
+
+def _tempered_stats(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array, mx.array] | None:
+    """``_tempered``'s maximum and ``Z``, and the count of tokens above ``_CUTOFF``, as one primitive on the CPU
+    (``kernels/picks.cpp``: the graph's arithmetic in its order, every bit the same, two passes over the row instead
+    of seven nodes); None where the work dtype is not float64, without the extension, or with
+    ``PTP_MLX_TEMPERED=0``."""
+    if work_dtype() != mx.float64 or not _on("PTP_MLX_TEMPERED"):
+        return None
+    from .kernels.extension import module
+
+    mod = module()
+    if mod is None or not hasattr(mod, "tempered_stats"):
+        return None
+    m, z, positive = mod.tempered_stats(logits.astype(mx.float32), float(s.temperature), _CUTOFF)
+    return m, z, positive
 
 
 def _probs_at(x: mx.array, m: mx.array, z: mx.array) -> mx.array:
@@ -107,6 +130,10 @@ def _head_probs(logits: mx.array, s: SamplingSettings):
     if work_dtype() != mx.float64:
         p = tempered_probs(logits, s)
         return (lambda ids: mx.take_along_axis(p, ids, axis=-1)), mx.sum(p > 0, axis=-1, keepdims=True)
+    stats = _tempered_stats(logits, s)
+    if stats is not None:  # (the tempered logits of the wanted ids only: the whole row is never converted)
+        m, z, positive = stats
+        return (lambda ids: _probs_at(_scaled(mx.take_along_axis(logits, ids, axis=-1), s), m, z)), positive
     x, m, z = _tempered(logits, s)
     positive = mx.sum(x - m > _CUTOFF, axis=-1, keepdims=True)
     return (lambda ids: _probs_at(mx.take_along_axis(x, ids, axis=-1), m, z)), positive

@@ -372,3 +372,39 @@ def test_greedy_pick_is_the_graph_argmax_and_minus_one_where_not_finite(ops, V, 
         assert np.array(pick(0.5, a[7:], check=True)).tolist() == want[7:].tolist()
     with pytest.raises(ValueError, match="greedy_pick"):
         ops.greedy_pick(a.astype(mx.float16))
+
+
+@pytest.mark.parametrize("T", [0.7, 1.0, 0.3, 1.3, 0.0])
+def test_tempered_stats_are_the_graphs_every_bit(ops, T, monkeypatch):
+    """``tempered_stats`` (``sampler._tempered`` on the CPU): the row maximum of x = float64(logit) / T, Z (the float64
+    sum of the float32 fused exponentials of x - m, in order) and the count above the cutoff, bit for bit what the
+    graph form gives, eager and compiled; picks through ``pick`` the same with the primitive and without it."""
+    from ptp_mlx import sampler as S
+
+    rng = np.random.default_rng(int(T * 10))
+    x = (rng.normal(size=(7, 3001)) * 4).astype(np.float32)
+    x[1, :100] = -np.inf
+    x[2] = np.round(x[2])
+    x[3] *= 40  # (many tokens past the cutoff at a low temperature)
+    x[4, 2999:] = 9.0  # the maximum in the tail past the last whole vector
+    x[5] = -0.0
+    x[6] = x[0] * 1e-3
+    a = mx.array(x)
+    s = S.SamplingSettings(temperature=T, top_p=0.9, order="prob")
+    m, z, positive = ops.tempered_stats(a, T, S._CUTOFF)
+    monkeypatch.setenv("PTP_MLX_TEMPERED", "0")
+    for graph in (lambda v: S._tempered(v, s), mx.compile(lambda v: S._tempered(v, s))):
+        xg, mg, zg = graph(a)
+        pg = mx.sum(xg - mg > S._CUTOFF, axis=-1, keepdims=True)
+        assert np.array_equal(np.array(m), np.array(mg))
+        assert np.array_equal(np.array(z).view(np.int64), np.array(zg).view(np.int64))
+        assert np.array(positive).tolist() == np.array(pg).tolist()
+    if T == 0:
+        return
+    u = mx.array(rng.random(7).astype(np.float32))
+    want = np.array(S.pick_with(u, a, s, check=False, fast=True))
+    monkeypatch.setenv("PTP_MLX_TEMPERED", "1")
+    assert np.array(S.pick_with(u, a, s, check=False, fast=True)).tolist() == want.tolist()
+    assert np.array(mx.compile(lambda v: S.pick_with(u, v, s, check=False, fast=True))(a)).tolist() == want.tolist()
+    with pytest.raises(ValueError, match="tempered_stats"):
+        ops.tempered_stats(a.astype(mx.float16), T, S._CUTOFF)

@@ -1,6 +1,7 @@
 """ptp-mlx's CPU primitives: a fused projection group and its gated LoRA (``gated_linear.cpp``), a layer's
-attention over our K/V state (``attention.cpp``), SwiGLU, RMS norm and a table RoPE (``rowwise.cpp``), and what a
-call reads from its auxiliary rows' logits (``heads.cpp``), each one MLX primitive on the CPU.
+attention over our K/V state (``attention.cpp``), SwiGLU, RMS norm and a table RoPE (``rowwise.cpp``), what a
+call reads from its auxiliary rows' logits (``heads.cpp``) and the sampler's passes over a row (``picks.cpp``),
+each one MLX primitive on the CPU.
 
 Each source says why. They are one MLX C++ extension, built at first use with CMake and nanobind (the
 nanobind whose internals MLX's own bindings were built with, so arrays pass between the two) into
@@ -25,7 +26,7 @@ from . import NO_COMPILER, NO_COMPILER_NOTICE, cpu_key, find_compiler, kernel_di
 
 SOURCES = tuple(
     Path(__file__).with_name(n)
-    for n in ("gated_linear.cpp", "attention.cpp", "rowwise.cpp", "heads.cpp", "linear.cpp", "block.cpp")
+    for n in ("gated_linear.cpp", "attention.cpp", "rowwise.cpp", "heads.cpp", "linear.cpp", "block.cpp", "picks.cpp")
 )
 HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_ops.h", "simd16.h"))
 MODULE = "_ptp_cpu_ops"

@@ -267,14 +267,16 @@ void register_rowwise(nb::module_& m);    // rowwise.cpp
 void register_heads(nb::module_& m);      // heads.cpp
 void register_linear(nb::module_& m);     // linear.cpp
 void register_block(nb::module_& m);      // block.cpp
+void register_picks(nb::module_& m);      // picks.cpp
 
 NB_MODULE(_ptp_cpu_ops, m) {
-  m.doc() = "ptp-mlx's CPU primitives: a fused projection group (plain, or with its gated LoRA), a layer's attention, SwiGLU, RMS norm, table RoPE and the auxiliary rows' head, a whole decoder layer";
+  m.doc() = "ptp-mlx's CPU primitives: a fused projection group (plain, or with its gated LoRA), a layer's attention, SwiGLU, RMS norm, table RoPE and the auxiliary rows' head, a whole decoder layer, the sampler's passes over a row";
   register_attention(m);
   register_rowwise(m);
   register_heads(m);
   register_linear(m);
   register_block(m);
+  register_picks(m);
   m.def("gated_linear", &gated_linear, nb::arg("x"), nb::arg("W"), nb::arg("B"), nb::arg("gate"),
         nb::arg("spans"), nb::arg("out"), nb::arg("bias") = nb::none(),
         "y = x @ W[:out].T (+ bias), plus (x @ W[out:].T * gate) @ B on rows whose gate is not zero.");

@@ -255,70 +255,6 @@ mx::array top_ids(const mx::array& logits, int c) {
   return mx::array(shape, mx::int32, std::make_shared<TopIds>(mx::default_stream(mx::Device::cpu), c), {logits});
 }
 
-// The greedy pick of each row (sampler.py: pick at temperature 0): the argmax, the lowest id among equal maxima,
-// or -1 where the row holds a NaN or its maximum is not finite; what MLX's argmax, max, isfinite, isnan and all
-// give as five nodes and four passes over the row (0.18 ms a row of the default model's vocabulary here), in two
-// passes. Exact: comparisons only, no arithmetic.
-int32_t greedy_row(const float* x, int64_t V) {
-  v16 m = splat(NINF);
-  i16 nan{};
-  int64_t j = 0;
-  for (; j + LANES <= V; j += LANES) {
-    const v16 v = load(x + j);
-    m = v > m ? v : m;
-    nan |= v != v;
-  }
-  float best = NINF;
-  bool any_nan = false;
-  for (int k = 0; k < LANES; ++k) {
-    best = m[k] > best ? m[k] : best;
-    any_nan |= nan[k] != 0;
-  }
-  for (; j < V; ++j) {
-    best = x[j] > best ? x[j] : best;
-    any_nan |= x[j] != x[j];
-  }
-  if (any_nan || !std::isfinite(best)) return -1;
-  for (int64_t k = 0; k < V; ++k)
-    if (x[k] == best) return static_cast<int32_t>(k);
-  return -1;  // (unreachable: best is one of the row's values)
-}
-
-class GreedyPick : public ptpcpu::CpuPrimitive {
- public:
-  explicit GreedyPick(mx::Stream stream) : CpuPrimitive(stream) {}
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  const char* name() const override { return "PTPGreedyPick"; }
-  bool is_equivalent(const mx::Primitive&) const override { return true; }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    auto shape = inputs[0].shape();
-    shape.pop_back();
-    return {shape};
-  }
-};
-
-void GreedyPick::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(inputs[0]);
-  encoder.set_output_array(out);
-  encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), op = out.data<int32_t>()]() {
-    thread_local std::vector<float> buf;
-    const int64_t V = x.shape(-1);
-    const auto rows = ptpcpu::rows_of(x, buf);  // (a view: copied)
-    for (int64_t r = 0; r < rows.rows; ++r) op[r] = greedy_row(rows.p + r * rows.stride, V);
-  });
-}
-
-mx::array greedy_pick(const mx::array& logits) {
-  if (logits.dtype() != mx::float32 || logits.ndim() < 1 || logits.shape(-1) < 1)
-    throw std::invalid_argument("greedy_pick: logits are float32 [..., vocab]");
-  auto shape = logits.shape();
-  shape.pop_back();
-  return mx::array(shape, mx::int32, std::make_shared<GreedyPick>(mx::default_stream(mx::Device::cpu)), {logits});
-}
-
 }  // namespace
 
 void register_heads(nb::module_& m) {
@@ -328,7 +264,4 @@ void register_heads(nb::module_& m) {
   m.def("top_ids", &top_ids, nb::arg("logits"), nb::arg("c"),
         "The ids of each row's c largest logits (float32 [..., vocab]), int32 in increasing order; at equal logits "
         "on the edge, the lower ids.");
-  m.def("greedy_pick", &greedy_pick, nb::arg("logits"),
-        "Each row's argmax of logits (float32 [..., vocab]), int32: the lowest id among equal maxima, -1 where the "
-        "row holds a NaN or its maximum is not finite.");
 }
