@@ -8,7 +8,6 @@ trained against one order and records it (``cdf_order`` in its config), and deco
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -16,6 +15,7 @@ import numpy as np
 
 from .cdf import accurate_cumsum, id_sorted_edges, sorted_edges, work_dtype
 from .fused_exp import exp as fused_exp
+from .pick_ops import greedy_pick, tempered_stats, top_ids
 from .uniforms import UniformStream  # noqa: F401  (its home before uniforms.py; callers import it from here)
 
 CDF_ORDERS = ("id", "prob")
@@ -72,7 +72,7 @@ def _tempered(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array
     (MLX's CPU backend computes that one element at a time). Only the tokens a pick needs then get the float64
     exp of their own (``_probs_at``)."""
     x = _scaled(logits, s)
-    stats = _tempered_stats(logits, s)
+    stats = tempered_stats(logits, s.temperature, _CUTOFF)
     if stats is not None:
         return x, stats[0], stats[1]
     m = mx.max(x, axis=-1, keepdims=True)
@@ -84,22 +84,6 @@ def _scaled(logits: mx.array, s: SamplingSettings) -> mx.array:
     """The logits at temperature T in the work dtype (elementwise: the same values for any subset of a row)."""
     x = logits.astype(mx.float32).astype(work_dtype())
     return x / s.temperature if s.temperature not in (0, 1) else x
-
-
-def _tempered_stats(logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.array, mx.array] | None:
-    """``_tempered``'s maximum and ``Z``, and the count of tokens above ``_CUTOFF``, as one primitive on the CPU
-    (``kernels/picks.cpp``: the graph's arithmetic in its order, every bit the same, two passes over the row instead
-    of seven nodes); None where the work dtype is not float64, without the extension, or with
-    ``PTP_MLX_TEMPERED=0``."""
-    if work_dtype() != mx.float64 or not _on("PTP_MLX_TEMPERED"):
-        return None
-    from .kernels.extension import module
-
-    mod = module()
-    if mod is None or not hasattr(mod, "tempered_stats"):
-        return None
-    m, z, positive = mod.tempered_stats(logits.astype(mx.float32), float(s.temperature), _CUTOFF)
-    return m, z, positive
 
 
 def _probs_at(x: mx.array, m: mx.array, z: mx.array) -> mx.array:
@@ -130,7 +114,7 @@ def _head_probs(logits: mx.array, s: SamplingSettings):
     if work_dtype() != mx.float64:
         p = tempered_probs(logits, s)
         return (lambda ids: mx.take_along_axis(p, ids, axis=-1)), mx.sum(p > 0, axis=-1, keepdims=True)
-    stats = _tempered_stats(logits, s)
+    stats = tempered_stats(logits, s.temperature, _CUTOFF)
     if stats is not None:  # (the tempered logits of the wanted ids only: the whole row is never converted)
         m, z, positive = stats
         return (lambda ids: _probs_at(_scaled(mx.take_along_axis(logits, ids, axis=-1), s), m, z)), positive
@@ -216,30 +200,11 @@ CANDIDATES = 1024  # the likeliest tokens a fast pick sorts
 UNRESOLVED = -2  # a fast pick's answer for a row that needs the full sort (``resolve``)
 
 
-def _top_ids(logits: mx.array, c: int) -> mx.array:
-    """The ids of each row's ``c`` largest logits, int32 in increasing order (temperature and softmax keep the
-    order). On the CPU one primitive (``kernels/heads.cpp: top_ids``, about 0.5 ms a row less than MLX's
-    argpartition and sort; ``PTP_MLX_TOP_IDS=0``: those); which of equal logits at the edge come in does not matter
-    (``_head``'s ``exact``)."""
-    if logits.dtype == mx.float32 and mx.default_device() == mx.cpu and _on("PTP_MLX_TOP_IDS"):
-        from .kernels.extension import module
-
-        mod = module()
-        if mod is not None:
-            return mod.top_ids(logits, c)
-    part = mx.argpartition(-logits, kth=c - 1, axis=-1)[..., :c]
-    return mx.sort(part.astype(mx.int32), axis=-1)
-
-
-def _on(switch: str) -> bool:
-    return os.environ.get(switch, "1").strip().lower() not in ("0", "off", "no", "false")
-
-
 def _head(logits: mx.array, probs_at, c: int) -> tuple[mx.array, mx.array, mx.array]:
     """The ``c`` likeliest tokens in the full sort's order (descending probability, ties by id): their ids, their
     probabilities (``probs_at(ids)``), and how many lead surely as in the full sort (``exact``: those strictly
     likelier than the least likely candidate; a token left out may tie with that one)."""
-    ids = _top_ids(logits, c)  # id order first: the stable sort below then breaks ties by id
+    ids = top_ids(logits, c)  # id order first: the stable sort below then breaks ties by id
     pc = probs_at(ids)
     rank = mx.argsort(-pc, axis=-1)
     ps = mx.take_along_axis(pc, rank, axis=-1)
@@ -281,6 +246,8 @@ def _fast_id(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.arr
     """``pick`` in vocabulary-id order under top-p: the nucleus from the sorted head (``UNRESOLVED`` where it
     reaches past the head's exact part), then the same id-order CDF as ``filtered_probs``."""
     probs_at, _ = _head_probs(logits, s)
+    if work_dtype() == mx.float64:
+        return _fast_id_head(u, logits, probs_at, s)
     ids, ps, exact = _head(logits, probs_at, CANDIDATES)
     keep, known = _nucleus(ps, exact, s.top_p)
     # the kept probabilities scattered into id order: the very array ``filtered_probs`` renormalises
@@ -289,6 +256,31 @@ def _fast_id(u, logits: mx.array, s: SamplingSettings) -> tuple[mx.array, mx.arr
     edges = id_sorted_edges(q)
     u = mx.array(u, dtype=mx.float32).astype(edges.dtype)
     out = mx.sum(edges <= mx.expand_dims(u, -1), axis=-1).astype(mx.int32)
+    return mx.where(known[..., 0], out, UNRESOLVED), mx.all(~mx.isnan(q), axis=-1)
+
+
+def _fast_id_head(u, logits: mx.array, probs_at, s: SamplingSettings) -> tuple[mx.array, mx.array]:
+    """``_fast_id`` on the candidates alone, in id order, where sums run in float64 (the CPU): the whole row's
+    renormalising sum and id-order cumulative sum add the kept probabilities one after the other with zeros between
+    (MLX sums a float64 row in order, and adding 0 changes no bit), so over the candidates in id order they give the
+    same values at every kept token; the first edge above ``u`` is a kept token's, the same token. Every answer is
+    the whole-row form's (``tests/test_sampler_fast_pick.py``), at a third of its cost."""
+    ids = top_ids(logits, CANDIDATES)  # increasing id order
+    pc = probs_at(ids)
+    rank = mx.argsort(-pc, axis=-1)  # (stable: ties by id, as ``_head``)
+    ps = mx.take_along_axis(pc, rank, axis=-1)
+    exact = mx.sum(ps > ps[..., -1:], axis=-1, keepdims=True)
+    keep_sorted, known = _nucleus(ps, exact, s.top_p)
+    keep = mx.put_along_axis(mx.zeros(pc.shape, dtype=mx.bool_), rank, keep_sorted, axis=-1)
+    q = mx.where(keep, pc, 0.0)
+    q = q / q.sum(axis=-1, keepdims=True)
+    cdf = mx.cumsum(q, axis=-1)
+    pos = mx.arange(q.shape[-1])
+    last = mx.max(mx.where(q > 0, pos, -1), axis=-1, keepdims=True)  # (the last kept edge is 1, as ``id_sorted_edges``)
+    edges = mx.where(pos >= last, 1.0, cdf)
+    u = mx.expand_dims(mx.array(u, dtype=mx.float32).astype(edges.dtype), -1)
+    j = mx.minimum(mx.sum(edges <= u, axis=-1, keepdims=True), q.shape[-1] - 1)
+    out = mx.take_along_axis(ids, j, axis=-1)[..., 0]
     return mx.where(known[..., 0], out, UNRESOLVED), mx.all(~mx.isnan(q), axis=-1)
 
 
@@ -327,7 +319,7 @@ def pick(
     gives ``UNRESOLVED`` (-2), which ``resolve`` turns into its exact token from the same logits.
     """
     s = SamplingSettings(temperature, top_k, top_p, order=order)
-    fused = _greedy_pick(logits)  # (one node on the CPU: the argmax, and -1 where the row is not finite)
+    fused = greedy_pick(logits)  # (one node on the CPU: the argmax, and -1 where the row is not finite)
     if fused is not None and s.greedy:
         return _checked(fused) if check else fused
     if fused is not None:  # the same finiteness test, one pass over the row
@@ -360,19 +352,6 @@ def _checked(out: mx.array) -> mx.array:
     if bool(mx.any(out < 0).item()):
         raise ValueError("cannot sample: a row of logits is entirely masked (-inf) or not finite")
     return out
-
-
-def _greedy_pick(logits: mx.array) -> mx.array | None:
-    """The greedy pick as one primitive on the CPU (``kernels/heads.cpp: greedy_pick``: each row's argmax, the lowest
-    id among equal maxima, -1 where the row is not finite; what ``mx.argmax`` and the finiteness test give, in two
-    passes over the row instead of four, about 0.15 ms a row less here); None elsewhere, or with
-    ``PTP_MLX_GREEDY_PICK=0``."""
-    if logits.dtype != mx.float32 or mx.default_device() != mx.cpu or not _on("PTP_MLX_GREEDY_PICK"):
-        return None
-    from .kernels.extension import module
-
-    mod = module()
-    return None if mod is None or not hasattr(mod, "greedy_pick") else mod.greedy_pick(logits)
 
 
 def pick_with(u: mx.array | float, logits: mx.array, s: SamplingSettings, **kw) -> mx.array:
