@@ -3,11 +3,13 @@ chain, prompt lookup's other continuations) against chains plus one sibling (the
 first draft, as before the top-k tree), side by side in one process. Per held-out prompt: AR, then PTP with each
 variant in turn (the order alternating by round), every answer checked token for token against AR.
 
-Usage: ``python docs/results/trees/sibling_ab.py [rounds] [temperature] [--free-rows]`` from the repository root.
-``--free-rows``: every row priced at nothing and calls built ahead (``ptp-bench --free-rows``): tokens per call."""
+Usage: ``python docs/results/trees/sibling_ab.py [rounds] [temperature] [--free-rows] [--model M] [--adapter A]
+[--prompts P] [--max-tokens N]`` from the repository root (defaults: the default model and adapter, the held-out
+prompts, 128 tokens). ``--free-rows``: every row priced at nothing and calls built ahead (``ptp-bench --free-rows``):
+tokens per call. The GPU check runs it once (``ptp_mlx/train/gpu_check.py``)."""
 
+import argparse
 import json
-import sys
 
 import ptp_mlx  # noqa: F401  (before mlx.core: MLX binds the BLAS ptp_mlx chooses)
 from ptp_mlx.decode.chain_odds import choice_for
@@ -38,22 +40,29 @@ def variant(name: str) -> None:
     LookupProposer.alternatives = (lambda s, *a, **k: []) if sib else full_alternatives
 
 
-args = [a for a in sys.argv[1:] if not a.startswith("--")]
-free = "--free-rows" in sys.argv
-rounds = int(args[0]) if args else 3
-temp = float(args[1]) if len(args) > 1 else 0.0
+ap = argparse.ArgumentParser()
+ap.add_argument("rounds", nargs="?", type=int, default=3)
+ap.add_argument("temp", nargs="?", type=float, default=0.0)
+ap.add_argument("--free-rows", action="store_true")
+ap.add_argument("--model")
+ap.add_argument("--adapter")
+ap.add_argument("--prompts", default="ptp_mlx/data/heldout_prompts.jsonl")
+ap.add_argument("--max-tokens", type=int, default=128)
+a = ap.parse_args()
+rounds, temp, free = a.rounds, a.temp, a.free_rows
 S = SamplingSettings(temperature=temp, top_p=0.95 if temp else 1.0, seed=0)
-eng = Engine.load()
+eng = Engine.load(a.model, a.adapter)
 if free:
     for b in [eng.budget, *eng.mode_budgets.values()]:
         if b is not None:
             b.curve = CostCurve([1, 64], [1.0, 1.0])
     choice_for(eng.pm).forced = True
-prompts = [json.loads(line) for line in open("ptp_mlx/data/heldout_prompts.jsonl")]
+prompts = [json.loads(line) for line in open(a.prompts) if line.strip()]
 
 
 def run(p, mode):
-    steps = list(eng.generate([{"role": "user", "content": p["turns"][0]}], max_tokens=128, mode=mode, sampling=S))
+    msgs = [{"role": "user", "content": p["turns"][0]}]
+    steps = list(eng.generate(msgs, max_tokens=a.max_tokens, mode=mode, sampling=S))
     calls = sum(1 for s in steps if s.rows > 1)
     in_calls = sum(len(s.tokens) for s in steps if s.rows > 1)
     return sum(s.step_time for s in steps), [t for s in steps for t in s.tokens], calls, in_calls
@@ -71,7 +80,7 @@ for r in range(rounds):
         for name in ("trees", "sibling") if r % 2 == 0 else ("sibling", "trees"):
             variant(name)
             t, toks, calls, in_calls = run(p, "ptp")
-            assert toks == ref, f"{name} diverged from AR on {p['question_id']}"
+            assert toks == ref, f"{name} diverged from AR on {p.get('question_id', p.get('id'))}"
             tot[name][0] += t
             tot[name][1] += calls
             tot[name][2] += in_calls
