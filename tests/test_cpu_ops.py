@@ -325,13 +325,14 @@ def test_top_ids_are_the_largest_in_id_order_ties_to_the_lower_ids(ops, V, c):
     """``top_ids`` (the fast pick's candidates): per row the ``c`` largest logits' ids, increasing; at equal logits
     on the edge the lower ids; -0.0 and 0.0 apart as their order keys say, infinities at the ends."""
     rng = np.random.default_rng(V + c)
-    x = rng.normal(size=(5, V)).astype(np.float32) * 3
+    x = rng.normal(size=(6, V)).astype(np.float32) * 3
     x[1] = np.round(x[1])  # many ties, some at the edge
     x[2, :] = 1.0  # all equal: the first c ids
     x[3, rng.choice(V, min(V, 7), replace=False)] = np.inf
     x[4, : V // 2] = -np.inf
+    x[5, ::16] += 50.0  # the sampled guess of the edge (every 16th logit) too high: the histogram decides
     got = np.array(ops.top_ids(mx.array(x), c))
-    for r in range(5):
+    for r in range(6):
         order = np.lexsort((np.arange(V), -x[r]))  # descending value, then increasing id
         assert got[r].tolist() == sorted(order[:c].tolist()), r
     assert np.array(ops.top_ids(mx.array(x[None, 1:3]), c)).shape == (1, 2, c)  # leading axes kept

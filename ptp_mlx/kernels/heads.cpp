@@ -172,7 +172,8 @@ std::vector<mx::array> aux_head(const mx::array& logits, int alts, float inv_t) 
 // The ids of each row's c largest logits, in increasing id order (ties at the edge: the lower ids), for the fast
 // sampled pick (sampler.py: _head): a radix select over the floats' order-preserving bit patterns (a histogram of
 // the top 12 bits, then the one bucket that holds the edge), where MLX's argpartition and sort of the candidates
-// took about 0.5 ms a row of the default model's vocabulary. Which of several equal logits at the edge are taken
+// took about 0.5 ms a row of the default model's vocabulary. (Since 2026-12-06 a guess of the edge from a sample comes first:
+// top_ids_sampled.) Which of several equal logits at the edge are taken
 // does not change a pick: it trusts only the candidates strictly likelier than the least likely one.
 inline uint32_t order_key(float f) {
   uint32_t b;
@@ -180,8 +181,45 @@ inline uint32_t order_key(float f) {
   return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);  // larger float, larger key (a NaN: the largest)
 }
 
+// First a guess of the edge from every 16th logit: the ids at or above a key that about 1.5 c of the sample exceed
+// are gathered in one pass, and the c largest found among those alone (every id at or above the guess is there, so
+// where at least c are, the edge and its ties are the whole row's: the same ids as the histogram below, which runs
+// where the guess took fewer than c). 0.05 ms a row of the default model's vocabulary instead of 0.2.
+bool top_ids_sampled(const float* x, int64_t V, int c, int32_t* out, std::vector<uint32_t>& keys,
+                     std::vector<uint32_t>& edge) {
+  constexpr int STEP = 16;
+  const int64_t n_sample = V / STEP;
+  const int64_t want = (static_cast<int64_t>(c) * 3 / 2 + STEP - 1) / STEP + 4;  // sampled keys above the guess
+  if (n_sample < 4 * want) return false;  // (a short row: the histogram alone)
+  edge.resize(n_sample);
+  for (int64_t i = 0; i < n_sample; ++i) edge[i] = order_key(x[i * STEP]);
+  std::nth_element(edge.begin(), edge.begin() + (want - 1), edge.end(), std::greater<uint32_t>());
+  const uint32_t guess = edge[want - 1];
+  thread_local std::vector<int32_t> cand;
+  cand.resize(V);
+  keys.resize(V);
+  int64_t n = 0;
+  for (int64_t j = 0; j < V; ++j) {
+    const uint32_t k = order_key(x[j]);
+    cand[n] = static_cast<int32_t>(j);
+    keys[n] = k;
+    n += k >= guess;
+  }
+  if (n < c) return false;
+  edge.assign(keys.begin(), keys.begin() + n);
+  std::nth_element(edge.begin(), edge.begin() + (c - 1), edge.end(), std::greater<uint32_t>());
+  const uint32_t thr = edge[c - 1];
+  int64_t greater = 0;
+  for (int64_t i = 0; i < n; ++i) greater += keys[i] > thr;
+  int64_t ties = c - greater, m = 0;
+  for (int64_t i = 0; i < n && m < c; ++i)
+    if (keys[i] > thr || (keys[i] == thr && ties-- > 0)) out[m++] = cand[i];
+  return true;
+}
+
 void top_ids_row(const float* x, int64_t V, int c, int32_t* out, std::vector<uint32_t>& keys,
                  std::vector<uint32_t>& edge) {
+  if (top_ids_sampled(x, V, c, out, keys, edge)) return;
   constexpr int BITS = 12, SHIFT = 32 - BITS;
   thread_local std::vector<int32_t> h4;  // four histograms, filled in turn: logits crowd into a few buckets, and
   h4.assign(4 << BITS, 0);               // one counter's increments would wait on each other
