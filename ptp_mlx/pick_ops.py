@@ -1,6 +1,7 @@
 """The sampler's passes over a whole row as ptp-mlx's CPU primitives (``kernels/heads.cpp: top_ids``,
-``kernels/picks.cpp``), with the switches that keep MLX's graph forms. A leaf module: ``sampler.py`` reads these, and
-each gives None (the graph form) off the CPU, without the extension, or switched off."""
+``kernels/picks.cpp``), with the switches that keep MLX's graph forms. A leaf module that ``sampler.py`` reads: off the
+CPU, without the extension, or switched off, ``top_ids`` runs MLX's ops and the others give None (the caller's graph
+form). The extension is built from these very sources (its file is keyed by their hash), so it has every primitive."""
 
 from __future__ import annotations
 
@@ -41,10 +42,7 @@ def tempered_stats(logits: mx.array, temperature: float, cutoff: float) -> tuple
     from .kernels.extension import module
 
     mod = module()
-    if mod is None or not hasattr(mod, "tempered_stats"):
-        return None
-    m, z, positive = mod.tempered_stats(logits.astype(mx.float32), float(temperature), cutoff)
-    return m, z, positive
+    return None if mod is None else tuple(mod.tempered_stats(logits.astype(mx.float32), float(temperature), cutoff))
 
 
 def greedy_pick(logits: mx.array) -> mx.array | None:
@@ -57,4 +55,4 @@ def greedy_pick(logits: mx.array) -> mx.array | None:
     from .kernels.extension import module
 
     mod = module()
-    return None if mod is None or not hasattr(mod, "greedy_pick") else mod.greedy_pick(logits)
+    return None if mod is None else mod.greedy_pick(logits)

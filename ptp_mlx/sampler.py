@@ -200,15 +200,21 @@ CANDIDATES = 1024  # the likeliest tokens a fast pick sorts
 UNRESOLVED = -2  # a fast pick's answer for a row that needs the full sort (``resolve``)
 
 
-def _head(logits: mx.array, probs_at, c: int) -> tuple[mx.array, mx.array, mx.array]:
-    """The ``c`` likeliest tokens in the full sort's order (descending probability, ties by id): their ids, their
-    probabilities (``probs_at(ids)``), and how many lead surely as in the full sort (``exact``: those strictly
-    likelier than the least likely candidate; a token left out may tie with that one)."""
+def _candidates(logits: mx.array, probs_at, c: int):
+    """The ``c`` likeliest tokens in id order (``ids``, ``pc = probs_at(ids)``), the order that sorts them as the
+    full sort does (``rank``: descending probability, ties by id), their sorted probabilities ``ps``, and how many
+    lead surely as in the full sort (``exact``: those strictly likelier than the least likely candidate; a token
+    left out may tie with that one)."""
     ids = top_ids(logits, c)  # id order first: the stable sort below then breaks ties by id
     pc = probs_at(ids)
     rank = mx.argsort(-pc, axis=-1)
     ps = mx.take_along_axis(pc, rank, axis=-1)
-    exact = mx.sum(ps > ps[..., -1:], axis=-1, keepdims=True)
+    return ids, pc, rank, ps, mx.sum(ps > ps[..., -1:], axis=-1, keepdims=True)
+
+
+def _head(logits: mx.array, probs_at, c: int) -> tuple[mx.array, mx.array, mx.array]:
+    """``_candidates`` in the full sort's order: their ids, their probabilities and ``exact``."""
+    ids, _, rank, ps, exact = _candidates(logits, probs_at, c)
     return mx.take_along_axis(ids, rank, axis=-1), ps, exact
 
 
@@ -265,11 +271,7 @@ def _fast_id_head(u, logits: mx.array, probs_at, s: SamplingSettings) -> tuple[m
     (MLX sums a float64 row in order, and adding 0 changes no bit), so over the candidates in id order they give the
     same values at every kept token; the first edge above ``u`` is a kept token's, the same token. Every answer is
     the whole-row form's (``tests/test_sampler_fast_pick.py``), at a third of its cost."""
-    ids = top_ids(logits, CANDIDATES)  # increasing id order
-    pc = probs_at(ids)
-    rank = mx.argsort(-pc, axis=-1)  # (stable: ties by id, as ``_head``)
-    ps = mx.take_along_axis(pc, rank, axis=-1)
-    exact = mx.sum(ps > ps[..., -1:], axis=-1, keepdims=True)
+    ids, pc, rank, ps, exact = _candidates(logits, probs_at, CANDIDATES)  # (ids in increasing id order)
     keep_sorted, known = _nucleus(ps, exact, s.top_p)
     keep = mx.put_along_axis(mx.zeros(pc.shape, dtype=mx.bool_), rank, keep_sorted, axis=-1)
     q = mx.where(keep, pc, 0.0)

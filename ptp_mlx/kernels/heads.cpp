@@ -172,9 +172,9 @@ std::vector<mx::array> aux_head(const mx::array& logits, int alts, float inv_t) 
 // The ids of each row's c largest logits, in increasing id order (ties at the edge: the lower ids), for the fast
 // sampled pick (sampler.py: _head): a radix select over the floats' order-preserving bit patterns (a histogram of
 // the top 12 bits, then the one bucket that holds the edge), where MLX's argpartition and sort of the candidates
-// took about 0.5 ms a row of the default model's vocabulary. (Since 2026-12-06 a guess of the edge from a sample comes first:
-// top_ids_sampled.) Which of several equal logits at the edge are taken
-// does not change a pick: it trusts only the candidates strictly likelier than the least likely one.
+// took about 0.5 ms a row of the default model's vocabulary (since 2026-12-06 a guess of the edge from a sample
+// comes first: top_ids_sampled). Which of several equal logits at the edge are taken does not change a pick: it
+// trusts only the candidates strictly likelier than the least likely one.
 inline uint32_t order_key(float f) {
   uint32_t b;
   std::memcpy(&b, &f, sizeof b);

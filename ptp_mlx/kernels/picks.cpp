@@ -107,18 +107,20 @@ mx::array greedy_pick(const mx::array& logits) {
 // vector register of this target (16 with AVX-512, 8 with AVX, 4 with SSE or NEON), else one at a time.
 #if defined(__AVX512F__)
 constexpr int VW = 16;
-#define BARRIER(v) __asm__("" : "+v"(v))
 #elif defined(__AVX__)
 constexpr int VW = 8;
-#define BARRIER(v) __asm__("" : "+x"(v))
-#elif defined(__SSE2__)
+#elif defined(__SSE2__) || defined(__aarch64__)
 constexpr int VW = 4;
-#define BARRIER(v) __asm__("" : "+x"(v))
-#elif defined(__aarch64__)
-constexpr int VW = 4;
-#define BARRIER(v) __asm__("" : "+w"(v))
 #else
 constexpr int VW = 1;
+#endif
+#if defined(__AVX512F__)
+#define BARRIER(v) __asm__("" : "+v"(v))
+#elif defined(__SSE2__)
+#define BARRIER(v) __asm__("" : "+x"(v))
+#elif defined(__aarch64__)
+#define BARRIER(v) __asm__("" : "+w"(v))
+#else
 #define BARRIER(v) (v) = *static_cast<volatile vf*>(&(v))
 #endif
 typedef float vf __attribute__((vector_size(4 * VW)));
@@ -190,7 +192,7 @@ void TemperedStats::eval_cpu(const std::vector<mx::array>& inputs, std::vector<m
     for (int64_t r = 0; r < rows.rows; ++r) {
       const float* xr = rows.p + r * rows.stride;
       // The maximum of x / T is the largest logit's (division by T > 0 keeps the order, and rounds monotonically).
-      float best = -std::numeric_limits<float>::infinity();
+      float best = NINF;
       bool nan = false;
       for (int64_t j = 0; j < V; ++j) {
         best = xr[j] > best ? xr[j] : best;

@@ -5,8 +5,9 @@
 In separate processes (the environment switches must be set before MLX loads): ``ptp-bench --profile`` for the
 compiled calls and the eager reference, each with ``MLX_CUDA_USE_CUDNN_SDPA`` at 0 and 1; the held-out bench,
 greedy and T 0.7 top-p 0.95, compiled and eager, and greedy with a fixed budget of 3 drafts (chained calls); the
-top-k tree against chains plus one sibling (``docs/results/trees/sibling_ab.py``, one round); the cost sweep; and 2,000 PTP calls in one process (cuDNN's graph
-cache throws "Cache thrashing" after 512 misses: bucketed key lengths must keep its shapes few). Every command
+top-k tree against chains plus one sibling (``docs/results/trees/sibling_ab.py``, one round); the cost sweep; and
+2,000 PTP calls in one process (cuDNN's graph cache throws "Cache thrashing" after 512 misses: bucketed key lengths
+must keep its shapes few). Every command
 and its output go to ``compiled-check.txt``, the figures to ``compiled-check.json``, and ``summary.json`` gets each
 step's exit code and seconds. ``--sweep-sizes`` and ``--stress-calls`` shrink it for the CPU dry run.
 """
@@ -66,17 +67,8 @@ def compiled_check(
     res[name] = _run(out, name, [*argv, "--methods", "mlx-lm,ar,ptp", "--json", str(figs / f"{name}.json")], {}, 240)
     # Issue 43: the adapter's top-k tree against chains plus one sibling, side by side where rows are cheap.
     script = Path(__file__).resolve().parents[2] / "docs" / "results" / "trees" / "sibling_ab.py"
-    argv = [
-        sys.executable,
-        str(script),
-        "1",
-        "--model",
-        model_dir,
-        "--adapter",
-        str(adapter),
-        "--prompts",
-        str(prompts),
-    ]
+    argv = [sys.executable, str(script), "1", "--model", model_dir, "--adapter", str(adapter)]
+    argv += ["--prompts", str(prompts)]
     res["trees-vs-sibling"] = _run(out, "trees-vs-sibling", [*argv, "--max-tokens", str(tokens)], {}, 240)
     argv = [*py, "ptp_mlx.bench.cli", "--cost-sweep", sweep, "--json", str(figs / "cost-sweep.json")]
     res["cost-sweep"] = _run(out, "cost-sweep", argv, {}, 240)
