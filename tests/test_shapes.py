@@ -4,11 +4,12 @@ confidences that wander the shapes in use stay few; the pace guard sees cold cal
 
 import numpy as np
 
+from ptp_mlx.decode.call import call_shape
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
-from ptp_mlx.drafting.protocol import DraftPlan
+from ptp_mlx.drafting.protocol import DraftPlan, Strand
 from ptp_mlx.drafting.rows import reach
-from ptp_mlx.drafting.shapes import NOVELTY, ShapeMemory, shape_value
+from ptp_mlx.drafting.shapes import NOVELTY, ShapeMemory, graph, shape_value
 
 
 def test_shape_value_is_what_choose_counts():
@@ -85,7 +86,6 @@ def test_a_known_priming_shape_never_replaces_verifying_the_drafts_in_hand():
     # Measured on held-out prompts: with this machine's learnt curve (3 rows 1.28 steps, 6 rows 1.73), the priming
     # shape (no draft, one 2-row branch) was the only known one and outscored every new shape (novelty, chained);
     # its branch's value is the next call's verifying, which again preferred it: no draft was ever verified.
-    from ptp_mlx.drafting.protocol import DraftPlan
 
     curve = CostCurve([1, 2, 3, 4, 6, 8, 64], [1.0, 1.28, 1.28, 1.57, 1.73, 2.2, 12.0])
     b = Budget.from_histogram(curve, [3, 3, 2, 1, 1], max_width=8)
@@ -132,3 +132,34 @@ def test_a_guess_ahead_takes_the_usual_shape_the_read_then_keeps():
     # other drafters' chains (no source, or lookup's) neither teach nor take it
     other = b.rows_for([0, 0, 0], prior, 100, 64, preview=True)
     assert (len(other.drafts), other.branches) != (len(chosen.drafts), chosen.branches)
+
+
+def _random_tree(rng) -> DraftPlan:
+    """A chain with branches and strands (some continuing the chain's run, some of strands), laid out at random."""
+    n = int(rng.integers(0, 5))
+    branches = [(d, int(rng.integers(1, 4))) for d in range(n + 1) if rng.random() < 0.4]
+    strands: list[Strand] = []
+    for _ in range(int(rng.integers(0, 6))):
+        k, w = int(rng.integers(1, 4)), int(rng.choice([0, 0, 2, 3]))
+        if strands and rng.random() < 0.5:
+            parent = int(rng.integers(0, len(strands)))
+            up = strands[parent]
+            at = int(rng.integers(up.at + 1, up.depth + 1))
+        else:
+            parent, at = -1, int(rng.choice([n, int(rng.integers(0, n + 1))]))
+        strands.append(Strand(at, tuple(range(k)), w, parent=parent))
+    return DraftPlan(tuple(range(n)), branches, strands=strands)
+
+
+def test_a_trees_graph_counts_are_its_call_shapes():
+    # ``graph`` counts rows without building a plan (the budget asks it of every candidate tree): it must name the
+    # graph the call really runs, whose chain counts every strand that continues the run right after it
+    rng = np.random.default_rng(7)
+    continued = 0
+    for _ in range(2000):
+        plan = _random_tree(rng)
+        shape = call_shape(plan)
+        tok, chain, aux = graph(len(plan.drafts), plan.branches, plan.strands)
+        assert (tok, chain, aux) == (shape.n_tok, shape.n_drafts, shape.n_aux), plan
+        continued += chain > len(plan.drafts)
+    assert continued > 100  # (the run through strands was exercised)

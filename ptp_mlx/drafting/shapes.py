@@ -13,9 +13,6 @@ a few.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from functools import lru_cache
-
-from .protocol import DraftPlan
 
 NOVELTY = 0.5  # plain steps added to the price of a shape never used (a share of its eager call and tracing)
 CHAINED = 0.15  # plain steps a call built ahead saves (its plan, build and queueing are off the path: ~5 ms here)
@@ -30,22 +27,24 @@ Graph = tuple[int, int, int]  # (token rows, chain drafts as the graph counts th
 
 def graph(n: int, branches, strands: Sequence = ()) -> Graph:
     """The row counts that key a call's compiled graph (``CallShape.graph_key``): token rows, the leading rows that
-    each follow the row before (the chain, and strands that continue it), auxiliary rows."""
-    key = (n, tuple((int(d), int(w)) for d, w in branches), tuple(strands))
-    return _graph(*key)
-
-
-@lru_cache(maxsize=4096)
-def _graph(n: int, branches: tuple, strands: tuple) -> Graph:
-    # (the budget asks for the same few layouts many times per call: the trees it weighs, the calls it plans ahead)
-    plan = DraftPlan((0,) * n, branches, strands=strands)
-    chain = n
-    for k, st in enumerate(strands):  # (strands laid out right after the run so far, following its last row)
-        if plan.strand_row(k) != chain + 1 or plan.follows(k) != chain:
-            break
-        chain += len(st.tokens)
-    tok = 1 + n + sum(len(st.tokens) for st in strands)
-    return tok, chain, plan.rows - tok
+    each follow the row before (the chain, and strands that continue it), auxiliary rows. Plain arithmetic over the
+    strands' layout (``DraftPlan.strand_row`` and ``follows``, no plan built): the budget asks it of thousands of
+    candidate trees a call where rows are cheap."""
+    rows = 1 + n  # token rows so far: the strands' first rows follow
+    chain, run = n, True
+    starts: list[int] = []  # each strand's first token row
+    aux = sum(int(w) for _, w in branches)
+    for st in strands:
+        starts.append(rows)
+        if run:  # (strands laid out right after the run so far, following its last row, continue it)
+            up = st.parent
+            follows = st.at if up < 0 else starts[up] + st.at - strands[up].at - 1
+            run = rows == chain + 1 and follows == chain
+            if run:
+                chain += len(st.tokens)
+        rows += len(st.tokens)
+        aux += st.width
+    return rows, chain, aux
 
 
 def shape_value(n: int, branches, p_reach: Sequence[float], survival: Callable[[int], float]) -> float:

@@ -122,7 +122,8 @@ def _layout(nodes: tuple[_Node, ...], widths: tuple) -> tuple[tuple[Strand, ...]
         where.append((len(strands) - 1, 0))
     widths = dict(widths)
     out = tuple(
-        Strand(at, tuple(toks), widths.get(last[k], 0), "ptp", parent) for k, (at, toks, parent) in enumerate(strands)
+        Strand.trusted(at, tuple(toks), widths.get(last[k], 0), "ptp", parent)
+        for k, (at, toks, parent) in enumerate(strands)
     )
     return out, tuple(last)
 
