@@ -3,12 +3,14 @@ strands, and what the budget keeps at a cost."""
 
 import math
 
+import numpy as np
+
 from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.protocol import DraftPlan
 from ptp_mlx.drafting.rows import reach
 from ptp_mlx.drafting.strands import TreeCosts
-from ptp_mlx.drafting.topk_tree import MAX_NODES, SlotCandidates, choose_tree, grow, layout
+from ptp_mlx.drafting.topk_tree import MAX_NODES, SlotCandidates, _prefix_layouts, choose_tree, grow, layout
 
 # Three slots in hand: the argmax first (the chain's drafts 10, 20, 30), then two runner-ups each.
 CANDS = SlotCandidates(((10, 11, 12), (20, 21, 22), (30, 31, 32)), ((0.6, 0.3, 0.1), (0.5, 0.4, 0.1), (0.7, 0.2, 0.1)))
@@ -54,6 +56,22 @@ def test_layout_makes_strands_of_strands_a_plan_accepts():
             j = nodes[j].parent
         chain_row = -1 - j
         assert tuple([10, 20][:chain_row] + path) in paths
+
+
+def test_every_prefix_layout_is_the_layout_of_that_prefix():
+    # ``choose_tree`` asks the compile bank about a prefix's layout before it builds the prefix's strands: the layout
+    # it reads off must be the one ``layout`` gives that prefix (else it would ask about another graph)
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        slots = int(rng.integers(2, 6))
+        toks = tuple(tuple(int(t) for t in rng.choice(100, 4, replace=False)) for _ in range(slots))
+        probs = tuple(tuple(sorted(rng.dirichlet(np.ones(5))[:4].tolist(), reverse=True)) for _ in range(slots))
+        n = int(rng.integers(0, slots))
+        nodes = grow(n, reach([q[0] for q in probs[:n]], 1.0), SlotCandidates(toks, probs), 1.0, MAX_NODES, 10)
+        shape = _prefix_layouts(nodes)
+        for k in range(len(nodes) + 1):
+            strands, _ = layout(nodes[:k])
+            assert shape(k) == [[st.at, len(st.tokens), 0, st.parent] for st in strands]
 
 
 def test_free_rows_take_the_whole_tree_and_dear_rows_none():

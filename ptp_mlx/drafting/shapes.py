@@ -27,23 +27,27 @@ Graph = tuple[int, int, int]  # (token rows, chain drafts as the graph counts th
 
 def graph(n: int, branches, strands: Sequence = ()) -> Graph:
     """The row counts that key a call's compiled graph (``CallShape.graph_key``): token rows, the leading rows that
-    each follow the row before (the chain, and strands that continue it), auxiliary rows. Plain arithmetic over the
-    strands' layout (``DraftPlan.strand_row`` and ``follows``, no plan built): the budget asks it of thousands of
-    candidate trees a call where rows are cheap."""
+    each follow the row before (the chain, and strands that continue it), auxiliary rows."""
+    return layout_graph(n, branches, tuple((st.at, len(st.tokens), st.width, st.parent) for st in strands))
+
+
+def layout_graph(n: int, branches, layout: Sequence[tuple[int, int, int, int]]) -> Graph:
+    """``graph`` of strands given by their layout, ``(at, tokens, width, parent)`` each: plain arithmetic over
+    ``DraftPlan.strand_row`` and ``follows``, no plan nor strand built (the budget asks it of thousands of candidate
+    trees a call where rows are cheap)."""
     rows = 1 + n  # token rows so far: the strands' first rows follow
     chain, run = n, True
     starts: list[int] = []  # each strand's first token row
     aux = sum(int(w) for _, w in branches)
-    for st in strands:
+    for at, k, width, up in layout:
         starts.append(rows)
         if run:  # (strands laid out right after the run so far, following its last row, continue it)
-            up = st.parent
-            follows = st.at if up < 0 else starts[up] + st.at - strands[up].at - 1
+            follows = at if up < 0 else starts[up] + at - layout[up][0] - 1
             run = rows == chain + 1 and follows == chain
             if run:
-                chain += len(st.tokens)
-        rows += len(st.tokens)
-        aux += st.width
+                chain += k
+        rows += k
+        aux += width
     return rows, chain, aux
 
 
@@ -123,7 +127,13 @@ class ShapeMemory:
         """Whether a call of this token tree may run: its graph compiled before, or a new one while fewer than
         ``MAX_TREE_SHAPES`` tree graphs are known. ``extra``: auxiliary rows added to the strands' windows (the
         token rows, so the rest of the graph's key, stay as they are)."""
-        tok, chain, aux = graph(n, branches, strands)
+        return self.allows_layout(
+            n, branches, tuple((st.at, len(st.tokens), st.width, st.parent) for st in strands), extra
+        )
+
+    def allows_layout(self, n: int, branches, layout, extra: int = 0) -> bool:
+        """``allows_tree`` for strands given by their layout, ``(at, tokens, width, parent)`` each."""
+        tok, chain, aux = layout_graph(n, branches, layout)
         return (tok, chain, aux + extra) in self.graphs or len(self.tree_graphs) < MAX_TREE_SHAPES
 
     def note_tree(self, n: int, branches, strands) -> None:

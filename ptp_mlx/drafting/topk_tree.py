@@ -136,13 +136,13 @@ def choose_tree(
     value: float,
     rows: int,
     c: TreeCosts,
-    allowed: Callable[..., bool] = lambda strands, extra=0: True,
+    allowed: Callable[..., bool] = lambda lay, extra=0: True,
 ) -> tuple[tuple[Strand, ...], float]:
     """The adapter's tree beside a chain of ``n`` drafts in a call of ``rows`` rows whose expected tokens are
     ``value``: ``(strands, expected tokens they add)``, the best-first prefix with the best expected tokens per
-    cost, then a window at the strands' last tokens where it pays; ``allowed(strands, extra)`` refuses a layout
-    (a graph the compile bank may not add) of ``strands`` with ``extra`` rows of windows: then the best allowed
-    smaller tree, or none."""
+    cost, then a window at the strands' last tokens where it pays; ``allowed(layout, extra)`` refuses a layout
+    (``(at, tokens, width, parent)`` per strand, as ``layout`` lays them out: a graph the compile bank may not
+    add) with ``extra`` rows of windows: then the best allowed smaller tree, or none."""
     limit = min(MAX_NODES, c.room - rows)
     nodes = grow(n, p_reach, cands, ratio, limit, c.remaining - 1) if limit > 0 else []
     if not nodes:
@@ -159,16 +159,18 @@ def choose_tree(
     best, out = base, ((), 0.0)
     first = sorted({best_k, (3 * best_k + 3) // 4, (best_k + 1) // 2, (best_k + 3) // 4}, reverse=True)
     rest = [k for k in range(best_k - 1, 0, -1) if k not in first]  # only when no size above was allowed
+    shape_of = _prefix_layouts(nodes)
     for k in first + [0] + rest:
         if k == 0:
             if out[0]:
                 break
             continue
+        lay = shape_of(k)
+        if not allowed(lay):  # (asked of the layout alone: the strands are built for the sizes allowed only)
+            continue
         chosen = nodes[:k]
         strands, last = layout(chosen)
-        if not allowed(strands):
-            continue
-        strands, total = _windows(chosen, strands, last, value + gains[k], rows + k, c, allowed)
+        strands, total = _windows(chosen, strands, last, lay, value + gains[k], rows + k, c, allowed)
         score = total / c.cost(rows + sum(st.rows for st in strands))
         if score > best:
             best, out = score, (strands, total - value)
@@ -210,9 +212,38 @@ def tree_value(
     return total
 
 
-def _windows(nodes, strands, last, value: float, rows: int, c: TreeCosts, allowed):
+def _prefix_layouts(nodes: Sequence[_Node]) -> Callable[[int], list[list[int]]]:
+    """``shape(k)``: the layout ``layout`` gives the first ``k`` nodes, as ``[at, tokens, 0, parent]`` per strand.
+    A node joins its parent's strand when the parent is that strand's last token so far, else starts one, so a
+    prefix's layout is the whole list's assignment restricted to it: assigned once, each prefix read off in O(k)."""
+    owner: list[int] = []  # node -> its strand (strands numbered in order of their first node)
+    tail: list[int] = []  # strand -> its last node so far
+    for i, v in enumerate(nodes):
+        s = owner[v.parent] if v.parent >= 0 else -1
+        if s >= 0 and tail[s] == v.parent:
+            tail[s] = i
+        else:
+            s = len(tail)
+            tail.append(i)
+        owner.append(s)
+
+    def shape(k: int) -> list[list[int]]:
+        out: list[list[int]] = []
+        for i in range(k):
+            s = owner[i]
+            if s == len(out):
+                v = nodes[i]
+                out.append([v.depth - 1, 1, 0, owner[v.parent] if v.parent >= 0 else -1])
+            else:
+                out[s][1] += 1
+        return out
+
+    return shape
+
+
+def _windows(nodes, strands, last, lay, value: float, rows: int, c: TreeCosts, allowed):
     """Windows at the strands' last tokens, the likeliest ends first, each only where its rows pay. Windows add
-    auxiliary rows only, so each trial asks ``allowed`` about the same strands with more rows of windows."""
+    auxiliary rows only, so each trial asks ``allowed`` about the same layout ``lay`` with more rows of windows."""
     widths: dict[int, int] = {}
     added = 0
     for i in sorted(last, key=lambda i: -nodes[i].p):
@@ -225,7 +256,7 @@ def _windows(nodes, strands, last, value: float, rows: int, c: TreeCosts, allowe
             score = (value + nodes[i].p * c.window(w)) / c.cost(rows + w)
             if score > best:
                 best_w, best = w, score
-        if best_w and allowed(strands, added + best_w):
+        if best_w and allowed(lay, added + best_w):
             widths[i] = best_w
             added += best_w
             value += nodes[i].p * c.window(best_w)

@@ -43,7 +43,7 @@ def with_tree(b, plan: DraftPlan, confidences, offers, remaining: int, room: int
     value, rows = values(n, plan.branches), plan.rows
     strands: tuple = ()
     if candidates is not None:
-        allowed = lambda st, extra=0: b.shapes.allows_tree(n, plan.branches, st, extra)  # noqa: E731
+        allowed = lambda lay, extra=0: b.shapes.allows_layout(n, plan.branches, lay, extra)  # noqa: E731
         strands, gain = choose_tree(n, p, candidates, b.ratio, value, rows, costs, allowed)
         value, rows = value + gain, rows + sum(st.rows for st in strands)
     if offers:
