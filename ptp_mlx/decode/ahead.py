@@ -232,7 +232,7 @@ def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None
         cache.trim_to(keep + hit.rows)
     # (let go of the state before and of every other build now, so the call's writes stay in place)
     chained.before, chained.others = None, []
-    return replace(hit.call, plan=plan, offset=keep, i=i)  # the same rows; the host now knows what they verify
+    return replace(hit.call, plan=plan, offset=keep, i=i, ahead=True)  # the same rows; the host knows what they verify
 
 
 def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:

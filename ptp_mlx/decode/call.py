@@ -71,6 +71,7 @@ class PendingCall:
     hook: object | None = None  # the answer's ``LogitsHook`` (penalties, logit_bias, logprobs), if any
     row_u: mx.array | None = None  # float32 [n_tok]: the token rows' uniforms (to resolve a target on the host)
     settings: SamplingSettings | None = None
+    ahead: bool = False  # queued from a build made while the PTP call before it computed (``decode/pipeline.py``)
 
     @property
     def arrays(self) -> list[mx.array]:

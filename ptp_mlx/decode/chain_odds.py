@@ -64,8 +64,28 @@ LEARN = 4  # reads each way before the choice is made (until then the calls alte
 SLOW_FADE = 0.9  # the weight ``ChainChoice``'s time estimates keep per sample (noisier than the per-answer ones)
 
 
+NOISE = 2.0  # standard errors by which building ahead must be measured to pay before it is chosen
+
+
 def _slow(old: float | None, new: float) -> float:
     return new if old is None else SLOW_FADE * old + (1 - SLOW_FADE) * new
+
+
+class _Faded:
+    """A running mean of noisy samples with its spread, each sample's weight fading by ``SLOW_FADE`` per sample."""
+
+    def __init__(self) -> None:
+        self.w = self.mean = self.m2 = 0.0
+
+    def add(self, x: float) -> None:
+        self.w = SLOW_FADE * self.w + 1.0
+        d = x - self.mean
+        self.mean += d / self.w
+        self.m2 = SLOW_FADE * self.m2 + d * (x - self.mean)
+
+    def var_of_mean(self) -> float:
+        """The variance of ``mean`` (the samples' spread over the weight they carry)."""
+        return max(self.m2, 0.0) / self.w**2 if self.w else 0.0
 
 
 class ChainChoice:
@@ -76,12 +96,20 @@ class ChainChoice:
     ``wait``), confirmed or not. So it pays when the confirm rate times ``saving`` beats ``extra``. On a GPU the
     build runs while the device computes (``extra`` about 0: it pays); on a CPU whose cores all compute, the build
     delays the compute by about its own time (2026-12-05, this 2-core machine: held-out greedy 3.7-5% faster
-    without building ahead, three paired runs). Until both ways are measured, the calls alternate."""
+    without building ahead, three paired runs; 2026-12-06: 1-3% in four of five). Until both ways are measured, the
+    calls alternate; then building ahead is chosen only where it is measured to pay beyond the noise of what was
+    measured (``NOISE`` standard errors: per-call times on a busy CPU spread by more than the effect)."""
 
     def __init__(self) -> None:
-        self.wait: float | None = None  # seconds a read waits for its call when nothing was built meanwhile
-        self.extra: float | None = None  # seconds a build ahead adds before the read (build + wait - ``wait``)
-        self.saving: float | None = None  # seconds a call built after the read spends building on the path
+        # seconds a read waits for a call of each kind (token rows, auxiliary rows, whether it was queued from a build
+        # ahead: then before the turn's yield, so its read waits less) when nothing was built meanwhile
+        # (per shape: the calls built ahead and the others are not the same mix of shapes, and one mean over both
+        # made ``extra`` below nonsense, -3.4 ms on held-out prompts here, which turned building ahead on where it
+        # lost 2-3%; per width alone still -0.4 to -1 ms: a lookup chain's token rows cost less than as many of the
+        # adapter's auxiliary rows)
+        self.wait: dict[tuple[int, int, bool], float] = {}
+        self._extra = _Faded()  # seconds a build ahead adds before the read (build + wait - ``wait``)
+        self._saving = _Faded()  # seconds a call built after the read spends building on the path
         self.judged = [0.0, 0.0]  # builds ahead the read confirmed, and judged (fading counts)
         self.calls = 0
         self.reads = [0, 0]  # reads measured with nothing built ahead, and after a build ahead
@@ -91,11 +119,22 @@ class ChainChoice:
         """How often the read confirmed a build ahead (one half before any was judged)."""
         return _rate(self.judged)
 
+    @property
+    def extra(self) -> float | None:
+        return self._extra.mean if self._extra.w else None
+
+    @property
+    def saving(self) -> float | None:
+        return self._saving.mean if self._saving.w else None
+
     def pays(self) -> bool | None:
-        """The choice as measured so far (None: not measured both ways yet)."""
-        if min(self.reads) < LEARN or self.saving is None:
+        """The choice as measured so far (None: not measured both ways yet): the confirm rate times ``saving`` beats
+        ``extra`` by ``NOISE`` standard errors of that difference."""
+        if min(self.reads) < LEARN or self.saving is None or self.extra is None:
             return None
-        return self.rate() * self.saving > self.extra
+        r = self.rate()
+        noise = (self._extra.var_of_mean() + r * r * self._saving.var_of_mean()) ** 0.5
+        return r * self.saving - self.extra > NOISE * noise
 
     def use(self) -> bool:
         """Whether the next call is built ahead: the choice, the other way one call in ``EXPLORE`` (every other
@@ -108,17 +147,18 @@ class ChainChoice:
             return self.calls % 2 == 1
         return on != (self.calls % EXPLORE == 0)
 
-    def read_waited(self, seconds: float, built: float | None) -> None:
-        """A read waited ``seconds`` for its call after ``built`` seconds of building ahead (None: none)."""
+    def read_waited(self, seconds: float, built: float | None, kind: tuple = ()) -> None:
+        """A read of a call of ``kind`` (token rows, auxiliary rows, queued from a build ahead) waited ``seconds``
+        for it after ``built`` seconds of building ahead (None: none); compared with reads of that kind only."""
         if built is None:
-            self.wait = _slow(self.wait, seconds)
+            self.wait[kind] = _slow(self.wait.get(kind), seconds)
             self.reads[0] += 1
-        elif self.wait is not None:
-            self.extra = _slow(self.extra, built + seconds - self.wait)
+        elif kind in self.wait:
+            self._extra.add(built + seconds - self.wait[kind])
             self.reads[1] += 1
 
     def built_on_path(self, seconds: float) -> None:
-        self.saving = _slow(self.saving, seconds)
+        self._saving.add(seconds)
 
     def judge(self, hit: bool) -> None:
         _judge(self.judged, hit)

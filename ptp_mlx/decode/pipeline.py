@@ -142,7 +142,10 @@ class CallQueue:
         t0 = time.perf_counter()
         result = finish_call(self.sess.cache, call, clock, then=then, on_strand=unchain)
         if self.choice is not None:
-            self.choice.read_waited(time.perf_counter() - t0, self._ahead_s)
+            # (a call queued from a build ahead was queued before this turn's yield: its read waits less than one
+            # queued just now, whether or not the next is built meanwhile; compared only with its own kind)
+            waited, shape = time.perf_counter() - t0, (call.shape.n_tok, call.shape.n_aux, call.ahead)
+            self.choice.read_waited(waited, self._ahead_s, shape)
         self._ahead_s = None
         if self._built:  # (the wait as if one build had been made: the others' time counts as left over)
             left = time.perf_counter() - t0 + (self._built - 1) * (self.build_s or 0.0)
