@@ -74,6 +74,48 @@ def test_every_prefix_layout_is_the_layout_of_that_prefix():
             assert shape(k) == [[st.at, len(st.tokens), 0, st.parent] for st in strands]
 
 
+def _grow_every_child_at_once(n, p_reach, cands, ratio, max_depth):
+    """The reference ``grow``: every child pushed as its parent leaves, ties in the order found."""
+    import heapq
+
+    slots, heap, out, tick = min(len(cands.tokens), max_depth), [], [], 0
+    for a in range(min(n, slots - 1) + 1):
+        falls = p_reach[a] - (p_reach[a + 1] if a < n else 0.0)
+        for r, (tok, q) in enumerate(zip(cands.tokens[a], cands.probs[a], strict=True)):
+            p = min(p_reach[a] * min(0.99, q * ratio), falls)
+            if not (a < n and r == 0) and p > 0.0:
+                heapq.heappush(heap, (-p, tick, a + 1, tok, -1 - a))
+                tick += 1
+    while heap and len(out) < MAX_NODES:
+        negp, _, depth, token, parent = heapq.heappop(heap)
+        out.append((-negp, depth, token, parent))
+        for tok, q in zip(cands.tokens[depth], cands.probs[depth], strict=True) if depth < slots else ():
+            if -negp * min(0.99, q * ratio) > 0.0:
+                heapq.heappush(heap, (negp * min(0.99, q * ratio), tick, depth + 1, tok, len(out) - 1))
+                tick += 1
+    return out
+
+
+def test_grow_leaves_the_nodes_in_the_order_every_child_at_once_would():
+    # ``grow`` lets a node's children in one at a time where a slot's chances fall rank by rank: the same nodes in
+    # the same order, ties included (capped chances, equal probabilities, zeros), and slots that do not fall
+    rng = np.random.default_rng(11)
+    for trial in range(400):
+        slots = int(rng.integers(1, 7))
+        probs = []
+        for _ in range(slots):
+            q = sorted(rng.choice([0.0, 0.05, 0.2, 0.2, 0.5, 0.9], 4).tolist(), reverse=True)
+            probs.append(tuple(q if trial % 3 else rng.permutation(q).tolist()))  # (a third not falling)
+        toks = tuple(tuple(int(t) for t in rng.choice(50, 4, replace=False)) for _ in range(slots))
+        cands = SlotCandidates(toks, tuple(probs))
+        n = int(rng.integers(0, slots))
+        ratio = float(rng.choice([1.0, 1.5, 3.0]))
+        p = tuple(reach([q[0] for q in probs[:n]], ratio))
+        depth = int(rng.integers(1, 8))
+        got = [(v.p, v.depth, v.token, v.parent) for v in grow(n, p, cands, ratio, MAX_NODES, depth)]
+        assert got == _grow_every_child_at_once(n, p, cands, ratio, depth)
+
+
 def test_free_rows_take_the_whole_tree_and_dear_rows_none():
     p = reach([0.6, 0.5], 1.0)
     everything = len(grow(2, p, CANDS, 1.0, MAX_NODES, 99))

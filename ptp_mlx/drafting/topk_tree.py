@@ -63,33 +63,46 @@ def grow(
 
 @lru_cache(maxsize=512)
 def _grow(n: int, p_reach: tuple, cands: SlotCandidates, ratio: float, max_depth: int) -> tuple[_Node, ...]:
+    # Best first over a heap keyed (-chance, batch, rank): ``batch`` -1 for the nodes off the chain, else the index
+    # of the node whose children they are, ``rank`` the candidate's place in its slot (the order they were found:
+    # equal chances leave in that order). Where a slot's chances fall rank by rank, a node's children enter one at
+    # a time (the next sibling once one leaves): no better node ever waits behind one still outside, so the same
+    # nodes leave in the same order as with every child pushed at once, in about half the heap's work (the budget
+    # grows a tree for every chain length it weighs, on the path after each read).
     limit = MAX_NODES
     slots = min(len(cands.tokens), max_depth)
+    scaled = [[min(0.99, q * ratio) for q in cands.probs[d]] for d in range(slots)]
+    falling = [all(x >= y for x, y in zip(c, c[1:], strict=False)) for c in scaled]
     heap: list = []
-    tick = 0
-
-    def push(p: float, depth: int, token: int, parent: int) -> None:
-        nonlocal tick
-        if p > 0.0:
-            heapq.heappush(heap, (-p, tick, depth, token, parent))
-            tick += 1
-
+    push, pop = heapq.heappush, heapq.heappop
+    rank = 0
     for a in range(min(n, slots - 1) + 1):  # off the chain's row at depth a: the tokens at slot a + 1
         if a >= slots:
             break
-        toks, probs = cands.tokens[a], cands.probs[a]
         falls = p_reach[a] - (p_reach[a + 1] if a < n else 0.0)  # P(the chain reaches a and its next draft falls)
-        for r, (tok, q) in enumerate(zip(toks, probs, strict=True)):
+        for r, (tok, q) in enumerate(zip(cands.tokens[a], scaled[a], strict=True)):
             if a < n and r == 0:
                 continue  # the chain's own draft
-            push(min(p_reach[a] * min(0.99, q * ratio), falls), a + 1, tok, -1 - a)
+            p = min(p_reach[a] * q, falls)
+            if p > 0.0:
+                push(heap, (-p, -1, rank, a + 1, tok, -1 - a))
+            rank += 1
     out: list[_Node] = []
     while heap and len(out) < limit:  # (MAX_NODES: every caller's limit is at most that)
-        negp, _, depth, token, parent = heapq.heappop(heap)
+        negp, batch, r, depth, token, parent = pop(heap)
         out.append(_Node(-negp, depth, token, parent))
-        if depth < slots:
-            for tok, q in zip(cands.tokens[depth], cands.probs[depth], strict=True):
-                push(-negp * min(0.99, q * ratio), depth + 1, tok, len(out) - 1)
+        if batch >= 0 and falling[depth - 1] and r + 1 < len(scaled[depth - 1]):  # its next sibling
+            p = out[batch].p * scaled[depth - 1][r + 1]
+            if p > 0.0:
+                push(heap, (-p, batch, r + 1, depth, cands.tokens[depth - 1][r + 1], batch))
+        if depth < slots:  # its children: the first (the rest follow it), or all where the slot's chances do not fall
+            me, toks = len(out) - 1, cands.tokens[depth]
+            for k, q in enumerate(scaled[depth]):
+                p = -negp * q
+                if p > 0.0:
+                    push(heap, (-p, me, k, depth + 1, toks[k], me))
+                if falling[depth]:
+                    break
     return tuple(out)
 
 
