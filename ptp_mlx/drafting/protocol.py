@@ -39,8 +39,8 @@ class Strand:
     @classmethod
     def trusted(cls, at: int, tokens: tuple[int, ...], width: int = 0, source: str = "ptp", parent: int = -1):
         """A strand from values already checked (a tree's layout: ints in a tuple, ``at`` and ``parent`` in range),
-        without ``__post_init__``'s conversion and checks: the budget lays out thousands of candidate trees a call
-        where rows are cheap (``topk_tree.layout``), and building them was a third of its planning time."""
+        without ``__post_init__``'s conversion and checks (``topk_tree.layout``: the trees the budget weighs, many a
+        call where rows are cheap)."""
         st = object.__new__(cls)
         st.__dict__.update(at=at, tokens=tokens, width=width, source=source, parent=parent)
         return st
