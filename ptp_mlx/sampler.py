@@ -276,10 +276,7 @@ def _fast_id_head(u, logits: mx.array, probs_at, s: SamplingSettings) -> tuple[m
     keep = mx.put_along_axis(mx.zeros(pc.shape, dtype=mx.bool_), rank, keep_sorted, axis=-1)
     q = mx.where(keep, pc, 0.0)
     q = q / q.sum(axis=-1, keepdims=True)
-    cdf = mx.cumsum(q, axis=-1)
-    pos = mx.arange(q.shape[-1])
-    last = mx.max(mx.where(q > 0, pos, -1), axis=-1, keepdims=True)  # (the last kept edge is 1, as ``id_sorted_edges``)
-    edges = mx.where(pos >= last, 1.0, cdf)
+    edges = id_sorted_edges(q)  # (float64: a plain cumulative sum in id order, the last kept edge 1)
     u = mx.expand_dims(mx.array(u, dtype=mx.float32).astype(edges.dtype), -1)
     j = mx.minimum(mx.sum(edges <= u, axis=-1, keepdims=True), q.shape[-1] - 1)
     out = mx.take_along_axis(ids, j, axis=-1)[..., 0]

@@ -144,8 +144,8 @@ class CallQueue:
         if self.choice is not None:
             # (a call queued from a build ahead was queued before this turn's yield: its read waits less than one
             # queued just now, whether or not the next is built meanwhile; compared only with its own kind)
-            waited, shape = time.perf_counter() - t0, (call.shape.n_tok, call.shape.n_aux, call.ahead)
-            self.choice.read_waited(waited, self._ahead_s, shape)
+            kind = (call.shape.n_tok, call.shape.n_aux, call.ahead)
+            self.choice.read_waited(time.perf_counter() - t0, self._ahead_s, kind)
         self._ahead_s = None
         if self._built:  # (the wait as if one build had been made: the others' time counts as left over)
             left = time.perf_counter() - t0 + (self._built - 1) * (self.build_s or 0.0)

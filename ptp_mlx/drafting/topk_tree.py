@@ -113,26 +113,37 @@ def layout(nodes: Sequence[_Node], widths: dict[int, int] | None = None) -> tupl
     return strands, list(last)
 
 
+def _owners(nodes: Sequence[_Node]) -> list[int]:
+    """Each node's strand, strands numbered in order of their first node: a node continues its parent's strand when
+    the parent is that strand's last token so far (the parent's likeliest child), else starts one. A prefix of the
+    nodes keeps its nodes' strands: its layout is this assignment restricted to it."""
+    owner: list[int] = []
+    tail: list[int] = []  # strand -> its last node so far
+    for i, v in enumerate(nodes):
+        s = owner[v.parent] if v.parent >= 0 else -1
+        if s >= 0 and tail[s] == v.parent:
+            tail[s] = i
+        else:
+            s = len(tail)
+            tail.append(i)
+        owner.append(s)
+    return owner
+
+
 @lru_cache(maxsize=1024)
 def _layout(nodes: tuple[_Node, ...], widths: tuple) -> tuple[tuple[Strand, ...], tuple[int, ...]]:
     # (the same trees come back while the budget weighs a call's sizes and plans the calls ahead of a read)
+    owner = _owners(nodes)
     strands: list[list] = []  # [at, tokens, parent strand]
-    where: list[tuple[int, int]] = []  # node -> (strand, position in it)
     last: list[int] = []
     for i, v in enumerate(nodes):
-        if v.parent < 0:
-            strands.append([v.depth - 1, [v.token], -1])
+        s = owner[i]
+        if s == len(strands):
+            strands.append([v.depth - 1, [v.token], owner[v.parent] if v.parent >= 0 else -1])
             last.append(i)
         else:
-            s, pos = where[v.parent]
-            if pos == len(strands[s][1]) - 1 and last[s] == v.parent:  # the parent's likeliest child: continue
-                strands[s][1].append(v.token)
-                last[s] = i
-                where.append((s, pos + 1))
-                continue
-            strands.append([v.depth - 1, [v.token], s])
-            last.append(i)
-        where.append((len(strands) - 1, 0))
+            strands[s][1].append(v.token)
+            last[s] = i
     widths = dict(widths)
     out = tuple(
         Strand.trusted(at, tuple(toks), widths.get(last[k], 0), "ptp", parent)
@@ -226,19 +237,9 @@ def tree_value(
 
 
 def _prefix_layouts(nodes: Sequence[_Node]) -> Callable[[int], list[list[int]]]:
-    """``shape(k)``: the layout ``layout`` gives the first ``k`` nodes, as ``[at, tokens, 0, parent]`` per strand.
-    A node joins its parent's strand when the parent is that strand's last token so far, else starts one, so a
-    prefix's layout is the whole list's assignment restricted to it: assigned once, each prefix read off in O(k)."""
-    owner: list[int] = []  # node -> its strand (strands numbered in order of their first node)
-    tail: list[int] = []  # strand -> its last node so far
-    for i, v in enumerate(nodes):
-        s = owner[v.parent] if v.parent >= 0 else -1
-        if s >= 0 and tail[s] == v.parent:
-            tail[s] = i
-        else:
-            s = len(tail)
-            tail.append(i)
-        owner.append(s)
+    """``shape(k)``: the layout ``layout`` gives the first ``k`` nodes, as ``[at, tokens, 0, parent]`` per strand,
+    read off the whole list's assignment (``_owners``) in O(k)."""
+    owner = _owners(nodes)
 
     def shape(k: int) -> list[list[int]]:
         out: list[list[int]] = []
