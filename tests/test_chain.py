@@ -37,3 +37,32 @@ def test_chain_drafts_come_from_the_branch_that_stood_and_fixed_budgets_guess_ah
         assert g is not None and g.plan.branches == nxt.branches
         assert [aux[r] for r in g.draft_rows] == aux[3 * accepted + 1 : 3 * accepted + 3]
     assert ChainDrafter(Budget(CostCurve(), max_width=4)).guess(plan, 0, 2, 100, 100) is None  # adaptive: unknown
+
+
+def test_a_guess_built_ahead_is_committed_as_planned_unless_the_budget_would_not_draft():
+    """``ChainDrafter.commit``: the adaptive budget's call built ahead runs as the next plan (its confidences kept
+    for the calibration after the read, its shape noted as used but not as a choice after a read); refused when
+    its drafts are not the ones in hand, when drafting delivered less than plain steps, or for a fixed budget."""
+    from ptp_mlx.drafting.rows import Pace
+
+    budget = Budget(CostCurve([1, 64], [1.0, 1.0]), max_width=4, calibrate=True)
+    d = ChainDrafter(budget)
+    d.drafts, d.conf = [5, 6, 7], [0.9, 0.8, 0.7]
+    plan = DraftPlan([5, 6], [(0, 2), (2, 3)], source="ptp")
+    assert d.commit(plan, 0) is plan
+    assert d.planned == [0.9, 0.8, 0.7] and budget.shapes.used[(2, ((0, 2), (2, 3)))] == 1
+    assert budget.shapes.usual(3) is None  # (a guess takes the usual shape: it never teaches it)
+    d.update(plan, CallResult([5, 6, 9], 2, [1] * 7, [0.5] * 7))
+    assert budget.hits > 0  # the committed call's drafts were calibrated on
+    d.drafts, d.conf = [5, 6, 7], [0.9, 0.8, 0.7]
+    assert d.commit(DraftPlan([5, 8], [(0, 2)], source="ptp"), 0) is None  # not the drafts in hand
+    assert d.commit(DraftPlan([5], [(0, 2)], source="lookup"), 0) is None  # another drafter's
+    slow = DraftPlan([5, 6], [(0, 2), (1, 2), (2, 2)])
+    for _ in range(3):  # calls that delivered far less than plain steps would have
+        d.pace.add(1, 64.0)
+    assert d.pace.behind() and d.commit(plan, 3) is None
+    d.pace = Pace()
+    assert d.commit(slow, 3) is not None
+    fixed = ChainDrafter(FixedBudget(2, max_width=4))
+    fixed.drafts, fixed.conf = [5, 6], [0.5, 0.5]
+    assert fixed.commit(DraftPlan([5, 6], [(0, 3)], source="ptp"), 0) is None

@@ -145,3 +145,32 @@ def test_sampling_in_probability_order_builds_trees_ahead_exactly(varied, pm_pro
             s = with_seed(SETTINGS[name], 10 * k + seed)
             assert_same(pm_prob, tok, encode_prompt(tok, prompt), s, 32, {"drafter": _drafter()})
     assert spy["hit tree"] > 0, spy
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+def test_calls_built_ahead_are_committed_without_planning_and_stay_exact(varied, pm_sticky, pm_random, spy, name,
+                                                                          monkeypatch):  # fmt: skip
+    """After a read whose outcome has a call built ahead, the adaptive drafter commits to it (``Drafter.commit``):
+    no planning on the path, the built call queued at once; the answer is the plain one, token for token."""
+    _, tok = varied
+    seen = Counter()
+    commit, plan = TreeDrafter.commit, TreeDrafter.plan
+
+    def counted_commit(self, p, i):
+        out = commit(self, p, i)
+        seen["committed" if out is not None else "refused"] += 1
+        return out
+
+    def counted_plan(self, *a, **k):
+        seen["planned"] += 1
+        return plan(self, *a, **k)
+
+    monkeypatch.setattr(TreeDrafter, "commit", counted_commit)
+    monkeypatch.setattr(TreeDrafter, "plan", counted_plan)
+    for pm in (pm_sticky, pm_random):
+        for k, prompt in enumerate(PROMPTS[:3]):
+            s = with_seed(SETTINGS[name], 50 + k)
+            assert_same(pm, tok, encode_prompt(tok, prompt), s, 40, {"drafter": _drafter()})
+    assert seen["committed"] >= 3, seen
+    # every committed call is the one queued (its plan is the build's own), and none of them was planned
+    assert spy["hit tree"] + spy["hit chain"] >= seen["committed"], (seen, spy)

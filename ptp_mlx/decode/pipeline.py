@@ -68,6 +68,7 @@ class CallQueue:
         self.build_s: float | None = None  # seconds one chained build takes (running estimate)
         self.left_s: float | None = None  # seconds a read waits for its call after one build (running estimate)
         self._built = 0  # builds made while the running call computes (0: none)
+        self._plan_s = 0.0  # seconds the drafter took to plan the call about to be built
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
 
     @property
@@ -78,12 +79,18 @@ class CallQueue:
             return self.started.call.offset
         return cache.offset - (self.chained.rows if self.chained is not None else 0)
 
+    def planned(self, seconds: float) -> None:
+        """The drafter planned the next call after the read in ``seconds`` (what a committed build ahead saves too:
+        ``Drafter.commit``)."""
+        self._plan_s = seconds
+
     def build(self, last: int, plan: DraftPlan, i: int) -> None:
         """Build the call that verifies ``plan`` after ``last`` (the next one to queue)."""
         t0 = time.perf_counter()
         self.running = build_call(self.sess, last, plan, i)
-        if self.choice is not None:  # (a build on the path: what a confirmed build ahead saves)
-            self.choice.built_on_path(time.perf_counter() - t0)
+        if self.choice is not None:  # (planning and building on the path: what a confirmed build ahead saves)
+            self.choice.built_on_path(time.perf_counter() - t0 + self._plan_s)
+        self._plan_s = 0.0
 
     def _ahead(self) -> bool:
         """Whether to build ahead now: always where asked (``chain=True``), else where it pays (``ChainChoice``)."""
@@ -160,6 +167,8 @@ class CallQueue:
             guess = chained.every[result.accepted] if result.strand is None and chained.every else None
             built = guess is not None and chained.pick(result.accepted) is not None
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache)
+            if self.running is not None:
+                self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
             if self.choice is not None and plan is not None and not result.resolved:
                 self.choice.judge(self.running is not None)
             if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)

@@ -61,7 +61,10 @@ def ptp_calls(
                     clock.mark("queue")
             if queue.running is None:
                 # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
-                plan = plan or drafter.plan(i, max_new - i, ctx - queue.end)
+                if plan is None:
+                    t_plan = time.perf_counter()
+                    plan = drafter.plan(i, max_new - i, ctx - queue.end)
+                    queue.planned(time.perf_counter() - t_plan)
                 if plan.burst:
                     last, done = yield from _burst(sess, drafter, last, i, plan.burst, queue)
                     i, plan = i + done, None
@@ -90,10 +93,16 @@ def ptp_calls(
             i += len(block)
             plan = None
             if i < max_new and not limits.eos.intersection(block):
-                # The next call is planned now (preferring the one already built, when there is one); chained on
-                # this one, it is queued before the yield.
-                drafter.chained(queue.chained_plan(out))
-                plan = drafter.plan(i, max_new - i, ctx - queue.end)
+                # The next call: the one already built for this outcome where the drafter commits to it (no
+                # planning on the path), else planned now (preferring the built one); chained on this one, it is
+                # queued before the yield.
+                built = queue.chained_plan(out)
+                plan = drafter.commit(built, i) if built is not None else None
+                if plan is None:
+                    t_plan = time.perf_counter()
+                    drafter.chained(built)
+                    plan = drafter.plan(i, max_new - i, ctx - queue.end)
+                    queue.planned(time.perf_counter() - t_plan)
             ready = queue.confirm(out, plan, i)
             clock.mark("update")
             # Each call is charged its own queueing: on MLX's CPU backend ``async_eval`` returns only once all but

@@ -226,6 +226,18 @@ class Budget:
             return self.burst_len
         return EXPLORE_BURST if self.calibrate and getattr(self.curve, "stale_step", False) else 0
 
+    def refuses(self, source: str | None = None) -> bool:
+        """Whether the next call of the drafter ``source`` names must not draft (``_no_drafting``)."""
+        return self._no_drafting(source) > 0
+
+    def took(self, plan: DraftPlan) -> None:
+        """A plan made ahead of the read (a guess ``ChainDrafter.commit`` runs) is the next call: its shape and
+        tree are noted as used (not as chosen after a read: ``ShapeMemory.usual`` learns only from real choices, or
+        the guesses, which take the usual shape, would only ever confirm themselves)."""
+        self.shapes.note(len(plan.drafts), plan.branches)
+        if plan.strands:
+            self.shapes.note_tree(len(plan.drafts), plan.branches, plan.strands)
+
     def survive(self, k: int, r: float | None = None) -> float:
         """P(at least ``k`` drafts of a fresh branch stand): the prior, scaled by the ratio ``r`` (default the
         calibration's) once per draft."""

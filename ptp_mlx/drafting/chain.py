@@ -140,6 +140,21 @@ class ChainDrafter(Drafter):
     def chained(self, plan: DraftPlan | None) -> None:
         self.pending = plan
 
+    def commit(self, plan: DraftPlan, i: int) -> DraftPlan | None:
+        # The adaptive budget's guess (its usual shape after a branch of this width) runs unless the budget would
+        # not draft now (its pace guard, a stale step) or the drafts are not the ones in hand.
+        took = getattr(self.budget, "took", None)
+        if took is None or self.step != "fused" or plan.source not in (None, ADAPTER) or plan.burst:
+            return None
+        if (self.budget.calibrate and self.pace.behind()) or self.budget.refuses(ADAPTER):
+            return None
+        if list(plan.drafts) != list(self.drafts[: len(plan.drafts)]):
+            return None
+        self.planned = self.confidences(i)  # (what the budget calibrates on after the read: ``update``)
+        self.pending = None
+        took(plan)
+        return plan
+
     def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         """After a burst no drafts are in hand (``emitted`` dropped them): the budget's priming call, as previewed."""
         if self.step != "fused" or (self.budget.calibrate and self.pace.behind()):

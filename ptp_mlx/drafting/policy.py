@@ -147,6 +147,20 @@ class DraftPolicy(Drafter):
             self.lookup.observe(len(plan.drafts), chain_accepted(plan, result), self.budget.curve(plan.rows))
         self.chain.update(plan, result)
 
+    def commit(self, plan: DraftPlan, i: int) -> DraftPlan | None:
+        # The adapter's call built ahead runs unless prompt lookup now offers more (what ``plan`` would weigh);
+        # a lookup chain built ahead is re-fitted as ever (its continuation depends on the token just read).
+        if self.lookup is not None:
+            if plan.source == self.lookup.source:
+                return None
+            offer = self.lookup.offer()
+            if offer is not None and offer.expected > self.chain.expected(i):
+                return None
+        out = self.chain.commit(plan, i)
+        if out is not None:
+            self.pending_lookup = None
+        return out
+
     def chained(self, plan: DraftPlan | None) -> None:
         self.chain.chained(plan if plan is not None and plan.source != self.lookup_source else None)
         lookup = plan is not None and self.lookup is not None and plan.source == self.lookup.source

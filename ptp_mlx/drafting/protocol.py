@@ -287,6 +287,14 @@ class Drafter(ABC):
         the next ``plan`` may prefer it, as it costs no host time on the path."""
         return None  # (optional: a drafter that cannot use it plans as ever)
 
+    def commit(self, plan: DraftPlan, i: int) -> DraftPlan | None:
+        """After a read, instead of ``plan``-ning: the call already built for the outcome that happened
+        (``plan``: its plan as realized by the read; the call starts at generated position ``i``) runs as this
+        drafter's next call, if the drafter would draft now at all; it notes the plan as its own and returns it.
+        None: plan as ever (``chained``, then ``plan``). Committing keeps the planning off the path (the call is
+        queued at once); every plan is lossless, so the tokens are the same either way."""
+        return None  # (optional: a drafter that does not commit plans after every read)
+
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         """A call of ``rows`` rows (1: a plain step of a burst) emitted ``tokens`` in ``seconds`` of measured wall
         time (what a budget learns costs from). ``cold``: it ran (or followed) a shape not compiled yet, so its

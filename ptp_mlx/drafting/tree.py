@@ -68,6 +68,12 @@ class TreeDrafter(ChainDrafter):
         # ``row + 1 + j`` of the call before (``prior_candidates``).
         return tuple((row + 1 + t // _RANKS, t % _RANKS) for st in plan.strands for t in st.tokens)
 
+    def commit(self, plan: DraftPlan, i: int) -> DraftPlan | None:
+        out = super().commit(plan, i)
+        if out is not None and out.strands:
+            self.candidates(i)  # (the committed tree's tokens priced as a plan prices them: ``_calibrate``)
+        return out
+
     def update(self, plan: DraftPlan, result: CallResult) -> None:
         if plan.source in (None, "ptp") and any(st.source == "ptp" for st in plan.strands) and self.priced is not None:
             self._calibrate(plan, result, self.priced)

@@ -1,13 +1,14 @@
 """The default drafter's chained share and host time on the path, per held-out prompt: what ``ptp-bench --profile``
 reports for its first prompt, over every prompt (issue 40: at least 80% chained, host at most 0.5 ms median).
 
-Usage: ``python docs/results/decode-floor/chain_share.py [prompts.jsonl] [max_tokens]`` (default: the held-out
-prompts, 128 tokens; greedy). One answer per prompt after a warm-up answer on the first."""
+Usage: ``python docs/results/decode-floor/chain_share.py [prompts.jsonl] [max_tokens] [learnt|always|never]``
+(default: the held-out prompts, 128 tokens, building ahead as learnt; greedy). One answer per prompt after a warm-up answer on the first."""
 
 import statistics
 import sys
 
 from ptp_mlx.bench.profile import profile_default
+from ptp_mlx.decode.chain_odds import choice_for
 from ptp_mlx.bench.prompts import load_prompts
 from ptp_mlx.engine import Engine
 from ptp_mlx.prompt import encode_prompt
@@ -18,6 +19,7 @@ def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else "ptp_mlx/data/heldout_prompts.jsonl"
     max_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 128
     eng = Engine.load()
+    choice_for(eng.pm).forced = {"learnt": None, "always": True, "never": False}[sys.argv[3] if len(sys.argv) > 3 else "learnt"]
     s = SamplingSettings()
     prompts = load_prompts(path)
     encode = lambda q: encode_prompt(eng.tokenizer, [{"role": "user", "content": q.turns[0]}])  # noqa: E731
