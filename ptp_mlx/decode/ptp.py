@@ -52,9 +52,13 @@ def ptp_calls(
             cold_start = _cold(sess.bank)
             clock.start()
             if queue.running is None and queue.started is not None:
-                # The call built while the burst's last step computed, queued if the drafter's plan is its plan.
-                drafter.chained(queue.started_plan)
-                plan = drafter.plan(i, max_new - i, ctx - queue.end)
+                # The call built while the burst's last step computed, queued if the drafter commits to it or its
+                # plan is that call's.
+                built = queue.started_plan
+                plan = drafter.commit(built, i) if built is not None else None
+                if plan is None:
+                    drafter.chained(built)
+                    plan = drafter.plan(i, max_new - i, ctx - queue.end)
                 if queue.confirm_start(plan, last):
                     clock.mark("update")
                     queue.submit()
