@@ -174,3 +174,32 @@ def test_calls_built_ahead_are_committed_without_planning_and_stay_exact(varied,
     assert seen["committed"] >= 3, seen
     # every committed call is the one queued (its plan is the build's own), and none of them was planned
     assert spy["hit tree"] + spy["hit chain"] >= seen["committed"], (seen, spy)
+
+
+def test_a_guess_is_the_same_whatever_tokens_and_rows_are_left_beyond_what_binds_it():
+    """``ChainDrafter._previewed`` asks the budget once per branch width and build: beyond ``_unbound`` the tokens
+    and rows left change no preview (a tree's included), so outcomes that differ only there share one."""
+    d = _drafter()
+    d.budget.max_rows = 40
+    d.rank_prob = [[0.3, 0.1, 0.05]] * 8
+    for _ in range(3):
+        d.budget.shapes.note_after(4, 3, ((0, 2), (3, 4)))
+    most_tokens, most_rows = d._unbound()
+    seen_tree = False
+    for n in range(d.budget.max_width):
+        conf = d.budget.prior_confidences(n)
+
+        def preview(remaining, room, conf=conf):
+            return d.budget.rows_for(
+                [0] * n, conf, remaining, room, preview=True, candidates=d.prior_candidates(conf), source="ptp"
+            )
+
+        want = preview(most_tokens, most_rows)
+        seen_tree |= bool(want.strands)
+        for remaining in (most_tokens, most_tokens + 1, most_tokens + 17, 500):
+            for room in (most_rows, most_rows + 3, 4096):
+                assert preview(remaining, room) == want, (n, remaining, room)
+        plan = DraftPlan((0,) * n, ((n, 2),))
+        first = d._previewed(plan, n, 300, 4096)
+        assert first == want and d._previewed(plan, n, 299, 999) is first  # (asked once)
+    assert seen_tree  # (trees were previewed, not only chains)
