@@ -203,3 +203,30 @@ def test_a_guess_is_the_same_whatever_tokens_and_rows_are_left_beyond_what_binds
         first = d._previewed(plan, n, 300, 4096)
         assert first == want and d._previewed(plan, n, 299, 999) is first  # (asked once)
     assert seen_tree  # (trees were previewed, not only chains)
+
+
+def test_every_call_built_after_the_read_says_why(varied, pm_sticky, pm_random):
+    """``CallQueue.why``: each call built on the path (not queued from a build ahead) is tagged with the reason
+    (``ptp-bench --profile`` counts them), building ahead on or off."""
+    from ptp_mlx.decode.call import PhaseClock
+    from ptp_mlx.generate import DecodeOptions, stream_generate
+
+    _, tok = varied
+    reasons = {
+        "the answer's first call", "building ahead off", "building ahead does not apply",
+        "no outcome's next call told ahead", "the path took a strand of the tree", "no build for that outcome",
+        "the plan after the read differs", "after a burst: the plan differs", "after a burst: nothing built",
+    }  # fmt: skip
+    for chain in (True, False):
+        whys = Counter()
+        for pm, (k, prompt) in ((pm, kp) for pm in (pm_sticky, pm_random) for kp in enumerate(PROMPTS[:3])):
+            clock = PhaseClock()
+            s = with_seed(SETTINGS["greedy"], 60 + k)
+            opts = DecodeOptions(mode="ptp", max_tokens=40, sampling=s, drafter=_drafter(), chain=chain, clock=clock)
+            list(stream_generate(pm, tok, encode_prompt(tok, prompt), opts))
+            calls = [c for c in clock.calls if "rows" in c]
+            assert all(("why" in c) == ("build" in c) for c in calls)
+            whys.update(c["why"] for c in calls if "build" in c)
+        assert set(whys) <= reasons and whys["the answer's first call"] == 6, whys
+        if not chain:  # every call after the first: nothing is ever built ahead
+            assert set(whys) == {"the answer's first call", "building ahead does not apply"}, whys

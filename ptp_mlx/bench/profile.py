@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -73,6 +74,7 @@ class ProfileRow:
     calls_raw: list[dict] | None = None  # (PTP rows, while profiling: every call's phases in seconds)
     host_on_path: float = 0.0  # median ms per call of the host phases on the critical path (``ON_PATH``)
     chained: int | None = None  # (the default drafter's row) calls queued from a build ahead, with no build phase
+    why: dict[str, int] | None = None  # (the default drafter's row) why the others were built after the read
 
     @property
     def wall_minus_compute(self) -> float:
@@ -311,13 +313,14 @@ def profile_default(
     med = {k: _median_ms([c.get(k, 0.0) for c in calls]) for k in PHASES}
     host = _median_ms([sum(c.get(k, 0.0) for k in ON_PATH) for c in calls])
     chained = sum(1 for c in calls if "build" not in c)
+    why = Counter(c.get("why", "?") for c in calls if "build" in c)
     rows = round(statistics.median(c["rows"] for c in calls))
     tpc = sum(len(steps[k].tokens) for k in ptp) / len(ptp)
     total = _median_ms([stamps[k] - stamps[k - 1] for k in ptp])
     toks = [t for st in steps for t in st.tokens]  # (bursts included: compared with AR like every PTP row)
     compute = _median_ms([c.get("queue", 0.0) + c.get("compute", 0.0) for c in calls])
     row = ProfileRow("ptp default", rows, len(calls), med, total, tpc, toks, compute, host_on_path=host)
-    row.chained = chained
+    row.chained, row.why = chained, dict(why.most_common())
     return row
 
 
@@ -362,6 +365,8 @@ def run_profile(
             f"\nptp default: {d.calls} PTP calls (bursts aside), {d.chained} of them chained; rows and phases are "
             "medians over its calls, whose shapes vary"
         )
+        if d.why:
+            text += "\nbuilt after the read: " + ", ".join(f"{v} {k}" for k, v in d.why.items())
         text += "\n" + choice_for(eng.pm).describe()  # (learnt across this run's answers: decode/chain_odds.py)
         text += "\n" + tree_menu(getattr(eng.budget_for(s), "shapes", None))
     host = {r.name: round(r.host_on_path, 3) for r in rows}

@@ -40,7 +40,7 @@ class PhaseClock:
         self.calls[-1][name] = self.calls[-1].get(name, 0.0) + now - self._t
         self._t = now
 
-    def tag(self, key: str, value: float) -> None:
+    def tag(self, key: str, value: float | str) -> None:
         self.calls[-1][key] = value
 
 
@@ -51,7 +51,7 @@ class _NoClock:
     def mark(self, name: str) -> None:
         pass
 
-    def tag(self, key: str, value: float) -> None:
+    def tag(self, key: str, value: float | str) -> None:
         pass
 
 

@@ -69,6 +69,8 @@ class CallQueue:
         self.left_s: float | None = None  # seconds a read waits for its call after one build (running estimate)
         self._built = 0  # builds made while the running call computes (0: none)
         self._plan_s = 0.0  # seconds the drafter took to plan the call about to be built
+        # why the next call is built after the read rather than queued from a build ahead (``ptp-bench --profile``)
+        self.why = "the answer's first call"
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
 
     @property
@@ -107,7 +109,9 @@ class CallQueue:
         """Build the call after the running one for every outcome, while it computes (none where that does not
         apply: ``build_chained``)."""
         self._ahead_s = None
-        if self.running is not None and self._ahead():
+        if self.running is not None and not self._ahead():
+            self.why = "building ahead off" if self.chains else "building ahead does not apply"
+        elif self.running is not None:
             t0 = time.perf_counter()
             kinds = MAX_KINDS if spare(self.left_s, self.build_s) else 1
             self.chained = build_chained(
@@ -116,12 +120,16 @@ class CallQueue:
             if self.chained is not None:
                 self._built = 1 + len(self.chained.others)
                 self.build_s = fade(self.build_s, (time.perf_counter() - t0) / self._built)
+            else:
+                self.why = "no outcome's next call told ahead"
             self._ahead_s = time.perf_counter() - t0  # (the guesses' time too, built or not)
 
     def start_after_burst(self, token: mx.array, i: int) -> None:
         """Build the first call after a burst on its last step's ``token`` (lazy), which ends at position ``i``."""
         if self._ahead():
             self.started = build_after_burst(self.sess, self.drafter, token, i, self.max_new, self.ctx)
+        if self.started is None:
+            self.why = "after a burst: nothing built" if self.chains else "building ahead does not apply"
 
     @property
     def started_plan(self) -> DraftPlan | None:
@@ -144,6 +152,7 @@ class CallQueue:
             chained, self.chained = self.chained, None
             if chained is not None:
                 drop_chained(chained, self.sess.cache)
+                self.why = "the path took a strand of the tree"
             return 0
 
         t0 = time.perf_counter()
@@ -169,6 +178,8 @@ class CallQueue:
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache)
             if self.running is not None:
                 self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
+            else:
+                self.why = "no build for that outcome" if not built else "the plan after the read differs"
             if self.choice is not None and plan is not None and not result.resolved:
                 self.choice.judge(self.running is not None)
             if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
@@ -182,6 +193,8 @@ class CallQueue:
         ``last`` the token it was built on; otherwise it is dropped. True when a call is ready to submit."""
         started, self.started = self.started, None
         self.running = confirm_after_burst(started, plan, self.sess.cache, last)
+        if self.running is None:
+            self.why = "after a burst: " + ("the plan differs" if started is not None else "nothing built")
         if self.choice is not None and plan is not None:
             self.choice.judge(self.running is not None)
         return self.running is not None

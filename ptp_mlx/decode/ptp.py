@@ -76,6 +76,7 @@ def ptp_calls(
                 clock.mark("plan")
                 # 2. One call: verify, draft (queued now; read, accepted and trimmed by ``CallQueue.read``).
                 queue.build(last, plan, i)
+                clock.tag("why", queue.why)
                 clock.mark("build")
                 queue.submit()  # (on MLX's CPU backend this returns only near the end of a large graph)
                 clock.mark("queue")
