@@ -6,6 +6,7 @@ Usage: ``python docs/results/decode-floor/chain_share.py [prompts.jsonl] [max_to
 
 import statistics
 import sys
+from collections import Counter
 
 from ptp_mlx.bench.profile import profile_default
 from ptp_mlx.decode.chain_odds import choice_for
@@ -25,13 +26,14 @@ def main() -> None:
     encode = lambda q: encode_prompt(eng.tokenizer, [{"role": "user", "content": q.turns[0]}])  # noqa: E731
     profile_default(eng, encode(prompts[0]), max_tokens, s)  # warm-up: the shapes compile
     calls = chained = 0
-    hosts = []
+    hosts, why = [], Counter()
     for q in prompts:
         row = profile_default(eng, encode(q), max_tokens, s)
         if row is None:
             print(f"{q.question_id:24s} no PTP call")
             continue
         calls, chained = calls + row.calls, chained + row.chained
+        why.update(row.why or {})
         hosts.append(row.host_on_path)
         print(
             f"{q.question_id:24s} calls {row.calls:3d} chained {row.chained:3d} ({row.chained / row.calls:4.0%})"
@@ -41,6 +43,7 @@ def main() -> None:
         f"all: {calls} PTP calls, {chained} chained ({chained / max(calls, 1):.0%}); per-prompt host medians: "
         f"median {statistics.median(hosts):.2f} ms"
     )
+    print("built after the read: " + ", ".join(f"{v} {k}" for k, v in why.most_common()))
 
 
 if __name__ == "__main__":
