@@ -317,3 +317,50 @@ def test_builds_go_to_the_outcomes_whose_guesses_the_read_confirms():
     for _ in range(40):  # the counts fade: a kind that starts to be confirmed is soon weighed up again
         many.judge("lookup", lookup, hit=True)
     assert many.rate(("lookup", "lookup")) > 0.8
+
+
+class CommittingTwoKinds(TwoKinds):
+    """``TwoKinds`` that commits to any guess whose drafts are the ones in hand (``Drafter.commit``), counting its
+    plans and its commits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = Counter()
+
+    def plan(self, i, remaining, room):
+        self.seen["planned"] += 1
+        return super().plan(i, remaining, room)
+
+    def commit(self, plan, i):
+        ok = list(plan.drafts) == list(self.drafts[: len(plan.drafts)])
+        self.seen["committed" if ok else "refused"] += 1
+        return plan if ok else None
+
+
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+def test_an_outcome_no_build_served_runs_its_guess_without_planning(pm_sticky, pm_random, varied, monkeypatch, name):
+    """One build a call (no time to spare), outcomes of two kinds: a read that reports an outcome of the kind not
+    built hands its guess to the drafter (``CallQueue.guessed_plan``), which commits to it: the call is built after
+    the read but not planned; every answer is the autoregressive one."""
+    seen = Counter()
+    guessed = pipeline.CallQueue.guessed_plan
+
+    def counted(self, result):
+        out = guessed(self, result)
+        if out is not None and self.chained_plan(result) is None:
+            seen["unbuilt"] += 1
+        return out
+
+    monkeypatch.setattr(pipeline.CallQueue, "guessed_plan", counted)
+    monkeypatch.setattr(pipeline, "spare", lambda left, build: False)
+    tok = varied[1]
+    drafters = []
+    for pm in (pm_sticky, pm_random):
+        for k, p in enumerate(PROMPTS[:2]):
+            drafters.append(CommittingTwoKinds())
+            s = with_seed(SETTINGS[name], 60 + k)
+            assert_same(pm, tok, encode_prompt(tok, p), s, 40, {"drafter": drafters[-1]})
+    total = sum((d.seen for d in drafters), Counter())
+    assert seen["unbuilt"] >= 3 and total["refused"] == 0, (seen, total)
+    # planned only where nothing was guessed: each answer's first call (the rest were committed, built or not)
+    assert total["planned"] == len(drafters) and total["committed"] >= seen["unbuilt"] + 3, total

@@ -189,7 +189,7 @@ def test_a_guess_is_the_same_whatever_tokens_and_rows_are_left_beyond_what_binds
     for n in range(d.budget.max_width):
         conf = d.budget.prior_confidences(n)
 
-        def preview(remaining, room, conf=conf):
+        def preview(remaining, room, conf=conf, n=n):
             return d.budget.rows_for(
                 [0] * n, conf, remaining, room, preview=True, candidates=d.prior_candidates(conf), source="ptp"
             )

@@ -141,6 +141,13 @@ class CallQueue:
         hit = self.chained.pick(result.accepted) if self.chained is not None and result.strand is None else None
         return None if hit is None else hit.guesses[result.accepted].realize(result)
 
+    def guessed_plan(self, result: CallResult) -> DraftPlan | None:
+        """The plan guessed ahead for the outcome ``result`` reports, built or not (an outcome of a kind no build
+        served: the drafter may still commit to it and skip planning; None: none was guessed)."""
+        every = self.chained.every if self.chained is not None and result.strand is None else []
+        guess = every[result.accepted] if result.accepted < len(every) else None
+        return None if guess is None else guess.realize(result)
+
     def read(self, clock=NO_CLOCK) -> tuple[DraftPlan, CallResult]:
         """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""
         call, self.running = self.running, None

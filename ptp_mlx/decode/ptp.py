@@ -102,7 +102,8 @@ def ptp_calls(
                 # planning on the path), else planned now (preferring the built one); chained on this one, it is
                 # queued before the yield.
                 built = queue.chained_plan(out)
-                plan = drafter.commit(built, i) if built is not None else None
+                guessed = built or queue.guessed_plan(out)  # (guessed, not built: committing skips the planning)
+                plan = drafter.commit(guessed, i) if guessed is not None else None
                 if plan is None:
                     t_plan = time.perf_counter()
                     drafter.chained(built)

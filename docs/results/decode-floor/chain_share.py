@@ -9,8 +9,8 @@ import sys
 from collections import Counter
 
 from ptp_mlx.bench.profile import profile_default
-from ptp_mlx.decode.chain_odds import choice_for
 from ptp_mlx.bench.prompts import load_prompts
+from ptp_mlx.decode.chain_odds import choice_for
 from ptp_mlx.engine import Engine
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import SamplingSettings
@@ -20,7 +20,9 @@ def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else "ptp_mlx/data/heldout_prompts.jsonl"
     max_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 128
     eng = Engine.load()
-    choice_for(eng.pm).forced = {"learnt": None, "always": True, "never": False}[sys.argv[3] if len(sys.argv) > 3 else "learnt"]
+    choice_for(eng.pm).forced = {"learnt": None, "always": True, "never": False}[
+        sys.argv[3] if len(sys.argv) > 3 else "learnt"
+    ]
     s = SamplingSettings()
     prompts = load_prompts(path)
     encode = lambda q: encode_prompt(eng.tokenizer, [{"role": "user", "content": q.turns[0]}])  # noqa: E731
