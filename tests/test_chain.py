@@ -5,7 +5,7 @@ from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.chain import ChainDrafter
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.fixed_budget import FixedBudget
-from ptp_mlx.drafting.protocol import CallResult, DraftPlan
+from ptp_mlx.drafting.protocol import CallResult, DraftPlan, Strand
 
 
 def test_drafting_that_delivers_less_than_plain_steps_gives_way_to_a_burst():
@@ -57,6 +57,8 @@ def test_a_guess_built_ahead_is_committed_as_planned_unless_the_budget_would_not
     d.drafts, d.conf = [5, 6, 7], [0.9, 0.8, 0.7]
     assert d.commit(DraftPlan([5, 8], [(0, 2)], source="ptp"), 0) is None  # not the drafts in hand
     assert d.commit(DraftPlan([5], [(0, 2)], source="lookup"), 0) is None  # another drafter's
+    hole = DraftPlan([5, 6], [(0, 2)], source="ptp", strands=(Strand(0, (-1,)),))
+    assert d.commit(hole, 0) is None  # a tree's placeholder the read had no token for
     slow = DraftPlan([5, 6], [(0, 2), (1, 2), (2, 2)])
     for _ in range(3):  # calls that delivered far less than plain steps would have
         d.pace.add(1, 64.0)

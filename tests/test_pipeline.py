@@ -34,8 +34,8 @@ def spy(monkeypatch):
         seen["built"] += nxt is not None
         return nxt
 
-    def counted(chained, result, plan, i, cache):
-        call = confirm(chained, result, plan, i, cache)
+    def counted(chained, result, plan, i, cache, *more):
+        call = confirm(chained, result, plan, i, cache, *more)
         seen["hit" if call is not None else "miss"] += 1
         if call is None and plan is not None:
             seen["last miss at"] = max(seen["last miss at"], i)
@@ -263,9 +263,9 @@ def test_outcomes_of_another_kind_run_their_own_build_and_stay_exact(pm_sticky, 
     seen = Counter()
     confirm = pipeline.confirm_chained
 
-    def counted(chained, result, plan, i, cache):
+    def counted(chained, result, plan, i, cache, *more):
         hit = chained.pick(result.accepted) if result.strand is None else None
-        call = confirm(chained, result, plan, i, cache)
+        call = confirm(chained, result, plan, i, cache, *more)
         kind = "none" if hit is None else "other" if hit.state is not None else "likeliest"  # (none: not compiled yet)
         if call is not None or (plan is not None and not result.resolved):  # (not the answer's end)
             seen[f"{'hit' if call is not None else 'miss'} {kind}"] += 1

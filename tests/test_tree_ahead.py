@@ -75,10 +75,10 @@ def spy(monkeypatch):
             gathered[id(call)] = chain.tokens
         return call
 
-    def counted(chained, result, plan, i, cache):
+    def counted(chained, result, plan, i, cache, *more):
         hit = chained.pick(result.accepted) if result.strand is None else None
         built = hit.call if hit is not None else chained.call  # (the build for this outcome's kind)
-        call = confirm(chained, result, plan, i, cache)
+        call = confirm(chained, result, plan, i, cache, *more)
         kind = "tree" if built.plan.strands else "chain"
         seen[f"{'hit' if call is not None else 'miss'} {kind}"] += 1
         if call is not None:

@@ -214,16 +214,19 @@ def _by_kind(guesses: list[Guess | None], likely: list[float] | None) -> list[li
     return [[x if x is not None and _kind(x) == k else None for x in guesses] for k in kinds]
 
 
-def confirm_chained(chained: Chained, result: CallResult, plan: DraftPlan | None, i: int, cache) -> PendingCall | None:
+def confirm_chained(
+    chained: Chained, result: CallResult, plan: DraftPlan | None, i: int, cache, realized: DraftPlan | None = None
+) -> PendingCall | None:
     """The chained call, if ``plan`` (the drafter's real next plan after ``result``, None: the answer ended) is
     the one guessed for the outcome that happened (in the likeliest kind's build or another's); it then starts at
     generated position ``i`` and the state before it is let go (its writes stay in place), with every other build.
-    None: the chained call is dropped, the cache is back at the accepted path, and ``plan`` is built as usual."""
+    None: the chained call is dropped, the cache is back at the accepted path, and ``plan`` is built as usual.
+    ``realized``: that build's plan as ``result`` realizes it, where the caller has it already."""
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the likeliest build's rows
     hit = chained.pick(result.accepted) if result.strand is None else None
     ok = hit is not None and plan is not None and not plan.burst and not result.resolved
-    # (a tree's strands: the read's argmax and runner-ups in its placeholders)
-    ok = ok and _matches(plan, hit.guesses[result.accepted].realize(result))
+    # (a tree's strands: the read's argmax and runner-ups in its placeholders; a plan committed to is that object)
+    ok = ok and (plan is realized or _matches(plan, realized or hit.guesses[result.accepted].realize(result)))
     if not ok:
         drop_chained(chained, cache, keep)
         return None

@@ -69,6 +69,7 @@ class CallQueue:
         self.left_s: float | None = None  # seconds a read waits for its call after one build (running estimate)
         self._built = 0  # builds made while the running call computes (0: none)
         self._plan_s = 0.0  # seconds the drafter took to plan the call about to be built
+        self._realized: tuple[CallResult, DraftPlan] | None = None  # a read and its built plan (``chained_plan``)
         # why the next call is built after the read rather than queued from a build ahead (``ptp-bench --profile``)
         self.why = "the answer's first call"
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
@@ -139,7 +140,10 @@ class CallQueue:
     def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
         hit = self.chained.pick(result.accepted) if self.chained is not None and result.strand is None else None
-        return None if hit is None else hit.guesses[result.accepted].realize(result)
+        if hit is None:
+            return None
+        self._realized = (result, hit.guesses[result.accepted].realize(result))  # (``confirm`` compares it)
+        return self._realized[1]
 
     def guessed_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan guessed ahead for the outcome ``result`` reports, built or not (an outcome of a kind no build
@@ -182,7 +186,9 @@ class CallQueue:
             chained, self.chained = self.chained, None
             guess = chained.every[result.accepted] if result.strand is None and chained.every else None
             built = guess is not None and chained.pick(result.accepted) is not None
-            self.running = confirm_chained(chained, result, plan, i, self.sess.cache)
+            realized = self._realized[1] if self._realized is not None and self._realized[0] is result else None
+            self._realized = None
+            self.running = confirm_chained(chained, result, plan, i, self.sess.cache, realized)
             if self.running is not None:
                 self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
             else:

@@ -171,6 +171,8 @@ class ChainDrafter(Drafter):
             return None
         if list(plan.drafts) != list(self.drafts[: len(plan.drafts)]):
             return None
+        if any(t < 0 for st in plan.strands for t in st.tokens):
+            return None  # a tree's placeholder the read had no token for (``Guess.realize``): never a real plan
         self.planned = self.confidences(i)  # (what the budget calibrates on after the read: ``update``)
         self.pending = None
         took(plan)

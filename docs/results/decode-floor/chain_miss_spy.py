@@ -48,9 +48,9 @@ def why(chained, result, plan) -> str:
     return "hit" + other
 
 
-def confirm(chained, result, plan, i, cache):
+def confirm(chained, result, plan, i, cache, *more):
     reason = why(chained, result, plan)
-    out = _confirm(chained, result, plan, i, cache)
+    out = _confirm(chained, result, plan, i, cache, *more)
     seen["confirm: " + reason + ("" if out is not None else " [dropped]")] += 1
     return out
 

@@ -23,8 +23,8 @@ def built(sess, drafter, call, *args):
     return nxt
 
 
-def confirmed(chained, result, plan, i, cache):
-    call = confirm(chained, result, plan, i, cache)
+def confirmed(chained, result, plan, i, cache, *more):
+    call = confirm(chained, result, plan, i, cache, *more)
     if call is not None:
         seen["queued from the build"] += 1
     elif result.alt is not None or chained.guesses[result.accepted] is None:
