@@ -176,6 +176,7 @@ class CallResult:
     aux_top_prob: list[float] | None = None  # each row's top probability at the decoding temperature
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
     resolved: bool = False  # the emitted token was settled on the host (sampler.py ``resolve``), not in the call
+    end_row: int | None = None  # the token row the path ended at (its exact token is the block's last)
 
 
 def chain_accepted(plan: DraftPlan, result: CallResult) -> int:
@@ -258,10 +259,13 @@ class Drafter(ABC):
     def update(self, plan: DraftPlan, result: CallResult) -> None:
         """Learn from the call that ran ``plan`` (the next drafts, acceptance statistics)."""
 
-    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
-        """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (the next
-        call then starts at generated position ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if
-        it can tell before that call is read; None otherwise. Decoding builds the guessed call while the current
+    def guess(
+        self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int, strand: int | None = None
+    ) -> Guess | None:
+        """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (with
+        ``strand``: on the path through that strand of its tree; the next call then starts at generated position
+        ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if it can tell before that call is read;
+        None otherwise. Decoding builds the guessed call while the current
         one computes and queues it the moment the read confirms it (``ptp_mlx/decode/pipeline.py``)."""
         return None
 
