@@ -5,7 +5,6 @@ decoding's, token for token."""
 
 from collections import Counter
 
-import mlx.core as mx
 import pytest
 
 import ptp_mlx.decode.ahead as ahead
@@ -231,48 +230,3 @@ def test_every_call_built_after_the_read_says_why(varied, pm_sticky, pm_random):
         assert set(whys) <= reasons and whys["the answer's first call"] == 6, whys
         if not chain:  # every call after the first: nothing is ever built ahead
             assert set(whys) == {"the answer's first call", "building ahead does not apply"}, whys
-
-
-@pytest.mark.parametrize("name", ["greedy", "T1.0"])
-def test_paths_through_a_strand_run_the_call_built_for_them(varied, pm_sticky, monkeypatch, name):
-    """With time to spare, a call is also built for the paths through a strand of a tree (``_build_strands``: the
-    row the path ends at found in the graph, the strand's K/V rows moved there): the read runs it where its drafter's
-    plan is the one guessed, and moves the rows itself where it drops it. Token for token the plain answer, and the
-    cache left behind holds the plain decoder's K/V (a conversation carries it)."""
-    from ptp_mlx.generate import DecodeOptions, stream_generate
-    from ptp_mlx.prompt_cache import PromptCache
-    from ptp_mlx.testing import ChainingTreeDrafter
-
-    seen = Counter()
-    confirm = pipeline.confirm_chained
-
-    def counted(chained, result, plan, i, cache, *more):
-        covered = result.strand is not None and chained.strand_build(result.end_row) is not None
-        call = confirm(chained, result, plan, i, cache, *more)
-        if covered:
-            seen["strand hit" if call is not None else "strand dropped"] += 1
-        return call
-
-    monkeypatch.setattr(pipeline, "confirm_chained", counted)
-    monkeypatch.setattr(pipeline, "spare", lambda left, build: True)  # (as on a GPU)
-    _, tok = varied
-    for k, prompt in enumerate(PROMPTS[:3]):
-        s = with_seed(SETTINGS[name], 21 + k)
-        ids = encode_prompt(tok, prompt)
-        want = ar(pm_sticky, tok, ids, s, 32)
-        for seed in range(4):
-            drafter = ChainingTreeDrafter(want[0], width=WINDOW, seed=seed, p_right=0.6)
-            assert_same(pm_sticky, tok, ids, s, 32, {"drafter": drafter}, want=want)
-            # the K/V rows the answer leaves behind: the plain decoder's
-            caches = []
-            for mode, d in (("ar", None), ("ptp", ChainingTreeDrafter(want[0], width=WINDOW, seed=seed, p_right=0.6))):
-                pc = PromptCache()
-                opts = DecodeOptions(mode=mode, max_tokens=32, sampling=s, drafter=d, chain=True)
-                list(stream_generate(pm_sticky, tok, ids, opts, eos_ids=set(), prompt_cache=pc))
-                caches.append(pc.cache)
-            rows = min(c.offset for c in caches)  # (an answer may end with its last token's row in or not)
-            assert rows >= len(ids) + 30
-            for (ka, va), (kb, vb) in zip(caches[0].contents(), caches[1].contents(), strict=True):
-                for a, b in ((ka, kb), (va, vb)):
-                    assert mx.allclose(a[..., :rows, :], b[..., :rows, :], atol=1e-4).item()
-    assert seen["strand hit"] >= 3 and seen["strand dropped"] >= 1, seen

@@ -102,11 +102,9 @@ class ShapeDrafter(Drafter):
         branches = [(d, min(w, self.width)) for d, w in self.branches if d <= n]
         return DraftPlan(drafts, branches, source="ptp" if n else None)
 
-    def guess(
-        self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int, strand: int | None = None
-    ) -> Guess | None:
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         # The shape is fixed, so the next call is known before this one is read (queued as soon as it is).
-        r, w = plan.branch_rows(accepted, strand) or (0, 1)
+        r, w = plan.branch_rows(accepted) or (0, 1)
         n = max(0, min(self.n, remaining - 1))
         if n and w < 2:
             return None  # no drafts in the branch: the padding is a constant the plan makes on the host

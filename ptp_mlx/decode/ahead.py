@@ -1,8 +1,7 @@
 """The next PTP call built before the host reads the one computing (chained calls: docs/method.md, section 5,
 "Pipelined calls"; ``pipeline.py``'s ``CallQueue`` decides when): for every outcome of that call by kind
-(``build_chained``; with time to spare, also for the paths through a strand of its tree: ``_build_strands``), or on
-an autoregressive burst's last step (``build_after_burst``), then confirmed by the read (``confirm_chained``,
-``confirm_after_burst``) or dropped (``drop_chained``)."""
+(``build_chained``), or on an autoregressive burst's last step (``build_after_burst``), then confirmed by the read
+(``confirm_chained``, ``confirm_after_burst``) or dropped (``drop_chained``)."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from .chain_odds import Confirmed
 from .fixed import ALTS
 from .session import DecodeSession
 from .shape import CallSpec
-from .walk import end_row, row_depths
 
 OTHER_KIND_MIN = 0.15  # the chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest
 
@@ -31,16 +29,6 @@ class Build:
     guesses: list[Guess | None]
     rows: int
     state: tuple | None
-    # outcomes by the token row where the path ends (``guesses[row]``: a path that took a strand), found in the
-    # graph (``walk.end_row``: ``index``); else by the chain's accepted count
-    by_row: bool = False
-    index: mx.array | None = None
-    moved: bool = False  # its cache state holds the strand's K/V rows moved next to the path (``_move_strands``)
-
-    def guess_for(self, result: CallResult) -> Guess | None:
-        """This build's guess for the outcome ``result`` reports (None: not one of its outcomes)."""
-        g = result.end_row if self.by_row else result.accepted
-        return self.guesses[g] if g is not None and g < len(self.guesses) else None
 
 
 @dataclass
@@ -59,19 +47,11 @@ class Chained:
     source: str | None = None  # the source of the call it was built after (``Confirmed``)
 
     def pick(self, accepted: int) -> Build | None:
-        """The build for the outcome of ``accepted`` drafts of the chain (this one's own, its ``state`` None; or one
-        of ``others``), or None where none was built for it."""
+        """The build for the outcome of ``accepted`` drafts (this one's own, its ``state`` None; or one of
+        ``others``), or None where none was built for it."""
         if self.guesses[accepted] is not None:
             return Build(self.call, self.guesses, self.rows, None)
-        return next((o for o in self.others if not o.by_row and o.guesses[accepted] is not None), None)
-
-    def strand_build(self, row: int) -> Build | None:
-        """The build for a path that took a strand and ended at token ``row`` (None: none)."""
-        return next((o for o in self.others if o.by_row and row < len(o.guesses) and o.guesses[row]), None)
-
-    def pick_result(self, result: CallResult) -> Build | None:
-        """The build for the outcome ``result`` reports (the chain's, or a strand's), or None."""
-        return self.pick(result.accepted) if result.strand is None else self.strand_build(result.end_row)
+        return next((o for o in self.others if o.guesses[accepted] is not None), None)
 
 
 def build_chained(
@@ -84,9 +64,8 @@ def build_chained(
     likeliest kinds (``Drafter.likely``, each outcome's chance weighed by how often guesses like its own were
     confirmed after calls like this one: ``confirmed``): the likeliest's, and up to ``kinds - 1`` more whose
     outcomes are likely enough and whose graphs are compiled already (the unused builds are let go unrun).
-    After a token tree, it is built for the chain's outcomes, and with ``kinds`` above one also for the paths
-    through a strand hung off the chain (``_build_strands``); a path through a strand that no build serves drops
-    them (``CallQueue.read``: its K/V rows move on the host, in the state before this build)."""
+    After a token tree, it is built for the chain's outcomes; a strand that stands drops it (``CallQueue.read``:
+    its K/V rows move on the host, in the state before this build)."""
     plan, cache = call.plan, sess.cache
     if sess.bank is None or sess.hook is not None:
         return None
@@ -120,73 +99,14 @@ def build_chained(
         if built is not None:
             chained.others.append(Build(built[0], mine, built[1], cache.snapshot()))
         cache.restore(after)
-    if chained is not None and kinds > 1 and plan.strands:  # (time to spare: the paths through a strand too)
-        _build_strands(sess, drafter, call, max_new, ctx, chained)
     return chained
 
 
-def _build_strands(sess: DecodeSession, drafter: Drafter, call: PendingCall, max_new: int, ctx: int, chained) -> None:
-    """One more build, for the outcomes where the path takes a strand of ``call``'s tree (one hung off the chain, no
-    deeper than the chain's drafts: the likeliest build's rows start past it): the row where the path ends is
-    found in the graph (``walk.end_row``), the strand's K/V rows move next to the path's there (``_move_strands``,
-    on this build's own state), and the next call's inputs are gathered by that row. The read checks the row
-    against its own walk before this build is kept (``CallQueue.read``)."""
-    plan, cache, n = call.plan, sess.cache, len(call.plan.drafts)
-    if call.tokens is None or sess.rule.for_source(plan.source, strict=plan.strict).lenient:
-        return  # (a lenient rule's chain stands where the graph's exact walk would not)
-    depths = row_depths(plan)
-    guesses: list[Guess | None] = [None] * len(depths)
-    for k, st in enumerate(plan.strands):
-        for j in range(len(st.tokens) if st.parent < 0 else 0):  # (a path through its first j + 1 tokens)
-            acc, row = st.at + 1 + j, plan.strand_row(k) + j
-            i = call.i + 1 + acc
-            if acc > n or i >= max_new:
-                break
-            g = drafter.guess(plan, acc, i, max_new - i, ctx - (call.offset + 1 + acc), strand=k)
-            if g is not None and not g.plan.burst and not (g.plan.strands and not g.strand_src):
-                guesses[row] = g
-    kinds = _by_kind(guesses, None)
-    if not kinds:
-        return
-    mine, after = kinds[0], cache.snapshot()
-    cache.restore(chained.before)
-    index = end_row(plan, call.tokens, call.out.targets)
-    _move_strands(cache, plan, call.offset, mine, index)
-    built = _build_kind(sess, call, mine, n, compiled_only=True, by_row=(index, depths))
-    if built is not None:
-        chained.others.append(Build(built[0], mine, built[1], cache.snapshot(), by_row=True, index=index, moved=True))
-    cache.restore(after)
-
-
-def _move_strands(cache, plan: DraftPlan, offset: int, guesses: list[Guess | None], index: mx.array) -> None:
-    """On the device, for the path that ends at token row ``index``: the K/V rows of the strand it took move next
-    to the chain rows before it (what ``finish_call`` does on the host after a path through a strand). One move
-    of a fixed count of rows, the most any outcome of ``guesses`` needs: rows past the path's are stale, and the
-    next call writes from the path's end on."""
-    n_tok = len(guesses)
-    starts = [plan.strand_row(k) for k in range(len(plan.strands))]
-    served = []  # (row, first row of its strand, the strand's attach depth)
-    for row, x in enumerate(guesses):
-        if x is not None:
-            k = max(k for k, r0 in enumerate(starts) if r0 <= row)
-            served.append((row, starts[k], plan.strands[k].at))
-    count = max(row - r0 + 1 for row, r0, _ in served)
-    src = np.tile(np.arange(count, dtype=np.int32) + offset + 1, (n_tok, 1))  # (outcomes not served: in place)
-    dst = np.full((n_tok, 1), offset + 1, np.int32)
-    for row, r0, at in served:
-        src[row] = np.minimum(offset + r0 + np.arange(count), offset + n_tok - 1)
-        dst[row] = offset + at + 1
-    cache.move_rows(mx.take(mx.array(src), index, axis=0), mx.take(mx.array(dst), index, axis=0))
-
-
 def _build_kind(
-    sess: DecodeSession, call: PendingCall, guesses: list[Guess | None], n: int, compiled_only: bool = False,
-    by_row: tuple[mx.array, list[int]] | None = None,
-) -> tuple[PendingCall, int] | None:  # fmt: skip
+    sess: DecodeSession, call: PendingCall, guesses: list[Guess | None], n: int, compiled_only: bool = False
+) -> tuple[PendingCall, int] | None:
     """The call after ``call`` for the outcomes ``guesses`` name (all of one kind) and its rows, or None where it
-    cannot be built ahead (``compiled_only``: nor where its graph is not compiled yet). Outcomes are the chain's
-    accepted counts (``guesses[g]``: ``g`` drafts stood), or with ``by_row`` the rows where the path ends
-    (``(row, depths)``: the row in the graph, ``walk.end_row``, and each row's accepted drafts)."""
+    cannot be built ahead (``compiled_only``: nor where its graph is not compiled yet)."""
     known = [x for x in guesses if x is not None]
     nxt = known[0].plan
     if known[0].draft_rows is not None and nxt.drafts and call.out.aux_top is None:
@@ -203,20 +123,17 @@ def _build_kind(
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
     tree = sum(len(st.tokens) for st in nxt.strands)  # a tree's tokens: this call's (row, rank) each
-    outcomes = len(guesses)
-    accepted = by_row[1] if by_row is not None else list(range(outcomes))
-    per_outcome = np.zeros((outcomes, m + tree), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
+    per_outcome = np.zeros((n + 1, m + tree), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
     row_u, aux_u = call_uniforms(sess, nxt, 0)
-    row_table = np.zeros((outcomes, row_u.size), np.float32)
-    aux_table = np.zeros((outcomes, aux_u.size), np.float32)
+    row_table = np.zeros((n + 1, row_u.size), np.float32)
+    aux_table = np.zeros((n + 1, aux_u.size), np.float32)
     for g, x in enumerate(guesses):
         if x is not None:
             per_outcome[g, :m] = x.plan.drafts if x.draft_rows is None else x.draft_rows
             if tree:  # flat indices into [argmax | runner-ups] per auxiliary row (``table`` below)
                 per_outcome[g, m:] = [row * (1 + ALTS) + rank for row, rank in x.strand_src]
-            row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + accepted[g])
-    c = call.out.accepted if by_row is None else by_row[0]  # int32 []: the outcome, known on the device only
-    depth = c if by_row is None else mx.take(mx.array(accepted, dtype=mx.int32), c)  # drafts the path accepted
+            row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
+    c = call.out.accepted  # int32 []: the outcome, known on the device only
     # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
     tokens = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
     if m:
@@ -233,7 +150,7 @@ def _build_kind(
         tokens=mx.concatenate(tokens) if len(tokens) > 1 else tokens[0],
         row_u=mx.take(mx.array(row_table), c, axis=0),
         aux_u=mx.take(mx.array(aux_table), c, axis=0),
-        offset=mx.array(call.offset + 1, dtype=mx.int32) + depth,
+        offset=mx.array(call.offset + 1, dtype=mx.int32) + c,
         bound=call.offset + 1 + n,
     )
     return build_call(sess, None, nxt, None, chain=inputs), rows
@@ -306,10 +223,10 @@ def confirm_chained(
     None: the chained call is dropped, the cache is back at the accepted path, and ``plan`` is built as usual.
     ``realized``: that build's plan as ``result`` realizes it, where the caller has it already."""
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the likeliest build's rows
-    hit = chained.pick_result(result)
+    hit = chained.pick(result.accepted) if result.strand is None else None
     ok = hit is not None and plan is not None and not plan.burst and not result.resolved
     # (a tree's strands: the read's argmax and runner-ups in its placeholders; a plan committed to is that object)
-    ok = ok and (plan is realized or _matches(plan, realized or hit.guess_for(result).realize(result)))
+    ok = ok and (plan is realized or _matches(plan, realized or hit.guesses[result.accepted].realize(result)))
     if not ok:
         drop_chained(chained, cache, keep)
         return None

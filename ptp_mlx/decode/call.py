@@ -22,7 +22,6 @@ from ..sampler import UNRESOLVED, SamplingSettings, resolve
 from .fixed import outputs_head
 from .session import DecodeSession
 from .shape import CallInputs, CallOutputs, CallSpec
-from .walk import tree_rows, walk
 
 
 class PhaseClock:
@@ -73,7 +72,6 @@ class PendingCall:
     row_u: mx.array | None = None  # float32 [n_tok]: the token rows' uniforms (to resolve a target on the host)
     settings: SamplingSettings | None = None
     ahead: bool = False  # queued from a build made while the PTP call before it computed (``decode/pipeline.py``)
-    tokens: mx.array | None = None  # int32 [n_tok]: its token rows (a chained call's: computed on the device)
 
     @property
     def arrays(self) -> list[mx.array]:
@@ -90,6 +88,19 @@ class ChainInputs:
     aux_u: mx.array  # float32 [n_aux]: the auxiliary rows' uniforms
     offset: mx.array  # int32 []: the cache length before the call
     bound: int  # the largest value ``offset`` can take
+
+
+def tree_rows(plan: DraftPlan) -> list[tuple[int, int, int]]:
+    """``(row, parent row, depth)`` of every token row of ``plan``'s call after ``last`` and the chain: each strand's
+    tokens in order, the first following the row ``plan.follows`` names (the chain's row ``at``, or a token of
+    its parent strand)."""
+    out, r = [], 1 + len(plan.drafts)
+    for j, st in enumerate(plan.strands):
+        parent = plan.follows(j)
+        for k in range(len(st.tokens)):
+            out.append((r, parent, st.at + 1 + k))
+            parent, r = r, r + 1
+    return out
 
 
 def call_shape(plan: DraftPlan, runner_up: bool = False, reads_top_prob: bool = False) -> CallShape:
@@ -156,7 +167,7 @@ def build_call(
     if chain is not None:
         inputs = CallInputs(chain.tokens, chain.row_u, chain.aux_u, offset=chain.offset, bound=chain.bound)
         out = sess.bank.call(cache, CallSpec(shape, s, rule), inputs)
-        return PendingCall(plan, None, None, shape, out, row_u=chain.row_u, settings=s, tokens=chain.tokens)
+        return PendingCall(plan, None, None, shape, out, row_u=chain.row_u, settings=s)
     if tokens is None:
         tokens = mx.array([last, *plan.drafts, *(t for st in plan.strands for t in st.tokens)], dtype=mx.int32)
     n_aux = shape.n_aux
@@ -165,20 +176,19 @@ def build_call(
     inputs = CallInputs(tokens, row_u, aux_u, offered=offered, hook=hook, prefixes=prefixes)
     if sess.bank is not None:
         out = sess.bank.call(cache, CallSpec(shape, s, rule), inputs)
-        return PendingCall(plan, offset, i, shape, out, hook, row_u, s, tokens=tokens)
+        return PendingCall(plan, offset, i, shape, out, hook, row_u, s)
     # 1. One forward pass: token rows [last, q_1..q_n, strands], then the auxiliary windows (built lazily).
     windows = [Window(offset + w.ctx, w.n, None if w.via is None else w.via) for w in shape.windows]
     logits = pm(tokens, aux_u if n_aux else None, windows, cache, parents=None if shape.chain else list(shape.parents))
     out = outputs_head(CallSpec(shape, s, rule), logits, inputs)
-    return PendingCall(plan, offset, i, shape, out, hook, row_u, s, tokens=tokens)
+    return PendingCall(plan, offset, i, shape, out, hook, row_u, s)
 
 
 def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0, on_strand=None) -> CallResult:
     """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path (plus the
-    ``then`` rows of a chained call built on it, which start right after that path). ``on_strand(path, moves)``:
-    called when the path took a strand of a token tree, before its K/V rows move (``walk``); it returns the
-    ``then`` that still applies and whether a call built ahead for that outcome moves the rows itself (then the
-    host does not: ``CallQueue.read``; a call chained on the chain's outcomes is dropped)."""
+    ``then`` rows of a chained call built on it, which start right after that path). ``on_strand``: called when a
+    strand of a token tree stands, before its K/V rows move; it returns the ``then`` that still applies (a call
+    chained on the chain's outcomes is dropped: ``CallQueue.read``)."""
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position (or, under an opt-in
     # lenient rule, its row finds it likely enough); the first row that does not accept its draft emits its exact
     # token. Under the exact rule every emitted token is the autoregressive one.
@@ -200,14 +210,35 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
         return targets_l[r]
 
     # 2. Accept the leading drafts that equal the exact tokens; where the chain stopped, a strand that follows its
-    # row and starts with the exact token there takes the path on (``walk``).
+    # row and starts with the exact token there takes the path on, token by token, and where that strand stops, a
+    # strand that follows its row there, and so on.
+    # (the graph counts leading rows that each follow the row before: a strand hung after the chain's last draft
+    # continues that count; the host walks strands itself)
     c = min(int(o.accepted.item()), n)
-    path, strand, moves, block = walk(plan, c, exact)
-    moved_by_build = False
-    if strand is not None and on_strand is not None:
-        then, moved_by_build = on_strand(path, moves)
-    for src, dst, m in moves if not moved_by_build else ():  # (else the call built ahead moves them itself)
-        cache.copy_rows(offset + src, offset + dst, m)
+    path, strand = list(range(c + 1)), None  # token rows on the accepted path, the last one emits its exact token
+    block = list(plan.drafts[:c])
+    if plan.strands:
+        line, depth = -1, c  # the line the path is on (-1: the chain) and the drafts on it so far
+        while True:
+            t = exact(path[-1])
+            k = next(
+                (k for k, st in enumerate(plan.strands) if st.parent == line and st.at == depth and st.tokens[0] == t),
+                None,
+            )
+            if k is None:
+                break
+            if strand is None and on_strand is not None:
+                then = on_strand()
+            st, row = plan.strands[k], plan.strand_row(k)
+            m = 1
+            while m < len(st.tokens) and st.tokens[m] == exact(row + m - 1):
+                m += 1
+            # Compact: the strand's K/V rows that stood move next to the path's; the rest is trimmed below.
+            if row != len(path):
+                cache.copy_rows(offset + row, offset + len(path), m)
+            block += list(st.tokens[:m])
+            path += list(range(row, row + m))
+            strand, line, depth = k, k, st.at + m
     block.append(exact(path[-1]))
     keep = offset + len(path)
     # 3. Trim the cache back to the accepted path: [last, q_1..q_c, strand tokens that stood] stay.
@@ -226,7 +257,6 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     return CallResult(
         block=block,
         accepted=accepted,
-        end_row=path[-1],
         aux_tokens=read(o.aux_top),
         aux_conf=read(o.aux_conf),
         alts=alts,

@@ -14,10 +14,8 @@ budget guesses the shape it usually chooses after a branch of that width: ``Shap
 drafter cannot tell gets none: if it happens the builds are dropped. Each is built while this call computes;
 after the read the one for the outcome that happened is queued at once if the drafter commits to it
 (``Drafter.commit``: no planning after the read) or its plan after the read is the one guessed, and every build is
-dropped otherwise (the call is then built as ever). After a token tree, where time is spare, one more build serves
-the paths through a strand: gathered by the row where the path ends, found in the graph (``walk.end_row``), with
-the strand's K/V rows moved next to the path's on its own state. Either way the same call runs on the same rows, so
-the output is unchanged. Whether building ahead pays is learnt per machine
+dropped otherwise (the call is then built as ever). Either way the same call
+runs on the same rows, so the output is unchanged. Whether building ahead pays is learnt per machine
 (``chain_odds.ChainChoice``: on this 2-core CPU the build delays the compute it overlaps, and it does not).
 
 The chained call writes the cache from row ``offset + 1 + c`` on, past every row the current call keeps, so it
@@ -73,7 +71,6 @@ class CallQueue:
         self._built = 0  # builds made while the running call computes (0: none)
         self._plan_s = 0.0  # seconds the drafter took to plan the call about to be built
         self._realized: tuple[CallResult, DraftPlan] | None = None  # a read and its built plan (``chained_plan``)
-        self._moves: list[tuple[int, int, int]] = []  # a strand's K/V moves a build for its path makes (``read``)
         # why the next call is built after the read rather than queued from a build ahead (``ptp-bench --profile``)
         self.why = "the answer's first call"
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
@@ -143,10 +140,10 @@ class CallQueue:
 
     def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
-        hit = self.chained.pick_result(result) if self.chained is not None else None
+        hit = self.chained.pick(result.accepted) if self.chained is not None and result.strand is None else None
         if hit is None:
             return None
-        self._realized = (result, hit.guess_for(result).realize(result))  # (``confirm`` compares it)
+        self._realized = (result, hit.guesses[result.accepted].realize(result))  # (``confirm`` compares it)
         return self._realized[1]
 
     def guessed_plan(self, result: CallResult) -> DraftPlan | None:
@@ -161,23 +158,17 @@ class CallQueue:
         call, self.running = self.running, None
         then = 0 if self.chained is None else self.chained.rows
 
-        def on_strand(path: list[int], moves: list[tuple[int, int, int]]) -> tuple[int, bool]:
-            # The path took a strand of this token tree. A build for the row it ended at moves the strand's K/V
-            # rows itself, where the graph found the same row (it gathered its inputs by it); the moves are kept
-            # for the read that drops it. Otherwise the calls chained on the chain's outcomes cannot run, and the
-            # strand's rows move in the state before they were built (their writes are let go).
-            hit = self.chained.strand_build(path[-1]) if self.chained is not None else None
-            if hit is not None and int(hit.index.item()) == path[-1]:  # (a scalar of the call just read)
-                self._moves = [(call.offset + a, call.offset + b, m) for a, b, m in moves]
-                return then, True
+        def unchain() -> int:
+            # A strand of this token tree stood: the call chained on the chain's outcomes cannot run, and the
+            # strand's K/V rows move in the state before that call was built (its writes are let go).
             chained, self.chained = self.chained, None
             if chained is not None:
                 drop_chained(chained, self.sess.cache)
                 self.why = "the path took a strand of the tree"
-            return 0, False
+            return 0
 
         t0 = time.perf_counter()
-        result = finish_call(self.sess.cache, call, clock, then=then, on_strand=on_strand)
+        result = finish_call(self.sess.cache, call, clock, then=then, on_strand=unchain)
         if self.choice is not None:
             # (a call queued from a build ahead was queued before this turn's yield: its read waits less than one
             # queued just now, whether or not the next is built meanwhile; compared only with its own kind)
@@ -195,11 +186,10 @@ class CallQueue:
         if self.chained is not None:
             chained, self.chained = self.chained, None
             guess = chained.every[result.accepted] if result.strand is None and chained.every else None
-            built = chained.pick_result(result) is not None
+            built = guess is not None and chained.pick(result.accepted) is not None
             realized = self._realized[1] if self._realized is not None and self._realized[0] is result else None
             self._realized = None
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache, realized)
-            self._move()
             if self.running is not None:
                 self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
             else:
@@ -211,14 +201,6 @@ class CallQueue:
                 matched = self.running is not None if built else _matches(plan, guess.realize(result))
                 self.confirmed.judge(chained.source, guess, matched)
         return self.running is not None
-
-    def _move(self) -> None:
-        """After a read whose path took a strand with a build for it: where that build was dropped (the cache is
-        back in the state before it), the strand's K/V rows move on the host, as ``finish_call`` does."""
-        moves, self._moves = self._moves, []
-        if moves and self.running is None:
-            for src, dst, m in moves:
-                self.sess.cache.copy_rows(src, dst, m)
 
     def confirm_start(self, plan: DraftPlan | None, last: int) -> bool:
         """After a burst: the call built on its last step becomes the running one if ``plan`` is its plan and
@@ -239,8 +221,6 @@ class CallQueue:
         if self.chained is not None:  # chained on a call never read, or never decided on
             keep = self.running.offset if self.running is not None else cache.offset - self.chained.rows
             drop_chained(self.chained, cache, keep)
-            self.running = None
-            self._move()  # (a read whose strand the dropped build was to move)
         elif self.running is not None:  # queued but never read (the consumer stopped first): its rows leave
             cache.trim_to(self.running.offset)
         self.running = self.chained = self.started = None

@@ -107,16 +107,14 @@ class ChainDrafter(Drafter):
             plan = replace(plan, source=ADAPTER)
         return plan
 
-    def guess(
-        self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int, strand: int | None = None
-    ) -> Guess | None:
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         """The next call if ``accepted`` drafts stand, before the read: its drafts are the branch of ``accepted``,
         slots 1.. (as ``update`` takes them). A budget whose rows depend only on the number of drafts
         (``FixedBudget``) knows it; the adaptive one guesses it from its prior confidences (``preview``), and
         after the read prefers the shape so built unless another is worth its host time (``chained``)."""
         if self.step != "fused" and not self.budget.shape_only:
             return None
-        rows = plan.branch_rows(accepted, strand)
+        rows = plan.branch_rows(accepted)
         r, w = rows if rows is not None else (0, 1)
         n = w - 1
         if self.budget.shape_only and not self.budget.calibrate:

@@ -77,25 +77,16 @@ class DraftPolicy(Drafter):
         r = self.budget.ratio
         return [StrandOffer(0, tuple(drafts), tuple(min(0.99, c * r) for c in conf), "ptp")]
 
-    def guess(
-        self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int, strand: int | None = None
-    ) -> Guess | None:
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         # After a lookup chain, when all of it stands: the chain that continues the copied text (the policy's
         # choice between the peers needs the adapter's drafts, read only after the call: a guess the read may
         # not confirm). Otherwise (a lookup chain cut short, or the adapter's call) the adapter's next call from
         # the branch the call drafted there, guessed ahead where its budget can tell it.
-        if (
-            strand is None
-            and self.lookup is not None
-            and plan.source == self.lookup.source
-            and accepted == len(plan.drafts)
-        ):
+        if self.lookup is not None and plan.source == self.lookup.source and accepted == len(plan.drafts):
             offer = self.lookup.guess_after(plan.drafts)
             nxt = self._fit_lookup(offer, remaining, room) if offer is not None else None
             return Guess(nxt, None) if nxt is not None else None
-        if strand is not None and self.lookup is not None and plan.strands[strand].source == self.lookup.source:
-            return None  # (a path through a lookup strand goes on with lookup's continuation, told only by the read)
-        return self.chain.guess(plan, accepted, i, remaining, room, strand)
+        return self.chain.guess(plan, accepted, i, remaining, room)
 
     def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         # A lookup chain in hand (what ends a burst early): the chain it continues with if the burst's last token,

@@ -176,7 +176,6 @@ class CallResult:
     aux_top_prob: list[float] | None = None  # each row's top probability at the decoding temperature
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
     resolved: bool = False  # the emitted token was settled on the host (sampler.py ``resolve``), not in the call
-    end_row: int | None = None  # the token row the path ended at (its exact token is the block's last)
 
 
 def chain_accepted(plan: DraftPlan, result: CallResult) -> int:
@@ -206,9 +205,9 @@ class Guess:
 
     def realize(self, result: CallResult) -> DraftPlan:
         """The guessed plan with the tokens the current call's read (``result``) put in its placeholders."""
-        plan = replace(self.plan, drafts=self.drafts(result.aux_tokens))
+        drafts = self.drafts(result.aux_tokens)
         if not self.strand_src:
-            return plan
+            return replace(self.plan, drafts=drafts)
 
         def token(row: int, rank: int) -> int:
             if rank == 0:
@@ -216,9 +215,13 @@ class Guess:
             alts = result.alts[row] if row < len(result.alts) else []
             return alts[rank - 1][0] if rank - 1 < len(alts) else -1  # (-1: no such token; never a real plan's)
 
+        # (the guessed tree's strands with their tokens put in: its layout was checked when it was made)
         src = iter(self.strand_src)
-        strands = tuple(replace(st, tokens=tuple(token(*next(src)) for _ in st.tokens)) for st in plan.strands)
-        return replace(plan, strands=strands)
+        strands = tuple(
+            Strand.trusted(st.at, tuple(token(*next(src)) for _ in st.tokens), st.width, st.source, st.parent)
+            for st in self.plan.strands
+        )
+        return replace(self.plan, drafts=drafts, strands=strands)
 
 
 @dataclass
@@ -259,13 +262,10 @@ class Drafter(ABC):
     def update(self, plan: DraftPlan, result: CallResult) -> None:
         """Learn from the call that ran ``plan`` (the next drafts, acceptance statistics)."""
 
-    def guess(
-        self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int, strand: int | None = None
-    ) -> Guess | None:
-        """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (with
-        ``strand``: on the path through that strand of its tree; the next call then starts at generated position
-        ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if it can tell before that call is read;
-        None otherwise. Decoding builds the guessed call while the current
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        """The plan this drafter will make after the call running ``plan`` accepts ``accepted`` drafts (the next
+        call then starts at generated position ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if
+        it can tell before that call is read; None otherwise. Decoding builds the guessed call while the current
         one computes and queues it the moment the read confirms it (``ptp_mlx/decode/pipeline.py``)."""
         return None
 

@@ -198,13 +198,6 @@ class KVState(Sequence):
             for bufs in (self.keys, self.values):
                 bufs[i] = mx.slice_update(bufs[i], bufs[i][..., src : src + n, :], at, axes=(2,))
 
-    def move_rows(self, src: mx.array, dst: mx.array) -> None:
-        """Rows ``src`` (int32 [n], computed on the device) of every layer's K/V to rows ``dst..dst+n`` (``dst``:
-        int32 [1]): ``copy_rows`` where the rows are known only to the device (a call built ahead of a read)."""
-        for i in range(len(self)):
-            for bufs in (self.keys, self.values):
-                bufs[i] = mx.slice_update(bufs[i], mx.take(bufs[i], src, axis=2), dst, axes=(2,))
-
     def snapshot(self) -> tuple:
         """The state by value (arrays are immutable: later writes make new ones)."""
         return list(self.keys), list(self.values), self.offset

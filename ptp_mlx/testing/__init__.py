@@ -234,27 +234,20 @@ class ChainingTreeDrafter(RandomTreeDrafter):
 
     def __init__(self, tokens, width: int = 4, seed: int = 0, p_right: float = 0.5, vocab: int = 256):
         super().__init__(tokens, width, seed, p_right, vocab)
-        self.guessed: dict[tuple[int, int | None], DraftPlan] = {}  # by (position, strand the path took)
-        self.strand: int | None = None  # the strand the last call's path took
-        self.strand_guesses = 0  # guesses for paths through a strand (``decode/ahead.py``, ``_build_strands``)
+        self.guessed: dict[int, DraftPlan] = {}
 
-    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int, strand: int | None = None):
+    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int):
         from ..drafting.protocol import Guess
 
         n = max(0, min(2, remaining - 1, room - 1))
         drafts = [self._token(i + k, self.rng.random() < self.p_right) for k in range(n)]
         w = min(3, remaining - n + 1, room - 1 - n)
         nxt = DraftPlan(drafts, [(n, w)] if w >= 2 else [])
-        self.guessed[(i, strand)] = nxt
-        self.strand_guesses += strand is not None
+        self.guessed[i] = nxt
         return Guess(nxt, None)
 
-    def update(self, plan: DraftPlan, result: CallResult) -> None:
-        super().update(plan, result)
-        self.strand = result.strand
-
     def plan(self, i: int, remaining: int, room: int):
-        guessed, self.guessed = self.guessed.get((i, self.strand)), {}
+        guessed, self.guessed = self.guessed.get(i), {}
         if guessed is not None and self.rng.random() < 0.5:
             return guessed
         return super().plan(i, remaining, room)
