@@ -83,10 +83,13 @@ class CallQueue:
             return self.started.call.offset
         return cache.offset - (self.chained.rows if self.chained is not None else 0)
 
-    def planned(self, seconds: float) -> None:
-        """The drafter planned the next call after the read in ``seconds`` (what a committed build ahead saves too:
-        ``Drafter.commit``)."""
-        self._plan_s = seconds
+    def plan(self, i: int) -> DraftPlan:
+        """The drafter's plan for the call from generated position ``i``, timed: planning on the path is what a
+        committed build ahead saves too (``Drafter.commit``), counted with the build that follows (``build``)."""
+        t0 = time.perf_counter()
+        plan = self.drafter.plan(i, self.max_new - i, self.ctx - self.end)
+        self._plan_s = time.perf_counter() - t0
+        return plan
 
     def build(self, last: int, plan: DraftPlan, i: int) -> None:
         """Build the call that verifies ``plan`` after ``last`` (the next one to queue)."""
@@ -207,7 +210,9 @@ class CallQueue:
         ``last`` the token it was built on; otherwise it is dropped. True when a call is ready to submit."""
         started, self.started = self.started, None
         self.running = confirm_after_burst(started, plan, self.sess.cache, last)
-        if self.running is None:
+        if self.running is not None:
+            self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
+        else:
             self.why = "after a burst: " + ("the plan differs" if started is not None else "nothing built")
         if self.choice is not None and plan is not None:
             self.choice.judge(self.running is not None)

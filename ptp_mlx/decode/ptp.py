@@ -58,7 +58,7 @@ def ptp_calls(
                 plan = drafter.commit(built, i) if built is not None else None
                 if plan is None:
                     drafter.chained(built)
-                    plan = drafter.plan(i, max_new - i, ctx - queue.end)
+                    plan = queue.plan(i)
                 if queue.confirm_start(plan, last):
                     clock.mark("update")
                     queue.submit()
@@ -66,9 +66,7 @@ def ptp_calls(
             if queue.running is None:
                 # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
                 if plan is None:
-                    t_plan = time.perf_counter()
-                    plan = drafter.plan(i, max_new - i, ctx - queue.end)
-                    queue.planned(time.perf_counter() - t_plan)
+                    plan = queue.plan(i)
                 if plan.burst:
                     last, done = yield from _burst(sess, drafter, last, i, plan.burst, queue)
                     i, plan = i + done, None
@@ -105,10 +103,8 @@ def ptp_calls(
                 guessed = built or queue.guessed_plan(out)  # (guessed, not built: committing skips the planning)
                 plan = drafter.commit(guessed, i) if guessed is not None else None
                 if plan is None:
-                    t_plan = time.perf_counter()
                     drafter.chained(built)
-                    plan = drafter.plan(i, max_new - i, ctx - queue.end)
-                    queue.planned(time.perf_counter() - t_plan)
+                    plan = queue.plan(i)
             ready = queue.confirm(out, plan, i)
             clock.mark("update")
             # Each call is charged its own queueing: on MLX's CPU backend ``async_eval`` returns only once all but
