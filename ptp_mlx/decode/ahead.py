@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
@@ -30,16 +29,6 @@ class Build:
     guesses: list[Guess | None]
     rows: int
     state: tuple | None
-    # per outcome, the exact tokens its guesses assume (``Drafter.guess_by_token``; -1: none): ``guesses[g * J +
-    # j]`` is outcome g's when the call emits ``tokens[g][j]`` there. None: one guess per outcome.
-    tokens: list[list[int]] | None = None
-
-    def guess_for(self, accepted: int, token: int | None) -> Guess | None:
-        """The guess this build holds for the outcome of ``accepted`` drafts whose emitted token is ``token``."""
-        if self.tokens is None:
-            return self.guesses[accepted] if accepted < len(self.guesses) else None
-        row = self.tokens[accepted] if accepted < len(self.tokens) and token is not None and token >= 0 else []
-        return self.guesses[accepted * len(row) + row.index(token)] if token in row else None
 
 
 @dataclass
@@ -57,17 +46,12 @@ class Chained:
     every: list[Guess | None] = field(default_factory=list)  # each outcome's guess, built or not (``Confirmed``)
     source: str | None = None  # the source of the call it was built after (``Confirmed``)
 
-    def pick(self, accepted: int, token: int | None = None) -> Build | None:
-        """The build for the outcome of ``accepted`` drafts whose emitted token is ``token`` (this one's own, its
-        ``state`` None; or one of ``others``), or None where none was built for it. A build by token that holds
-        ``token`` for it comes first: the plan after the read is then that token's (a lookup chain it starts)."""
-        by_token = (o for o in self.others if o.tokens is not None and o.guess_for(accepted, token) is not None)
-        first = next(by_token, None)
-        if first is not None:
-            return first
+    def pick(self, accepted: int) -> Build | None:
+        """The build for the outcome of ``accepted`` drafts (this one's own, its ``state`` None; or one of
+        ``others``), or None where none was built for it."""
         if self.guesses[accepted] is not None:
             return Build(self.call, self.guesses, self.rows, None)
-        return next((o for o in self.others if o.guess_for(accepted, token) is not None), None)
+        return next((o for o in self.others if o.guesses[accepted] is not None), None)
 
 
 def build_chained(
@@ -115,50 +99,14 @@ def build_chained(
         if built is not None:
             chained.others.append(Build(built[0], mine, built[1], cache.snapshot()))
         cache.restore(after)
-    if chained is not None and kinds > 1:
-        by_token = _by_token(sess, drafter, call, before, max_new, ctx)
-        if by_token is not None:
-            chained.others.append(by_token)
     return chained
 
 
-def _by_token(sess: DecodeSession, drafter: Drafter, call: PendingCall, before: tuple, max_new: int, ctx: int):
-    """A build for the outcomes whose next call depends on the token the call emits (``Drafter.guess_by_token``),
-    of their commonest kind, picked on the device by that token; None where there are none, or its graph is not
-    compiled yet."""
-    n = len(call.plan.drafts)
-    found = {}
-    for g in range(n + 1):
-        i = call.i + 1 + g
-        if i < max_new:
-            found[g] = drafter.guess_by_token(call.plan, g, i, max_new - i, ctx - (call.offset + 1 + g))
-    kinds = Counter(_kind(x) for pairs in found.values() for _, x in pairs)
-    if not kinds:
-        return None
-    kind = kinds.most_common(1)[0][0]
-    pairs = {g: [(t, x) for t, x in f if _kind(x) == kind] for g, f in found.items()}
-    width = max(len(f) for f in pairs.values())
-    tokens = [[-1] * width for _ in range(n + 1)]
-    guesses: list[Guess | None] = [None] * ((n + 1) * width)
-    for g, f in pairs.items():
-        for j, (t, x) in enumerate(f):
-            tokens[g][j], guesses[g * width + j] = t, x
-    cache = sess.cache
-    after = cache.snapshot()
-    cache.restore(before)
-    built = _build_kind(sess, call, guesses, n, compiled_only=True, tokens=tokens)
-    out = None if built is None else Build(built[0], guesses, built[1], cache.snapshot(), tokens)
-    cache.restore(after)
-    return out
-
-
 def _build_kind(
-    sess: DecodeSession, call: PendingCall, guesses: list[Guess | None], n: int, compiled_only: bool = False,
-    tokens: list[list[int]] | None = None,
-) -> tuple[PendingCall, int] | None:  # fmt: skip
+    sess: DecodeSession, call: PendingCall, guesses: list[Guess | None], n: int, compiled_only: bool = False
+) -> tuple[PendingCall, int] | None:
     """The call after ``call`` for the outcomes ``guesses`` name (all of one kind) and its rows, or None where it
-    cannot be built ahead (``compiled_only``: nor where its graph is not compiled yet). ``tokens``: per outcome,
-    the emitted tokens its guesses assume (``Build.tokens``): the graph picks the guess by the token emitted."""
+    cannot be built ahead (``compiled_only``: nor where its graph is not compiled yet)."""
     known = [x for x in guesses if x is not None]
     nxt = known[0].plan
     if known[0].draft_rows is not None and nxt.drafts and call.out.aux_top is None:
@@ -172,47 +120,36 @@ def _build_kind(
     rows = shape.rows
     if compiled_only and not sess.bank.compiled_for(CallSpec(shape, sess.settings, rule), call.offset + 1 + n + rows):
         return None
-    # Per outcome g (and, by token, per emitted token j: row g * width + j): the next call's draft rows (in this
-    # call's auxiliary rows) or its tokens (host tokens), and its uniforms.
+    # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
-    tree = sum(len(st.tokens) for st in nxt.strands)  # a tree's tokens: this call's (row, rank) each, or host tokens
-    width = len(tokens[0]) if tokens is not None else 1
-    per_outcome = np.zeros((len(guesses), m + tree), np.int32)
+    tree = sum(len(st.tokens) for st in nxt.strands)  # a tree's tokens: this call's (row, rank) each
+    per_outcome = np.zeros((n + 1, m + tree), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
     row_u, aux_u = call_uniforms(sess, nxt, 0)
-    row_table = np.zeros((len(guesses), row_u.size), np.float32)
-    aux_table = np.zeros((len(guesses), aux_u.size), np.float32)
-    host = known[0].draft_rows is None  # (the drafts, and a tree's tokens, known on the host)
-    for o, x in enumerate(guesses):
+    row_table = np.zeros((n + 1, row_u.size), np.float32)
+    aux_table = np.zeros((n + 1, aux_u.size), np.float32)
+    for g, x in enumerate(guesses):
         if x is not None:
-            if host:
-                per_outcome[o] = [*x.plan.drafts, *(t for st in x.plan.strands for t in st.tokens)]
-            else:
-                per_outcome[o, :m] = x.draft_rows
-                if tree:  # flat indices into [argmax | runner-ups] per auxiliary row (``table`` below)
-                    per_outcome[o, m:] = [row * (1 + ALTS) + rank for row, rank in x.strand_src]
-            row_table[o], aux_table[o] = call_uniforms(sess, nxt, call.i + 1 + o // width)
+            per_outcome[g, :m] = x.plan.drafts if x.draft_rows is None else x.draft_rows
+            if tree:  # flat indices into [argmax | runner-ups] per auxiliary row (``table`` below)
+                per_outcome[g, m:] = [row * (1 + ALTS) + rank for row, rank in x.strand_src]
+            row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
     c = call.out.accepted  # int32 []: the outcome, known on the device only
-    target = mx.take(call.out.targets, c.reshape(1))
-    o = c
-    if tokens is not None:  # the guess for the token emitted at c (none such: the read drops this build)
-        hit = mx.take(mx.array(np.array(tokens, np.int32)), c, axis=0) == target
-        o = c * width + mx.argmax(hit.astype(mx.int32))
     # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
-    ids = [mx.maximum(target, 0).astype(mx.int32)]
+    tokens = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
     if m:
-        picked = mx.take(mx.array(per_outcome), o, axis=0)  # int32 [m + tree]: outcome o's rows (or its tokens)
-        if host:
-            ids.append(picked)
-        elif tree:  # the drafts and the tree's tokens, from this call's argmax and runner-ups
+        picked = mx.take(mx.array(per_outcome), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
+        if tree:  # the drafts and the tree's tokens, from this call's argmax and runner-ups
             table = mx.concatenate([call.out.aux_top[:, None], call.out.alt], axis=1).reshape(-1)
             idx = mx.concatenate([picked[:m] * (1 + ALTS), picked[m:]])
-            ids.append(mx.take(table, idx).astype(mx.int32))
+            tokens.append(mx.take(table, idx).astype(mx.int32))
+        elif known[0].draft_rows is None:
+            tokens.append(picked)
         else:
-            ids.append(mx.take(call.out.aux_top, picked).astype(mx.int32))
+            tokens.append(mx.take(call.out.aux_top, picked).astype(mx.int32))
     inputs = ChainInputs(
-        tokens=mx.concatenate(ids) if len(ids) > 1 else ids[0],
-        row_u=mx.take(mx.array(row_table), o, axis=0),
-        aux_u=mx.take(mx.array(aux_table), o, axis=0),
+        tokens=mx.concatenate(tokens) if len(tokens) > 1 else tokens[0],
+        row_u=mx.take(mx.array(row_table), c, axis=0),
+        aux_u=mx.take(mx.array(aux_table), c, axis=0),
         offset=mx.array(call.offset + 1, dtype=mx.int32) + c,
         bound=call.offset + 1 + n,
     )
@@ -286,11 +223,10 @@ def confirm_chained(
     None: the chained call is dropped, the cache is back at the accepted path, and ``plan`` is built as usual.
     ``realized``: that build's plan as ``result`` realizes it, where the caller has it already."""
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the likeliest build's rows
-    token = result.block[-1]
-    hit = chained.pick(result.accepted, token) if result.strand is None else None
+    hit = chained.pick(result.accepted) if result.strand is None else None
     ok = hit is not None and plan is not None and not plan.burst and not result.resolved
     # (a tree's strands: the read's argmax and runner-ups in its placeholders; a plan committed to is that object)
-    ok = ok and (plan is realized or _matches(plan, realized or hit.guess_for(result.accepted, token).realize(result)))
+    ok = ok and (plan is realized or _matches(plan, realized or hit.guesses[result.accepted].realize(result)))
     if not ok:
         drop_chained(chained, cache, keep)
         return None

@@ -29,7 +29,7 @@ import time
 
 import mlx.core as mx
 
-from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
+from ..drafting.protocol import CallResult, Drafter, DraftPlan
 from .ahead import (
     Chained,
     _matches,
@@ -143,18 +143,11 @@ class CallQueue:
 
     def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
-        guess = self._hit(self.chained, result)
-        if guess is None:
+        hit = self.chained.pick(result.accepted) if self.chained is not None and result.strand is None else None
+        if hit is None:
             return None
-        self._realized = (result, guess.realize(result))  # (``confirm`` compares it)
+        self._realized = (result, hit.guesses[result.accepted].realize(result))  # (``confirm`` compares it)
         return self._realized[1]
-
-    @staticmethod
-    def _hit(chained: Chained | None, result: CallResult) -> Guess | None:
-        """The guess a build ahead holds for the outcome ``result`` reports (None: no build serves it)."""
-        token = result.block[-1]
-        hit = chained.pick(result.accepted, token) if chained is not None and result.strand is None else None
-        return None if hit is None else hit.guess_for(result.accepted, token)
 
     def guessed_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan guessed ahead for the outcome ``result`` reports, built or not (an outcome of a kind no build
@@ -195,11 +188,8 @@ class CallQueue:
         was built for; otherwise it is dropped. True when a call is ready to submit."""
         if self.chained is not None:
             chained, self.chained = self.chained, None
-            hit = self._hit(chained, result)
-            built = hit is not None
-            guess = (
-                hit if built else chained.every[result.accepted] if result.strand is None and chained.every else None
-            )
+            guess = chained.every[result.accepted] if result.strand is None and chained.every else None
+            built = guess is not None and chained.pick(result.accepted) is not None
             realized = self._realized[1] if self._realized is not None and self._realized[0] is result else None
             self._realized = None
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache, realized)

@@ -10,7 +10,6 @@ verified chain, so adapter drafts continue where the lookup stops.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .protocol import DraftSession
@@ -62,9 +61,6 @@ class LookupProposer:
         # n-gram -> the latest starts whose continuations begin with different tokens (most recent first)
         self._alts: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
-        # (n - 1)-gram -> the tokens that followed it, latest first (``next_tokens``), over positions < _followed
-        self._follow: dict[tuple[int, ...], list[int]] = {}
-        self._followed = 0
         self.pace = Pace()  # what lookup calls delivered in this answer (discarded burst steps charged too)
         self.turn_start = 0  # history before this position is an earlier turn (its copies are offered ``earlier``)
         self._matched: tuple[int, int | None] | None = None  # (history length, ``_match`` of it)
@@ -76,7 +72,7 @@ class LookupProposer:
         self.turn_start = session.turn_start
         if not self._own_history:
             self.history, self._index, self._alts, self._indexed = list(session.prompt), {}, {}, 0
-            self._follow, self._followed, self._matched = {}, 0, None
+            self._matched = None
 
     @property
     def rate(self) -> float:
@@ -155,50 +151,6 @@ class LookupProposer:
         rate = (ch + CLASS_PRIOR * hits / (hits + misses)) / (ch + cm + CLASS_PRIOR)
         return LookupOffer(tuple(ext[nxt : nxt + self._length(then)]), rate, nxt < self.turn_start)
 
-    def next_tokens(self, tokens: Sequence[int], most: int) -> list[int]:
-        """Tokens ``t`` after which, once ``tokens`` and ``t`` are emitted, the latest tokens may match earlier text
-        (``t`` followed the same n - 1 tokens before): longest match first, then latest, at most ``most``."""
-        h = self.history
-        for p in range(max(self._followed, 1), len(h)):
-            for m in (n - 1 for n in NGRAMS):
-                if p >= m:
-                    seen = self._follow.setdefault(tuple(h[p - m : p]), [])
-                    if h[p] in seen:
-                        seen.remove(h[p])
-                    seen.insert(0, h[p])
-                    del seen[ALTERNATIVES + 1 :]
-        self._followed = len(h)
-        ext, out = h + list(tokens), []
-        for m in (n - 1 for n in NGRAMS):
-            for t in self._follow.get(tuple(ext[len(ext) - m :]), ()) if len(ext) >= m else ():
-                if t not in out:
-                    out.append(t)
-        return out[:most]
-
-    def after(
-        self, tokens: Sequence[int], verified: tuple[int, int] | None = None
-    ) -> tuple[LookupOffer | None, list[LookupOffer]]:
-        """``offer`` and ``alternatives`` as they would be once ``tokens`` are emitted (and, with ``verified``,
-        once a lookup call's ``(proposed, accepted)`` drafts are observed): what the policy plans from then.
-        Nothing here changes the proposer."""
-        self._reindex()
-        saved = (self.hits, self.misses, list(self.class_hits), list(self.class_misses))
-        pace = (self.pace.tokens, self.pace.cost, self.pace.calls)
-        if verified is not None:
-            self.observe(*verified, 0.0)  # (undone below, the pace with it)
-        try:
-            ext = self.history + list(tokens)
-            at = self._match(ext)
-            if at is None:
-                return None, []
-            k = self.match_class(ext, at)
-            offer = LookupOffer(tuple(ext[at : at + self._length(k)]), self.class_rate(k), at < self.turn_start)
-            return offer, self._alternatives(ext, at)
-        finally:
-            if verified is not None:
-                self.hits, self.misses, self.class_hits, self.class_misses = saved
-                self.pace.tokens, self.pace.cost, self.pace.calls = pace
-
     def _current(self) -> int | None:
         """``_match`` of the history as it is (kept until the history grows: the policy asks more than once per
         plan, after every read, on the host's critical path)."""
@@ -223,19 +175,10 @@ class LookupProposer:
         """Other continuations of the n-gram the chain in hand was matched on, each starting with a token of its own
         (the text continued the same words differently elsewhere): side strands for a token tree, at half the hit
         rate for their first token's."""
-        return self._alternatives(self.history, self._current())
-
-    def _alternatives(self, h: list[int], main: int | None) -> list[LookupOffer]:
-        """``alternatives`` of history ``h`` (perhaps with tokens the index has not seen: their n-grams are taken as
-        ``_reindex`` would take them) whose chain in hand starts at ``main``."""
-        out = []
-        upto = len(h) - self.max_draft + 1
+        main = self._current()
+        h, out = self.history, []
         for n in NGRAMS:
-            key = tuple(h[-n:]) if len(h) > n else None
-            starts = list(self._alts.get(key, ())) if key is not None else []
-            for end in range(self._indexed, upto):  # (as ``_reindex`` will index them)
-                if end >= n and tuple(h[end - n : end]) == key:
-                    starts = [end - n, *(s for s in starts if h[s + n] != h[end])][:ALTERNATIVES]
+            starts = self._alts.get(tuple(h[-n:])) if len(h) > n else None
             if starts:
                 for s in starts:
                     if s + n != main and s + n < len(h):

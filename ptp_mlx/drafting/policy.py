@@ -17,8 +17,6 @@ from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain
 from .rows import reach
 from .strands import StrandOffer
 
-TOKEN_GUESSES = 4  # tokens after an outcome a lookup chain is guessed for (``guess_by_token``)
-
 
 class DraftPolicy(Drafter):
     """The adapter's chain drafter and, optionally, prompt lookup: per call the offer expected to land more
@@ -89,34 +87,6 @@ class DraftPolicy(Drafter):
             nxt = self._fit_lookup(offer, remaining, room) if offer is not None else None
             return Guess(nxt, None) if nxt is not None else None
         return self.chain.guess(plan, accepted, i, remaining, room)
-
-    def guess_by_token(
-        self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int
-    ) -> list[tuple[int, Guess]]:
-        # Where the adapter will have no drafts after this outcome (its branch holds none), any lookup chain the
-        # exact token after the accepted drafts starts is the plan (``plan``: it outweighs an empty chain): for each
-        # token that may start one, that chain as the budget fits it (``pending``: none; the read's plan prefers
-        # the build). Not after a lookup chain that stood whole (``guess`` continues the copied text there).
-        if self.lookup is None or self.chain.step != "fused":
-            return []
-        if plan.source == self.lookup.source and accepted == len(plan.drafts):
-            return []
-        rows = plan.branch_rows(accepted)
-        if rows is not None and rows[1] > 1:
-            return []  # (the adapter's drafts: the policy weighs them against lookup's, read only after the call)
-        out = []
-        prefix = tuple(plan.drafts[:accepted])
-        # (after a lookup call, its drafts' outcome is observed before the plan: ``update``)
-        verified = (len(plan.drafts), accepted) if plan.source == self.lookup.source else None
-        for t in self.lookup.next_tokens(prefix, TOKEN_GUESSES):
-            offer, alts = self.lookup.after((*prefix, t), verified)
-            if offer is None or offer.expected <= 0.0:
-                continue
-            others = self._lookup_strands(alts, 0.5) if self.budget.builds_trees else []
-            nxt = self._fit_lookup(offer, remaining, room, others, preview=True)
-            if nxt is not None and not nxt.burst:
-                out.append((t, Guess(nxt, None)))
-        return out
 
     def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         # A lookup chain in hand (what ends a burst early): the chain it continues with if the burst's last token,

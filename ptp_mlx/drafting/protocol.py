@@ -276,15 +276,6 @@ class Drafter(ABC):
         queued if ``plan`` then returns the same."""
         return None
 
-    def guess_by_token(
-        self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int
-    ) -> list[tuple[int, Guess]]:
-        """Next calls that depend on the exact token the call running ``plan`` emits after ``accepted`` drafts
-        (``i``, ``remaining``, ``room`` as for ``guess``): ``(token, guess)`` for each token this drafter can
-        tell the plan after (prompt lookup: a chain that the token starts); [] where it cannot. A build ahead
-        for them picks the one for the token the call emits, on the device."""
-        return []
-
     def likely(self, plan: DraftPlan) -> list[float] | None:
         """``P(c == g)`` for g = 0..len(plan.drafts): how likely the call running ``plan`` (the latest planned)
         accepts ``g`` drafts, as this drafter priced them; None: no idea. When the guessed next calls differ in
