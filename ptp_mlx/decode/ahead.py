@@ -17,7 +17,10 @@ from .fixed import ALTS
 from .session import DecodeSession
 from .shape import CallSpec
 
-OTHER_KIND_MIN = 0.15  # the chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest
+# The chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest (where time is spare:
+# ``CallQueue``). Device-like simulation (docs/results/decode-floor/2026-12-06g/): 0.05 chains more calls than 0.15
+# or 0.25 with no more host time on the path, though an unused build costs 0.24-0.35 ms to let go.
+OTHER_KIND_MIN = 0.05
 
 
 @dataclass
