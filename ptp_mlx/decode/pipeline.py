@@ -70,7 +70,8 @@ class CallQueue:
         self.left_s: float | None = None  # seconds a read waits for its call after one build (running estimate)
         self._built = 0  # builds made while the running call computes (0: none)
         self._plan_s = 0.0  # seconds the drafter took to plan the call about to be built
-        self._realized: tuple[CallResult, DraftPlan] | None = None  # a read and its built plan (``chained_plan``)
+        # a read and its outcome's guess, realized (``_guess_realized``)
+        self._realized: tuple[CallResult, DraftPlan | None] | None = None
         # why the next call is built after the read rather than queued from a build ahead (``ptp-bench --profile``)
         self.why = "the answer's first call"
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
@@ -143,18 +144,22 @@ class CallQueue:
 
     def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
-        hit = self.chained.pick(result.accepted) if self.chained is not None and result.strand is None else None
-        if hit is None:
-            return None
-        self._realized = (result, hit.guesses[result.accepted].realize(result))  # (``confirm`` compares it)
-        return self._realized[1]
+        built = self.chained is not None and result.strand is None and self.chained.pick(result.accepted) is not None
+        return self._guess_realized(result) if built else None
 
     def guessed_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan guessed ahead for the outcome ``result`` reports, built or not (an outcome of a kind no build
         served: the drafter may still commit to it and skip planning; None: none was guessed)."""
-        every = self.chained.every if self.chained is not None and result.strand is None else []
-        guess = every[result.accepted] if result.accepted < len(every) else None
-        return None if guess is None else guess.realize(result)
+        return self._guess_realized(result)
+
+    def _guess_realized(self, result: CallResult) -> DraftPlan | None:
+        """The guess for the outcome ``result`` reports (a build's is the same object), with the read's tokens put in
+        its placeholders: once per read (``confirm`` compares it too)."""
+        if self._realized is None or self._realized[0] is not result:
+            every = self.chained.every if self.chained is not None and result.strand is None else []
+            guess = every[result.accepted] if result.accepted < len(every) else None
+            self._realized = (result, None if guess is None else guess.realize(result))
+        return self._realized[1]
 
     def read(self, clock=NO_CLOCK) -> tuple[DraftPlan, CallResult]:
         """Wait for the running call, read it and keep its accepted path (and the chained call's rows after it)."""
@@ -201,7 +206,7 @@ class CallQueue:
                 self.choice.judge(self.running is not None)
             if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
                 # (a built guess was just compared: it matched if its call is the running one now)
-                matched = self.running is not None if built else _matches(plan, guess.realize(result))
+                matched = self.running is not None if built else _matches(plan, realized or guess.realize(result))
                 self.confirmed.judge(chained.source, guess, matched)
         return self.running is not None
 
