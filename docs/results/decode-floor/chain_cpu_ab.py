@@ -2,12 +2,13 @@
 (never), with the next call built while this one computes (always), and the same with ptp-sgemm's second thread
 off while the host builds (solo: the compute on one core, the build on the other, instead of three threads on
 two cores). ``linger``: microseconds ptp-sgemm's second thread spins after a product (``PTP_MLX_SGEMM_LINGER_US``;
-the default 1000). AR, then each variant, on every held-out prompt (order rotated per prompt), ``rounds`` times.
+the default 1000). AR and each variant on every held-out prompt, ``rounds`` times (``interleave.py``).
 
 Usage: ``python docs/results/decode-floor/chain_cpu_ab.py [rounds] [linger_us]`` from the repository root."""
 
-import json
 import sys
+
+from interleave import interleave
 
 import ptp_mlx  # noqa: F401  (before mlx.core: MLX binds the BLAS ptp_mlx chooses)
 import ptp_mlx.decode.pipeline as pl
@@ -18,7 +19,6 @@ from ptp_mlx.sampler import SamplingSettings
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 linger = int(sys.argv[2]) if len(sys.argv) > 2 else 1000
-S = SamplingSettings(temperature=0.0, seed=0)
 eng = Engine.load()
 lib = blas._libs["kernel"]
 lib.ptp_sgemm_set_linger(linger * 1000)
@@ -40,31 +40,22 @@ def one_thread_while(f):
 
 pl.CallQueue.chain = one_thread_while(pl.CallQueue.chain)
 pl.CallQueue.start_after_burst = one_thread_while(pl.CallQueue.start_after_burst)
-prompts = [json.loads(line) for line in open("ptp_mlx/data/heldout_prompts.jsonl")]
 
 
-def run(p, mode):
-    steps = list(eng.generate([{"role": "user", "content": p["turns"][0]}], max_tokens=128, mode=mode, sampling=S))
-    return sum(s.step_time for s in steps), [t for s in steps for t in s.tokens]
+def setting(forced: bool | None, one_thread: bool):
+    def setup() -> None:
+        choice.forced, solo[0] = forced, one_thread
+
+    return setup
 
 
-run(prompts[0], "ar")  # warm-up: every shape compiles
-run(prompts[0], "ptp")
 choice = choice_for(eng.pm)
-VARIANTS = {"ar": ("ar", None, False), "never": ("ptp", False, False), "always": ("ptp", True, False)}
-VARIANTS["always solo"] = ("ptp", True, True)
-tot = dict.fromkeys(VARIANTS, 0.0)
-order = list(VARIANTS)
-for r in range(rounds):
-    for p in prompts:
-        ref = None
-        for name in order:
-            mode, choice.forced, solo[0] = VARIANTS[name]
-            t, toks = run(p, mode)
-            ref = ref or toks
-            assert toks == ref, "PTP diverged from AR"
-            tot[name] += t
-        order = order[1:] + order[:1]
-    choice.forced, solo[0] = None, False
+VARIANTS = {
+    "ar": ("ar", setting(None, False)),
+    "never": ("ptp", setting(False, False)),
+    "always": ("ptp", setting(True, False)),
+    "always solo": ("ptp", setting(True, True)),
+}
+for r, tot in enumerate(interleave(eng, VARIANTS, rounds, SamplingSettings(temperature=0.0, seed=0))):
     line = "  ".join(f"PTP {k} {tot['ar'] / tot[k]:.3f}x AR" for k in list(VARIANTS)[1:])
     print(f"round {r + 1} (linger {linger} us): AR {tot['ar']:.2f}s  {line}", flush=True)
