@@ -118,15 +118,18 @@ def stream_generate(
         prompt_cache.reused = reused
     else:
         cache, reused = pm.make_cache(), 0
-    prefill(pm.base, prompt_ids[reused:-1], cache)
+    # (PTP: the last chunk is left computing while the drafter is set up and the first call built: ``ptp_calls``)
+    in_flight = prefill(pm.base, prompt_ids[reused:-1], cache, wait=opts.mode == "ar")
     if opts.mode == "ar":
         sess = DecodeSession(pm, cache, u, s, hook=opts.logits, bank=bank_for(pm, opts.compiled))
         calls = ar_calls(sess, prompt_ids[-1], max_new)
     else:
         sess, drafter = _ptp_session(pm, tokenizer, cache, u, s, opts, prompt_ids)
+        sess.prefilling = in_flight
         limits = AnswerLimits(max_new, ctx, frozenset(eos))
         # (with a logits hook a call's rows depend on the tokens committed before it: no call is built ahead)
         calls = ptp_calls(sess, drafter, prompt_ids[-1], limits, chain=opts.chain, clock=opts.clock or NO_CLOCK)
+    del in_flight  # (held here, its K/V buffers could not be written in place by the first call)
     accept_label = opts.accept.label if opts.mode == "ptp" else "exact"
     generated = 0
     seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]
@@ -135,6 +138,8 @@ def stream_generate(
     try:
         for block, info in calls:
             now = time.perf_counter()
+            if sess.prefilled_at is not None:  # (the prefill ended inside the first call's turn: when, it noted)
+                t_gen, prompt_time, sess.prefilled_at = sess.prefilled_at, sess.prefilled_at - t0, None
             seq.extend(block)
             finish = None
             out = []

@@ -28,12 +28,20 @@ class Shifted:
         return self.u[self.start + i]
 
 
-def prefill(model, tokens: list[int], cache) -> None:
-    """Run ``tokens`` through ``model`` into ``cache``, in chunks (``PREFILL_CHUNK`` rows on the CPU)."""
+def prefill(model, tokens: list[int], cache, wait: bool = True) -> list[mx.array] | None:
+    """Run ``tokens`` through ``model`` into ``cache``, in chunks (``PREFILL_CHUNK`` rows on the CPU). ``wait``
+    False: the last chunk is queued and not waited for; returns its arrays (the first PTP call is built while it
+    computes: ``DecodeSession.prefilling``), None where nothing is in flight."""
     chunk = PREFILL_CHUNK if mx.default_device() == mx.cpu else GPU_PREFILL_CHUNK
     for s in range(0, len(tokens), chunk):
         model(mx.array(tokens[s : s + chunk])[None], cache=cache)
-        mx.eval([c.state for c in cache])  # sync per chunk: bounds memory on long prompts
+        state = [a for c in cache for a in c.state]
+        if wait or s + chunk < len(tokens):
+            mx.eval(state)  # sync per chunk: bounds memory on long prompts
+        else:
+            mx.async_eval(state)  # (the last chunk: the host goes on while it computes)
+            return state
+    return None
 
 
 def ar_calls(

@@ -92,11 +92,12 @@ class CallQueue:
         self._plan_s = time.perf_counter() - t0
         return plan
 
-    def build(self, last: int, plan: DraftPlan, i: int) -> None:
-        """Build the call that verifies ``plan`` after ``last`` (the next one to queue)."""
+    def build(self, last: int, plan: DraftPlan, i: int, on_path: bool = True) -> None:
+        """Build the call that verifies ``plan`` after ``last`` (the next one to queue; ``on_path`` False: while the
+        device computes something else, the prompt's prefill)."""
         t0 = time.perf_counter()
         self.running = build_call(self.sess, last, plan, i)
-        if self.choice is not None:  # (planning and building on the path: what a confirmed build ahead saves)
+        if self.choice is not None and on_path:  # (planning and building on the path: what a build ahead saves)
             self.choice.built_on_path(time.perf_counter() - t0 + self._plan_s)
         self._plan_s = 0.0
 

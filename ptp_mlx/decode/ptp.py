@@ -64,18 +64,26 @@ def ptp_calls(
                     queue.submit()
                     clock.mark("queue")
             if queue.running is None:
+                # The answer's first call is planned and built while the prompt's last chunk computes (when the
+                # prefill left it in flight): off the path like a chained call's build.
+                ahead = sess.prefilling is not None
                 # 1. The drafter (and its budget) chooses what to verify and which branches to draft.
                 if plan is None:
                     plan = queue.plan(i)
                 if plan.burst:
+                    sess.settle()
                     last, done = yield from _burst(sess, drafter, last, i, plan.burst, queue)
                     i, plan = i + done, None
                     continue
-                clock.mark("plan")
+                clock.mark("chain" if ahead else "plan")
                 # 2. One call: verify, draft (queued now; read, accepted and trimmed by ``CallQueue.read``).
-                queue.build(last, plan, i)
-                clock.tag("why", queue.why)
-                clock.mark("build")
+                queue.build(last, plan, i, on_path=not ahead)
+                if not ahead:
+                    clock.tag("why", queue.why)
+                clock.mark("chain" if ahead else "build")
+                if sess.settle():  # (the prompt's time ends here: this call's own starts)
+                    clock.mark("prefill")
+                    t_start = time.perf_counter()
                 queue.submit()  # (on MLX's CPU backend this returns only near the end of a large graph)
                 clock.mark("queue")
             # The next call, for every outcome of this one, built while it computes.

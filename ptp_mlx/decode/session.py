@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -93,6 +94,18 @@ class DecodeSession:
     reads_top_prob: bool = False
     rule: AcceptRule = EXACT  # the acceptance rule (decode/accept.py): exact unless the answer opted out
     context: ContextTokens | None = None  # the context's token ids, kept only under a ``pivot`` rule
+    # the prompt's last prefill chunk, queued and not yet waited for (``ar.prefill``, ``wait=False``): the first
+    # call is planned and built while it computes (``settle``), then ``prefilled_at`` notes when it ended
+    prefilling: list[mx.array] | None = None
+    prefilled_at: float | None = None
+
+    def settle(self) -> bool:
+        """Wait for the prefill still in flight, if any, and note when it ended; True when there was one."""
+        if self.prefilling is None:
+            return False
+        mx.eval(self.prefilling)  # (sync: the prompt's time ends here and the first call's begins)
+        self.prefilling, self.prefilled_at = None, time.perf_counter()
+        return True
 
 
 @dataclass(frozen=True)
