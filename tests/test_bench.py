@@ -66,9 +66,9 @@ def test_profile_splits_real_calls_into_phases(engine, prompt_file):
     assert any(r["name"].endswith(" chained") for r in ptp)  # every shape also pipelined (ptp_mlx/decode/pipeline.py)
     default = next(r for r in ptp if r["name"] == "ptp default")  # the default drafter's own calls
     assert 0 <= default["chained"] <= default["calls"] and f"{default['chained']} of them chained" in text
-    # every call built after the read says why (the first call of the answer at least)
+    # every call built after the read says why; the answer's first is built while the prompt's prefill computes
     assert sum(default["why"].values()) == default["calls"] - default["chained"] > 0
-    assert "\nbuilt after the read: " in text and default["why"].get("the answer's first call", 0) >= 1
+    assert "\nbuilt after the read: " in text and "the answer's first call" not in default["why"]
     assert "\nbuilding ahead: " in text  # the learnt choice (decode/chain_odds.ChainChoice)
     assert doc["diverged"] == [] and "every PTP shape == ar" in text  # padded drafts included: still exact
     # Host time on the critical path, measured directly: the host phases while nothing is queued (none for

@@ -226,7 +226,9 @@ def test_every_call_built_after_the_read_says_why(varied, pm_sticky, pm_random):
             list(stream_generate(pm, tok, encode_prompt(tok, prompt), opts))
             calls = [c for c in clock.calls if "rows" in c]
             assert all(("why" in c) == ("build" in c) for c in calls)
+            # (the answer's first call is built while the prompt's last prefill chunk computes: no build phase)
+            assert "prefill" in calls[0] and "build" not in calls[0], calls[0]
             whys.update(c["why"] for c in calls if "build" in c)
-        assert set(whys) <= reasons and whys["the answer's first call"] == 6, whys
+        assert set(whys) <= reasons and "the answer's first call" not in whys, whys
         if not chain:  # every call after the first: nothing is ever built ahead
-            assert set(whys) == {"the answer's first call", "building ahead does not apply"}, whys
+            assert set(whys) == {"building ahead does not apply"}, whys
