@@ -304,3 +304,49 @@ def test_the_cost_sweep_prices_the_same_weights_from_codes_then_as_floats(monkey
         assert [name for name, _ in sweep._prices(None, [w], False, 128, 1, "135m")] == ["135m"]
     finally:
         packed.unpack_model([w])
+
+
+def test_a_matrix_forgotten_while_a_product_reads_its_codes_waits_for_it():
+    """``ptp_sgemm_unpack`` returns only once no product still reads the codes it found (the caller frees them
+    next): products run on another thread while the codes are forgotten and then overwritten with garbage, and
+    every product still equals the float product (a model released while a step of it computed crashed at exit)."""
+    import threading
+    import time
+
+    reg = lib_or_skip()
+    lib = reg.lib
+    lib.cblas_sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_int,
+                                                     ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+                                                     ctypes.c_void_p, ctypes.c_int]  # fmt: skip
+    N, K, M = 4096, 1024, 8
+    arr = mx.array(quantized((N, K), 4, 7))
+    mx.eval(arr)
+    view = np.asarray(memoryview(arr))
+    bits, rows = packed.find_codes(view)
+    x = np.random.default_rng(8).standard_normal((M, K)).astype(np.float32)
+    want = np.zeros((M, N), np.float32)
+    lib.ptp_sgemm_packed_enable(0)
+    _product(lib, M, x, view.ctypes.data, N, K, want)
+    lib.ptp_sgemm_packed_enable(1)
+    outs = [np.zeros((M, N), np.float32) for _ in range(40)]
+    assert reg.register(arr, view, bits, rows)
+    hits = lib.ptp_sgemm_packed_hits()
+    started = threading.Event()
+
+    def products():
+        for out in outs:
+            started.set()
+            _product(lib, M, x, view.ctypes.data, N, K, out)  # (ctypes lets go of the GIL meanwhile)
+
+    worker = threading.Thread(target=products)
+    worker.start()
+    try:
+        started.wait()
+        time.sleep(0.002)
+        reg.unregister(view.ctypes.data)
+        rows[:] = 0xFF  # (the codes freed and reused: NaN scales for any product that still read them)
+    finally:
+        worker.join()
+    assert lib.ptp_sgemm_packed_hits() > hits  # (products read the codes before they were forgotten)
+    for out in outs:
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32))

@@ -48,6 +48,16 @@ struct packed {
 
 static struct packed pk_table[PK_MAX];
 static int pk_count; /* entries [0, pk_count) are valid; written under pk_mu, read without it (see pk_find) */
+/* Products between finding an entry and their last read of its codes: a matrix forgotten (or re-registered) waits
+ * for none before its caller frees the old codes, which a product in flight on another thread may still read (a
+ * model released while a step of it computes: at exit, a segmentation fault in pk_chunk). Seq-cst on both sides:
+ * a product counts itself before it loads `data`, the forgetting thread clears `data` before it reads the count. */
+static int pk_readers;
+
+/* Wait until no product reads codes found before now. */
+static void pk_quiesce(void) {
+    while (__atomic_load_n(&pk_readers, __ATOMIC_SEQ_CST)) sched_yield();
+}
 static pthread_mutex_t pk_mu = PTHREAD_MUTEX_INITIALIZER;
 static int pk_on = 1;
 static unsigned long long pk_hits;
@@ -69,8 +79,8 @@ int ptp_sgemm_pack(const float *base, int rows, int K, int bits, const unsigned 
     int ok = 0;
     for (int i = 0; i < pk_count; i++)
         if (pk_table[i].base == base) { /* re-registered: the new codes replace the old in place */
-            pk_table[i].data = 0;
-            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+            __atomic_store_n(&pk_table[i].data, (const unsigned char *)0, __ATOMIC_SEQ_CST);
+            pk_quiesce(); /* (the caller frees the old codes next) */
             pk_fill(&pk_table[i], base, rows, K, bits, data);
             ok = 1;
         }
@@ -89,16 +99,18 @@ int ptp_sgemm_pack(const float *base, int rows, int K, int bits, const unsigned 
 }
 
 /* Forget the codes of `base` (before its memory is freed): products over it read the floats again. An entry is
- * cleared, never moved, so a product in flight on another thread sees either the codes or none. */
+ * cleared, never moved, so a product in flight on another thread sees either the codes or none; returns once no
+ * product still reads the codes it found before. */
 int ptp_sgemm_unpack(const float *base) {
     int n = 0;
     pthread_mutex_lock(&pk_mu);
     for (int i = 0; i < pk_count; i++)
         if (pk_table[i].base == base && pk_table[i].data) {
-            __atomic_store_n(&pk_table[i].data, (const unsigned char *)0, __ATOMIC_RELEASE);
+            __atomic_store_n(&pk_table[i].data, (const unsigned char *)0, __ATOMIC_SEQ_CST);
             n++;
         }
     pthread_mutex_unlock(&pk_mu);
+    if (n) pk_quiesce();
     return n;
 }
 
@@ -123,7 +135,7 @@ static const struct packed *pk_find(const float *B, long ldb, int K, int *row0, 
     for (int t = 0; t < c; t++) {
         int i = (hint + t) % c;
         const struct packed *e = &pk_table[i];
-        const unsigned char *d = __atomic_load_n(&e->data, __ATOMIC_ACQUIRE);
+        const unsigned char *d = __atomic_load_n(&e->data, __ATOMIC_SEQ_CST); /* (after pk_readers counts us) */
         if (!d || e->K != K || ldb != K || B < e->base || B >= e->base + (long)e->rows * K) continue;
         long off = B - e->base;
         if (off % K) continue;
@@ -287,10 +299,28 @@ static void pk_add_run(struct pruns *rs, const struct packed *e, const unsigned 
  * each run from the registered matrix that holds it (projections registered one by one still form one product
  * when they lie side by side, as a fused group's do), and rows no entry holds (a LoRA's A rows stored after a
  * group's) from the floats, which give each column the same bits whatever other columns a call has. */
+#ifdef PTP_X86
+static int pk_read(int M, int N, int K, const float *A, long lda, const float *B, long ldb, int beta1, float *C,
+                   long ldc);
+#endif
 static int pk_try(int M, int N, int K, const float *A, long lda, const float *B, long ldb, int beta1, float *C,
                   long ldc) {
 #ifdef PTP_X86
     if (!pk_on || M > PK_MAX_M || kern_nt != nt_512) return 0;
+    __atomic_fetch_add(&pk_readers, 1, __ATOMIC_SEQ_CST);
+    int done = pk_read(M, N, K, A, lda, B, ldb, beta1, C, ldc);
+    __atomic_fetch_sub(&pk_readers, 1, __ATOMIC_SEQ_CST);
+    return done;
+#else
+    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)beta1, (void)C, (void)ldc;
+    return 0;
+#endif
+}
+
+#ifdef PTP_X86
+/* pk_try's product, counted in pk_readers: 0 where no entry holds B's first row. */
+static int pk_read(int M, int N, int K, const float *A, long lda, const float *B, long ldb, int beta1, float *C,
+                   long ldc) {
     int row0, n = 0;
     const unsigned char *data;
     const struct packed *e = pk_find(B, ldb, K, &row0, &data);
@@ -307,11 +337,8 @@ static int pk_try(int M, int N, int K, const float *A, long lda, const float *B,
     if (rs.n) pk_runs(&rs);
     if (n < N) run(kern_nt, M, N - n, K, A, lda, B + (long)n * ldb, ldb, beta1, C + n, ldc);
     return 1;
-#else
-    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)beta1, (void)C, (void)ldc;
-    return 0;
-#endif
 }
+#endif
 
 /* Products computed from codes so far (for profiles and tests). */
 unsigned long long ptp_sgemm_packed_hits(void) { return __atomic_load_n(&pk_hits, __ATOMIC_RELAXED); }
