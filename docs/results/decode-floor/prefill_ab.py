@@ -56,6 +56,6 @@ for r in range(rounds):
         order = order[1:] + order[:1]
     print(f"round {r + 1}: " + "  ".join(f"{k} wall {wall[k]:.2f} s steps {steps[k]:.2f} s" for k in variants))
     print("  PTP against AR (wall): " + "  ".join(f"{k} {wall['ar'] / wall[k]:.3f}x" for k in variants if k != "ar"))
-    print("  beside against waited: wall %.4fx, steps %.4fx" % (wall["ptp waited"] / wall["ptp beside"],
-                                                              steps["ptp waited"] / steps["ptp beside"]), flush=True)
+    gain = wall["ptp waited"] / wall["ptp beside"], steps["ptp waited"] / steps["ptp beside"]
+    print(f"  beside against waited: wall {gain[0]:.4f}x, steps {gain[1]:.4f}x", flush=True)
 print("lossless: every answer equals AR's")
