@@ -11,8 +11,9 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
   queued from its build ahead;
 - ``ptp default``: the PTP calls of the default drafter (the engine's adaptive budget, prompt lookup, trees) on
   the same prompt, autoregressive bursts left out: its calls are chained only where the drafter can tell the next
-  one before the read (a lookup chain that stood whole), so its host time mixes chained and synchronous calls;
-  ``chained`` says how many of its calls were queued from a build ahead.
+  one before the read (and building ahead pays on this machine), so its host time mixes chained and synchronous
+  calls; ``chained`` says how many of its calls were queued from a build ahead (the answer's first among them when
+  it was built while the prompt's last prefill chunk computed).
 
 Every row also reports **host time on the critical path** per call: the host work done while nothing is queued
 on the device, measured directly. For a PTP call that is its phases between the read of the call before it and
