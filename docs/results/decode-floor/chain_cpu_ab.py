@@ -56,6 +56,6 @@ VARIANTS = {
     "always": ("ptp", setting(True, False)),
     "always solo": ("ptp", setting(True, True)),
 }
-for r, tot in enumerate(interleave(eng, VARIANTS, rounds, SamplingSettings(temperature=0.0, seed=0))):
+for r, (tot, _) in enumerate(interleave(eng, VARIANTS, rounds, SamplingSettings(temperature=0.0, seed=0))):
     line = "  ".join(f"PTP {k} {tot['ar'] / tot[k]:.3f}x AR" for k in list(VARIANTS)[1:])
     print(f"round {r + 1} (linger {linger} us): AR {tot['ar']:.2f}s  {line}", flush=True)

@@ -31,5 +31,5 @@ VARIANTS = {
     "always 0.05": ("ptp", setting(True, 0.05)),
     "learnt 0.05": ("ptp", setting(None, 0.05)),
 }
-for r, tot in enumerate(interleave(eng, VARIANTS, rounds, SamplingSettings(temperature=0.0, seed=0))):
+for r, (tot, _) in enumerate(interleave(eng, VARIANTS, rounds, SamplingSettings(temperature=0.0, seed=0))):
     print(f"round {r + 1}: " + "  ".join(f"{k} {tot['ar'] / tot[k]:.3f}x" for k in VARIANTS), flush=True)
