@@ -148,10 +148,6 @@ class CallQueue:
         built = self.chained is not None and result.strand is None and self.chained.pick(result.accepted) is not None
         return self._guess_realized(result) if built else None
 
-    def token_plan(self, result: CallResult) -> DraftPlan | None:
-        """The plan built ahead for the token ``result`` emitted (``Drafter.guess_by_token``), or None."""
-        return self.chained.token_plan(result) if self.chained is not None else None
-
     def guessed_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan guessed ahead for the outcome ``result`` reports, built or not (an outcome of a kind no build
         served: the drafter may still commit to it and skip planning; None: none was guessed)."""
@@ -210,13 +206,9 @@ class CallQueue:
             if self.choice is not None and plan is not None and not result.resolved:
                 self.choice.judge(self.running is not None)
             if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
-                # (the running call may be another build's: a lookup chain for the token the read revealed)
-                realized = realized or guess.realize(result)
-                matched = plan is realized or _matches(plan, realized)
+                # (a built guess was just compared: it matched if its call is the running one now)
+                matched = self.running is not None if built else _matches(plan, realized or guess.realize(result))
                 self.confirmed.judge(chained.source, guess, matched)
-            tokens = chained.by_token[result.accepted] if result.strand is None and chained.by_token else None
-            if tokens is not None and plan is not None and not result.resolved:  # (plans by token: judged apart)
-                self.confirmed.judge(chained.source, tokens, _matches(plan, tokens.realize(result)))
         return self.running is not None
 
     def confirm_start(self, plan: DraftPlan | None, last: int) -> bool:

@@ -111,8 +111,7 @@ def ptp_calls(
                 guessed = built or queue.guessed_plan(out)  # (guessed, not built: committing skips the planning)
                 plan = drafter.commit(guessed, i) if guessed is not None else None
                 if plan is None:
-                    # (a lookup chain built for the token this call emitted, else the adapter's call built)
-                    drafter.chained(queue.token_plan(out) or built)
+                    drafter.chained(built)
                     plan = queue.plan(i)
             ready = queue.confirm(out, plan, i)
             clock.mark("update")

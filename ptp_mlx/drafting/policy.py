@@ -17,8 +17,6 @@ from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain
 from .rows import reach
 from .strands import StrandOffer
 
-TOKEN_GUESSES = 4  # tokens an adapter call may emit whose lookup chains are built ahead (``guess_by_token``)
-
 
 class DraftPolicy(Drafter):
     """The adapter's chain drafter and, optionally, prompt lookup: per call the offer expected to land more
@@ -89,25 +87,6 @@ class DraftPolicy(Drafter):
             nxt = self._fit_lookup(offer, remaining, room) if offer is not None else None
             return Guess(nxt, None) if nxt is not None else None
         return self.chain.guess(plan, accepted, i, remaining, room)
-
-    def guess_by_token(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
-        # After the adapter's call: prompt lookup's chain once the call's exact token extends the history, for each
-        # token whose n-gram lookup would match (the adapter's guess stands beside it in its own build; after the
-        # read the policy weighs the two as ever). Lookup's rates do not move at an adapter call's read.
-        if self.lookup is None or plan.source == self.lookup.source:
-            return None
-        h = self.lookup.history + list(plan.drafts[:accepted])
-        plans: dict[int, DraftPlan] = {}
-        for x in self.lookup.next_tokens(h, TOKEN_GUESSES):
-            offer = self.lookup.offer_after(h + [x])
-            nxt = self._fit_lookup(offer, remaining, room, preview=True) if offer is not None else None
-            if nxt is not None and not nxt.burst and not nxt.strands:
-                plans[x] = nxt
-        if not plans:
-            return None
-        first = next(iter(plans.values()))  # (the likeliest token's shape: one build serves one shape)
-        same = {x: p for x, p in plans.items() if (len(p.drafts), p.branches, p.strict) == _shape(first)}
-        return Guess(first, None, by_token=same)
 
     def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         # A lookup chain in hand (what ends a burst early): the chain it continues with if the burst's last token,
@@ -219,10 +198,6 @@ class DraftPolicy(Drafter):
             source=self.lookup.source,
         )
         return bool(fit.drafts) and self.lookup.ready()
-
-
-def _shape(plan: DraftPlan) -> tuple:
-    return len(plan.drafts), plan.branches, plan.strict
 
 
 @dataclass(frozen=True)
