@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from ptp_mlx.adapter import AdapterConfig
+from ptp_mlx.bins import bins
 from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.prompt import encode_prompt
-from ptp_mlx.sampler import SamplingSettings, UniformStream, bins, filtered_probs, pick
+from ptp_mlx.sampler import SamplingSettings, UniformStream, filtered_probs, pick
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 from ptp_mlx.ties import classify
 

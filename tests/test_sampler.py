@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ptp_mlx.sampler import SamplingSettings, UniformStream, bins, filtered_probs, pick
+from ptp_mlx.bins import bins
+from ptp_mlx.sampler import SamplingSettings, UniformStream, filtered_probs, pick
 
 ALPHA = 1e-4  # chi-squared significance level (vLLM's choice, docs/method.md, section 11)
 N_DRAWS = 40_000

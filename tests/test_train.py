@@ -301,7 +301,8 @@ def test_probability_order_training_records_its_order(tiny, tmp_path):
     """A run in probability order with slot weights: sampled records are re-binned from the teacher pass and the
     adapter's config records the order, so decoding with it samples in that order."""
     from ptp_mlx.adapter import read_config
-    from ptp_mlx.sampler import SamplingSettings, bins
+    from ptp_mlx.bins import bins
+    from ptp_mlx.sampler import SamplingSettings
 
     model, _ = tiny
     recs = _predictable_records(n=6, length=16)

@@ -67,7 +67,8 @@ def test_batched_loss_and_grad_equal_one_pass_per_sequence(tmp_path, family, ord
 
 
 def test_pregenerate_records_both_orders_and_training_reads_them(tiny, tmp_path):
-    from ptp_mlx.sampler import SamplingSettings, bins
+    from ptp_mlx.bins import bins
+    from ptp_mlx.sampler import SamplingSettings
 
     model, tok = tiny
     records = _records(model, tok, tmp_path, n_prompts=2)

@@ -19,10 +19,11 @@ import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 from tqdm import tqdm
 
+from ..bins import bins, pick_with_bins
 from ..errors import UserError
 from ..model.layers import install, make_cache
 from ..prompt import encode_prompt
-from ..sampler import SamplingSettings, bins, pick_with_bins
+from ..sampler import SamplingSettings
 from .data import read_prompts, read_records
 
 OTHER_ORDER = {"id": "prob", "prob": "id"}

@@ -28,8 +28,9 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
+from ..bins import bins
 from ..prompt import encode_prompt
-from ..sampler import SamplingSettings, bins
+from ..sampler import SamplingSettings
 from .corpora import chatterbot_dialogs, news_paragraphs
 from .data import is_validation, read_records
 

@@ -7,11 +7,12 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from ..bins import bins
 from ..errors import UserError
 from ..model.layers import StaticKV
 from ..model.ptp import PTPAdapter, PTPModel
 from ..model.shape import Window
-from ..sampler import SamplingSettings, bins
+from ..sampler import SamplingSettings
 
 # Sampled u lie in [0, 1); 1.0 is never drawn, so it is free to mean "draft the argmax" (greedy decoding,
 # where verification ignores u). One adapter then serves greedy and sampled decoding.
