@@ -5,8 +5,8 @@ One protocol, one file per idea:
 - ``protocol``: ``DraftPlan`` (the rows of one call, frozen, with its token tree's ``Strand``s), ``CallResult`` (what a call settled),
   ``DraftSession`` and the abstract ``Drafter`` (``begin``, then ``plan`` / ``update`` per call, ``emitted`` per
   block, ``ready``);
-- ``budget``: the ``BudgetPolicy`` interface (``rows_for``) and the adaptive ``Budget``; ``fixed_budget``: the
-  ``FixedBudget`` of ``--num-draft-tokens``;
+- ``budget_policy``: the ``BudgetPolicy`` interface (``rows_for``); ``budget``: the adaptive ``Budget``;
+  ``fixed_budget``: the ``FixedBudget`` of ``--num-draft-tokens``;
 - ``shapes``: the call shapes a budget has used (each a compiled graph), preferred over new ones;
 - ``strands``: the side strands peers offer (``StrandOffer``) and which of them a call's token tree verifies;
 - ``cost``: the cost curve of a call by rows, and the probe that measures it on this machine;

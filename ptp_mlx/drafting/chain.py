@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from .budget import ADAPTER, BudgetPolicy
+from .budget import ADAPTER
+from .budget_policy import BudgetPolicy
 from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
 from .rows import Pace, reach, u_factor
 from .strands import StrandOffer

@@ -1,5 +1,5 @@
 """``--num-draft-tokens N``: the fixed budget, the same rows every call (docs/method.md, section 5), beside the
-adaptive ``Budget`` of ``budget.py``; both implement ``BudgetPolicy``."""
+adaptive ``Budget`` of ``budget.py``; both implement ``BudgetPolicy`` (``budget_policy.py``)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .budget import BudgetPolicy
+from .budget_policy import BudgetPolicy
 from .chain import ChainDrafter, outcome_probs
 from .lookup import LookupOffer, LookupProposer
 from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
