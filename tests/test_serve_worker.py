@@ -148,3 +148,18 @@ def test_load_16_streams_some_leave_early(server):
     gc.collect()
     grew = (proc.memory_info().rss - idle) / 2**20
     assert grew < 64, f"RSS grew by {grew:.0f} MiB after the load"
+
+
+def test_dropped_non_streamed_request_stops_while_tokens_flow(server):
+    # Its tokens arrive faster than the handler's poll: the disconnect is still noticed between them (it used to be
+    # asked only when no event came for 0.25 s, so the answer ran to its end and held up the queue).
+    m = [{"role": "user", "content": "tell me a story"}]
+    with Gate(server.worker.engine, delay=0.02) as gate:
+        wait_for(lambda: server.worker._current is None)
+        gate.opened.set()
+        started = gate.started
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(timeout=httpx.Timeout(30, read=1.0)) as http:
+            body = {"messages": m, "max_tokens": 400, "temperature": 0.7, "logit_bias": {"2": -100}}
+            http.post(server.url + "/v1/chat/completions", json=body)
+        wait_for(lambda: gate.started == started + 1 and server.worker._current is None)
+    assert gate.steps[-1] < 150, gate.steps  # 400 tokens at 0.02 s a step take 8 s; it stopped soon after 1 s

@@ -22,7 +22,7 @@ from ..tools import supports_tools
 from .schema import APIError, Defaults, GenRequest, Shaper, parse_chat, parse_completion
 from .worker import Delta, Done, EngineWorker, Failed, Job
 
-POLL_S = 0.25  # how often a waiting non-streamed request checks that its client is still there
+POLL_S = 0.25  # how often a non-streamed request checks that its client is still there (waiting or not)
 
 
 def _error(e: APIError) -> JSONResponse:
@@ -144,9 +144,10 @@ def create_app(worker: EngineWorker, model_id: str, defaults: Defaults, max_body
             headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
             return StreamingResponse(_sse(job, shaper), media_type="text/event-stream", headers=headers)
         text, logprobs = [], []
+        watch = ClientWatch(request)
         try:
             while True:
-                ev = await _next_event(job, request)
+                ev = await _next_event(job, watch)
                 if ev is None:  # the client left: stop its generation, answer nobody
                     return JSONResponse({}, status_code=499)
                 if isinstance(ev, Delta):
@@ -171,15 +172,33 @@ def create_app(worker: EngineWorker, model_id: str, defaults: Defaults, max_body
     return app
 
 
-async def _next_event(job: Job, request: Request | None) -> Delta | Done | Failed | None:
-    """The job's next event; ``None`` when ``request``'s client disconnected while we waited."""
+class ClientWatch:
+    """Whether a non-streamed request's client is still there, asked at most every ``POLL_S`` seconds: between
+    events too, so a client that leaves while the tokens flow stops its generation (a streamed one is cancelled by
+    Starlette instead)."""
+
+    def __init__(self, request: Request, clock=time.monotonic):
+        self.request, self.clock = request, clock
+        self.last = clock()
+
+    async def gone(self) -> bool:
+        now = self.clock()
+        if now - self.last < POLL_S:
+            return False
+        self.last = now
+        return await self.request.is_disconnected()
+
+
+async def _next_event(job: Job, watch: ClientWatch | None) -> Delta | Done | Failed | None:
+    """The job's next event; ``None`` when ``watch`` finds that the client disconnected (the job is cancelled)."""
     while True:
+        if watch is not None and await watch.gone():
+            job.cancel.set()
+            return None
         try:
             return await asyncio.wait_for(job.events.get(), POLL_S)
         except asyncio.TimeoutError:
-            if request is not None and await request.is_disconnected():
-                job.cancel.set()
-                return None
+            pass
 
 
 def _sse_line(obj: object) -> str:
