@@ -35,7 +35,7 @@ class GenerationStep:
     tokens: list[int]  # the accepted block (EOS excluded)
     text: str  # text delta for the block
     proposed: int = 0  # drafts verified in this call (0 for autoregressive)
-    accepted: int = 0  # drafts accepted; the call emitted accepted + 1 tokens unless it stopped
+    accepted: int = 0  # drafts accepted within the answer: the call decided accepted + 1 of its tokens (its end counts)
     rows: int = 1  # rows in the forward pass (verify + auxiliaries)
     step_time: float = 0.0  # seconds for this call
     elapsed: float = 0.0  # seconds since prefill ended (all decoding calls so far)
@@ -158,11 +158,14 @@ def stream_generate(
             if finish:
                 detok.finalize()
             generated += len(out)
+            accepted = info.accepted
+            if finish:  # (drafts accepted past the end-of-answer token or past max_tokens were not emitted)
+                accepted = max(0, min(accepted, len(out) + (finish == "stop") - 1))
             yield GenerationStep(
                 tokens=out,
                 text=detok.last_segment,
                 proposed=info.proposed,
-                accepted=info.accepted,
+                accepted=accepted,
                 rows=info.rows,
                 step_time=info.time,
                 elapsed=now - t_gen,

@@ -112,7 +112,10 @@ def test_eos_inside_a_block(varied, pm_sticky, name):
             steps = assert_same(
                 PTPModel(model), tok, ids, s, 40, {"step": step, "budget": budget, "oracle": full}, eos=eos, want=want
             )
-            assert steps[-1].accepted > len(steps[-1].tokens) - 1  # the accepted block was cut at the EOS
+            # the oracle's block ends at the EOS: drafts that stood past it do not count (each call decided its
+            # accepted drafts and one token more, every one emitted or the EOS)
+            assert steps[-1].accepted == len(steps[-1].tokens) <= steps[-1].proposed
+            assert sum(st.accepted + 1 for st in steps) == k + 1
             assert_same(pm_sticky, tok, ids, s, 40, {"step": step}, eos=eos, want=want)
     # EOS as the very first token: nothing is emitted.
     eos = {full[0]}
@@ -131,6 +134,7 @@ def test_max_tokens_inside_a_block(varied, pm_sticky, max_tokens):
         steps = assert_same(pm_sticky, tok, ids, s, max_tokens, mode_kw)
         assert steps[-1].generated == max_tokens and steps[-1].finish_reason == "length"
         assert [t for st in steps for t in st.tokens] == full[:max_tokens]
+        assert sum(st.accepted + 1 for st in steps) == max_tokens  # (drafts that stood past the limit do not count)
 
 
 def long_prompt(n: int) -> list[int]:

@@ -53,6 +53,10 @@ def test_chat_is_ptp_generate_streamed_or_not(server, serve_model_dir, serve_ada
     assert ptp["mode"] == "ptp" and 1 <= ptp["calls"] <= u.completion_tokens + 1 and ptp["tokens_per_call"] >= 1
     assert 0 <= ptp["drafts_accepted"] <= ptp["drafts_proposed"] and ptp["drafts_proposed"] >= ptp["calls"] - 1
     assert ptp["drafts_accepted"] == sum(ptp["accepted_by_source"].values())
+    # every call decided its accepted drafts and one token more, each emitted or the end of the answer (drafts that
+    # stood past the end are not counted)
+    ended = r.choices[0].finish_reason == "stop"
+    assert ptp["calls"] + ptp["drafts_accepted"] == u.completion_tokens + ended
     assert ptp["accept"] == "exact"  # exact unless the client opts out
     stream = client.chat.completions.create(
         model=MODEL_ID, messages=messages, max_tokens=40, stream=True, stream_options={"include_usage": True}, **kw
