@@ -138,6 +138,34 @@ def test_stop_matcher_any_chunking():
             assert out == want, (stops, size)
 
 
+def test_logprobs_only_for_tokens_whose_text_was_sent():
+    # A token's entry waits while its text may begin a stop string; past the stop it is never sent (it was, before:
+    # "\n" of a cut "\n\n" came with "." in the same block), and text still held at the end is sent with its entries.
+    from types import SimpleNamespace
+
+    from ptp_mlx.logits import TokenLogprob
+    from ptp_mlx.serve.tools_out import AnswerText
+
+    pieces = ["Par", "is", ".", "\n", "\n", "The", " end"]
+    tok = SimpleNamespace(detokenizer=None, decode=lambda ids: pieces[ids[0]])
+    for stops, text, count in ((["\n\n"], "Paris.", 3), ([".\nX"], "".join(pieces), 7), (["is."], "Par", 1)):
+        for size in range(1, len(pieces) + 1):
+            out = AnswerText(tok, StopMatcher(stops), None)
+            got, entries = "", []
+            for i in range(0, len(pieces), size):
+                ids = range(i, min(i + size, len(pieces)))
+                step = SimpleNamespace(
+                    text="".join(pieces[t] for t in ids), logprobs=[TokenLogprob(t, -1.0) for t in ids]
+                )
+                t, e = out.feed(step)
+                got, entries = got + t, entries + (e or [])
+                if out.stops.stopped:
+                    break
+            tail, e, _ = out.finish()
+            got, entries = got + tail, entries + (e or [])
+            assert got == text and [e["token"] for e in entries] == pieces[:count], (stops, size)
+
+
 def test_bad_inputs_get_openai_errors(server):
     url = server.url + "/v1/chat/completions"
     ok_msg = [{"role": "user", "content": "hi"}]

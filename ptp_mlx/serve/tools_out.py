@@ -11,8 +11,9 @@ from .stops import StopMatcher
 class AnswerText:
     """Feed ``GenerationStep``s; get the text to send and the chat-shaped log-probability entries of its tokens.
 
-    Tokens past a stop string are not reported (a token counts when its text starts before the cut). With tools,
-    the text of tool calls is held out of the content and parsed at the end."""
+    Tokens past a stop string are not reported (a token counts when its text starts before the cut), and a token's
+    entry waits while its text is held back as the possible start of a stop string. With tools, the text of tool
+    calls is held out of the content and parsed at the end."""
 
     def __init__(self, tokenizer, stops: StopMatcher, tools: list | None) -> None:
         self.tok, self.stops, self.tools = tokenizer, stops, tools
@@ -22,6 +23,7 @@ class AnswerText:
         self._bytemap: dict | None = None  # byte-level BPE symbol -> byte ({}: not a byte-level tokenizer)
         self.seen = 0  # characters of the model's text so far
         self.emitted = 0  # characters of it the stop strings let through
+        self.pending: list[tuple[int, dict]] = []  # entries not sent yet, by where their token's text starts
 
     def _token(self, t: int) -> tuple[str, list[int]]:
         """A token's text and its exact bytes (a byte-level BPE token may hold part of a character: its text then
@@ -48,29 +50,33 @@ class AnswerText:
 
     def feed(self, step) -> tuple[str, list[dict] | None]:
         entries = [self.entry(lp) for lp in step.logprobs] if step.logprobs is not None else None
+        start = self.seen
+        for e in entries or ():
+            self.pending.append((start, e))
+            start += len(e["token"])
         text = self.stops.feed(step.text)
         self.emitted += len(text)
-        if entries is not None and self.stops.stopped:
-            start, kept = self.seen, []
-            for e in entries:
-                if start < self.emitted:
-                    kept.append(e)
-                start += len(e["token"])
-            entries = kept
         self.seen += len(step.text)
+        if entries is not None or self.pending:
+            # (entries whose text starts inside what was emitted go now; past a stop string, the rest never do)
+            entries = [e for at, e in self.pending if at < self.emitted]
+            self.pending = [] if self.stops.stopped else [(at, e) for at, e in self.pending if at >= self.emitted]
         if self.split is not None:
             text = self.split.feed(text)
         return text, entries
 
-    def finish(self) -> tuple[str, list[dict]]:
-        """The text still held, and the parsed tool calls. A call that does not parse is returned as text."""
+    def finish(self) -> tuple[str, list[dict] | None, list]:
+        """The text still held, its tokens' entries (None: none waited), and the parsed tool calls. A call that
+        does not parse is returned as text."""
         tail = self.stops.flush()
+        entries = [e for _, e in self.pending] if self.pending else None
+        self.pending = []
         if self.split is None:
-            return tail, []
+            return tail, entries, []
         tail = self.split.feed(tail) + self.split.flush()
         raw = [c for c in self.split.calls if c.strip()]
         try:
-            return tail, parse_tool_calls(self.tok, raw, self.tools)
+            return tail, entries, parse_tool_calls(self.tok, raw, self.tools)
         except ValueError:
             start, end = self.tok.tool_call_start, self.tok.tool_call_end
-            return tail + "".join(start + c + end for c in self.split.calls), []
+            return tail + "".join(start + c + end for c in self.split.calls), entries, []

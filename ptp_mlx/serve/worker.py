@@ -254,9 +254,9 @@ class EngineWorker(EngineOwner[Job]):
                 self.pool.put(pc, len(job.ids))
         if job.cancel.is_set():
             return  # nobody is listening
-        tail, calls = out.finish()
-        if tail:
-            job.post(Delta(tail))
+        tail, lps, calls = out.finish()
+        if tail or lps:
+            job.post(Delta(tail, lps))
         if calls and finish == "stop":
             finish = "tool_calls"
         usage.calls, usage.drafts_proposed, usage.drafts_accepted = stats.calls, stats.proposed, stats.accepted
