@@ -179,6 +179,7 @@ class Engine:
         compiled: bool | None = None,
         accept: AcceptRule | str | None = None,
         turn_start: int | None = None,
+        continuation: bool = False,
     ) -> Iterator[GenerationStep]:
         """Stream an answer to a prompt string, chat messages, or token ids.
 
@@ -192,7 +193,8 @@ class Engine:
         (``decode/accept.py``; a string is parsed): exact by default; a lenient rule is not the exact sample and every
         step says so (``GenerationStep.accept``). ``turn_start``: where the prompt's current turn starts (token ids
         of a chat: ``turn_start``; messages: found here); a lenient rule never accepts a copy of what came before
-        it (an earlier answer) but by the exact rule."""
+        it (an earlier answer) but by the exact rule. ``continuation``: the prompt is text the answer continues (no
+        chat template): the answer's text keeps its leading space."""
         mode = mode or self.default_mode()
         if mode == "ptp" and not self.has_adapter:
             raise UserError("PTP mode needs an adapter (--adapter DIR), or use --mode ar")
@@ -215,6 +217,7 @@ class Engine:
             compiled=compiled,
             accept=rule,
             turn_start=turn_start,
+            continuation=continuation,
         )
         if logits is not None and logits.active:
             vocab = getattr(self.pm.args, "vocab_size", None)

@@ -73,6 +73,9 @@ class DecodeOptions:
     compiled: bool | None = None
     accept: AcceptRule = EXACT  # the acceptance rule (decode/accept.py); a lenient one is opt-in and labelled
     turn_start: int = 0  # where the prompt's current turn starts (a chat's last user message; ``Engine.turn_start``)
+    # The prompt is text to continue (no chat template): the answer's leading space is part of it (mlx-lm's
+    # detokenizer trims it, as a chat answer wants), so a client that joins prompt and answer gets the text.
+    continuation: bool = False
 
 
 class ContextFull(ValueError):
@@ -131,6 +134,7 @@ def stream_generate(
         calls = ptp_calls(sess, drafter, prompt_ids[-1], limits, chain=opts.chain, clock=opts.clock or NO_CLOCK)
     del in_flight  # (held here, its K/V buffers could not be written in place by the first call)
     accept_label = opts.accept.label if opts.mode == "ptp" else "exact"
+    lead = opts.continuation  # (the first text still to come: its leading space is put back, ``_leading_space``)
     generated = 0
     seq = list(prompt_ids)  # every token fed or emitted; the cache holds seq[:offset]
     t_gen = time.perf_counter()
@@ -157,13 +161,16 @@ def stream_generate(
                 detok.add_token(t)
             if finish:
                 detok.finalize()
+            text = detok.last_segment
+            if lead and (text or finish):
+                text, lead = _leading_space(tokenizer, prompt_ids, seq[len(prompt_ids) :], detok.text) + text, False
             generated += len(out)
             accepted = info.accepted
             if finish:  # (drafts accepted past the end-of-answer token or past max_tokens were not emitted)
                 accepted = max(0, min(accepted, len(out) + (finish == "stop") - 1))
             yield GenerationStep(
                 tokens=out,
-                text=detok.last_segment,
+                text=text,
                 proposed=info.proposed,
                 accepted=accepted,
                 rows=info.rows,
@@ -187,6 +194,15 @@ def stream_generate(
             # Stored once, at the end (normal, closed early, or failed): after a failed call the cache holds rows
             # nobody trimmed, so its offset disagrees with the tokens and the next ``take`` starts afresh.
             prompt_cache.store(cache, seq)
+
+
+def _leading_space(tokenizer, prompt_ids: Sequence[int], answer: list[int], shown: str) -> str:
+    """" " where the answer's text, decoded after the prompt's last tokens, starts with more spaces than ``shown``
+    (the detokenizer's text so far, which trims one); else ""."""
+    ctx = list(prompt_ids[-8:])
+    base, full = tokenizer.decode(ctx), tokenizer.decode(ctx + answer)
+    own = full[len(base) :] if full.startswith(base) else ""
+    return " " if len(own) - len(own.lstrip(" ")) > len(shown) - len(shown.lstrip(" ")) else ""
 
 
 def decoding_settings(pm, s: SamplingSettings) -> SamplingSettings:

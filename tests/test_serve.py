@@ -87,6 +87,21 @@ def test_completions_are_ptp_generate_without_template(server, serve_model_dir, 
     assert client.completions.create(model=MODEL_ID, prompt=ids, max_tokens=24, seed=2).choices[0].text == want
 
 
+def test_completions_keep_the_leading_space(server):
+    # mlx-lm's detokenizer trims an answer's leading space (right for a chat answer and for ptp-generate, which
+    # prints as mlx_lm.generate does); a completion is text that continues the prompt, as OpenAI's, space and all.
+    space = server.worker.engine.tokenizer.encode(" a")[0]
+    client = server.client()
+    for n in (1, 3):
+        kw = {"model": MODEL_ID, "prompt": "count: 1 2 3", "max_tokens": n, "logit_bias": {str(space): 100}}
+        assert client.completions.create(**kw).choices[0].text == " " * n
+        assert "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True)) == " " * n
+    r = client.chat.completions.create(
+        model=MODEL_ID, messages=[{"role": "user", "content": "hi"}], max_tokens=3, logit_bias={str(space): 100}
+    )
+    assert r.choices[0].message.content == "  "  # a chat answer as mlx-lm shows it
+
+
 def test_conversation_continues_from_the_prompt_cache(server):
     """A follow-up turn prefills only its new tokens, and the answer is the one a fresh cache gives."""
     client = server.client()

@@ -233,6 +233,7 @@ class EngineWorker(EngineOwner[Job]):
                 logits=req.logits,
                 accept=req.accept,
                 turn_start=job.turn_start,
+                continuation=req.kind != "chat",  # (/v1/completions: the text continues the prompt, space and all)
             )
             for st in steps:
                 stats.add(st, final=False)
