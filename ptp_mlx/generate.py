@@ -197,7 +197,7 @@ def stream_generate(
 
 
 def _leading_space(tokenizer, prompt_ids: Sequence[int], answer: list[int], shown: str) -> str:
-    """" " where the answer's text, decoded after the prompt's last tokens, starts with more spaces than ``shown``
+    """ " " where the answer's text, decoded after the prompt's last tokens, starts with more spaces than ``shown``
     (the detokenizer's text so far, which trims one); else ""."""
     ctx = list(prompt_ids[-8:])
     base, full = tokenizer.decode(ctx), tokenizer.decode(ctx + answer)
