@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 
+import httpx
 import pytest
 from openai import OpenAI
 
@@ -38,8 +39,19 @@ def test_command_serves_and_stops_on_ctrl_c(serve_model_dir, serve_adapter_dir, 
         wait_for(lambda: _up(client), 30)
         r = client.chat.completions.create(model="model", messages=[{"role": "user", "content": "hi"}])
         assert r.usage.completion_tokens <= 8
-        p.send_signal(signal.SIGINT)
+        # Ctrl-C with a stream open: the stream ends at once with a "shutting down" error event and [DONE] (it ran
+        # on until uvicorn's graceful timeout cancelled it, a traceback on stderr), and the server exits 0.
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 100000, "stream": True}
+        body["logit_bias"] = {"2": -100}  # (no end-of-answer token: the answer runs until stopped)
+        with httpx.Client(timeout=30) as http, http.stream("POST", url + "/chat/completions", json=body) as s:
+            lines = s.iter_lines()
+            assert next(lines).startswith("data: ")
+            p.send_signal(signal.SIGINT)
+            rest = [line for line in lines if line]
+        assert rest[-1] == "data: [DONE]" and '"shutting_down"' in rest[-2], rest[-3:]
         assert p.wait(30) == 0
+        err = p.stderr.read()
+        assert "Traceback" not in err and "Exception in ASGI" not in err, err[-2000:]
     finally:
         if p.poll() is None:
             p.kill()

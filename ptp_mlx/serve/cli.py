@@ -81,6 +81,20 @@ def _log_config(access: bool) -> dict:
     return cfg
 
 
+def _serve(config, worker, sock) -> None:
+    """Run uvicorn on ``sock`` until Ctrl-C, which first ends the answer in progress (``EngineWorker.interrupt``): an
+    open stream then closes with an error event and ``[DONE]`` at once, instead of running until the graceful
+    shutdown's timeout cancels it (a traceback per stream on stderr)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            worker.interrupt()
+            super().handle_exit(sig, frame)
+
+    Server(config).run(sockets=[sock])
+
+
 def run(args: argparse.Namespace) -> int:
     sampling = sampling_from_args(args)
     for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-body-bytes", args.max_body_bytes, 1)):
@@ -128,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             app, log_config=_log_config(not args.no_access_log), timeout_graceful_shutdown=5, lifespan="off"
         )
         try:
-            uvicorn.Server(config).run(sockets=[sock])
+            _serve(config, worker, sock)
         except KeyboardInterrupt:
             pass  # uvicorn re-raises the Ctrl-C it handled: the server has stopped cleanly
     finally:

@@ -43,6 +43,9 @@ class Failed:
     error: APIError
 
 
+_SHUTTING_DOWN = APIError(503, "the server is shutting down", "server_error", None, "shutting_down")
+
+
 @dataclass
 class Job:
     """One request for the worker; its events arrive on ``events`` (an ``asyncio.Queue`` of ``loop``)."""
@@ -154,6 +157,16 @@ class EngineWorker(EngineOwner[Job]):
     def waiting(self) -> int:
         return self._jobs.qsize()
 
+    def interrupt(self) -> None:
+        """Ctrl-C: the answer in progress ends now, its client told (a 503 "shutting down", in the stream if it is
+        one), so open streams close at once instead of holding the server's graceful shutdown. Never blocks (it
+        runs in the signal handler); ``shutdown`` does the rest."""
+        self._closing = True
+        job = self._current
+        if job is not None:
+            job.cancel.set()
+            job.post(Failed(_SHUTTING_DOWN))
+
     def shutdown(self, timeout: float = 5.0) -> None:
         """Cancel the answer in progress and every waiting job, end the thread and wait for it (bounded)."""
         self._closing = True
@@ -166,7 +179,7 @@ class EngineWorker(EngineOwner[Job]):
                 break
             if job is not None:
                 job.cancel.set()
-                job.post(Failed(APIError(503, "the server is shutting down", "server_error", None, "shutting_down")))
+                job.post(Failed(_SHUTTING_DOWN))
         try:
             self._jobs.put_nowait(None)
         except queue.Full:
