@@ -138,7 +138,8 @@ def check_ptp_model(model: str | None) -> None:
     from .model.layers import check_model_type
 
     mt = config_model_type(model)
-    if mt is not None or (model is not None and Path(model).expanduser().exists()):
+    config = model is not None and (Path(model).expanduser() / "config.json").is_file()
+    if mt is not None or config:  # (no readable config: not a model folder, which loading says in its own words)
         check_model_type(mt)
 
 

@@ -39,7 +39,7 @@ class SamplingSettings:
 
     def validate(self) -> SamplingSettings:
         if self.temperature < 0 or not np.isfinite(self.temperature):
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -47,7 +47,7 @@ class SamplingSettings:
         if self.order not in CDF_ORDERS:
             raise ValueError(f"unknown CDF order {self.order!r} (known: {', '.join(CDF_ORDERS)})")
         if not 0 <= self.seed < 2**63:
-            raise ValueError(f"--seed must be a non-negative integer, got {self.seed}")
+            raise ValueError(f"--seed must be a non-negative integer below 2**63, got {self.seed}")
         return self
 
     @classmethod

@@ -120,12 +120,26 @@ def test_no_chat_template(model_dir, capsys):
 BAD = {
     "missing model folder": (lambda m, o, t: ["--model", t / "missing", "--prompt", "hi"], "model folder not found"),
     "not a model folder": (lambda m, o, t: ["--model", t, "--prompt", "hi"], "not an MLX model folder"),
+    # (PTP's family check read no config there and said "model type None is not supported for PTP")
+    "not a model folder, ptp": (
+        lambda m, o, t: ["--model", t, "--prompt", "hi", "--mode", "ptp", "--adapter", o],
+        "not an MLX model folder",
+    ),
+    "a file for a model": (
+        lambda m, o, t: ["--model", o / "adapter_config.json", "--prompt", "hi", "--mode", "ptp", "--adapter", o],
+        "not an MLX model folder",
+    ),
     "over-long prompt": (
         lambda m, o, t: ["--model", m, "--prompt", "x" * 600],
         r"prompt is \d+ tokens but the model's context is 512",
     ),
     "negative temp": (lambda m, o, t: ["--model", m, "--prompt", "hi", "--temp", -1], "temperature must be >= 0"),
     "nan temp": (lambda m, o, t: ["--model", m, "--prompt", "hi", "--temp", "nan"], "temperature"),
+    "inf temp": (
+        lambda m, o, t: ["--model", m, "--prompt", "hi", "--temp", "inf"],
+        "temperature must be >= 0 and finite",
+    ),
+    "huge seed": (lambda m, o, t: ["--model", m, "--prompt", "hi", "--seed", 2**64], "below 2\\*\\*63"),
     "top-p zero": (lambda m, o, t: ["--model", m, "--prompt", "hi", "--top-p", 0], "top_p must be in"),
     "top-k negative": (lambda m, o, t: ["--model", m, "--prompt", "hi", "--top-k", -2], "top_k must be >= 0"),
     "max-tokens zero": (
