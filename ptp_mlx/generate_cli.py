@@ -106,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
     if vocab is not None and any(not 0 <= t < vocab for t in logits.logit_bias):
         raise UserError(f"--logit-bias token ids must be in [0, {vocab})")
     mode = args.mode or eng.default_mode()
+    if args.num_draft_tokens is not None and mode != "ptp":
+        raise UserError("--num-draft-tokens sets PTP's draft budget: it needs --mode ptp (and an adapter)")
     if args.no_chat:
         ids = list(eng.tokenizer.encode(prompt))
     else:
@@ -132,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(e)) from None
     sys.stdout.write("\n")
     sys.stdout.flush()  # the answer's last line before the summary, also when both streams share a terminal
+    ctx = getattr(eng.pm.args, "max_position_embeddings", None)
+    if ctx is not None and stats.tokens < args.max_tokens and len(ids) + stats.tokens >= ctx:
+        print(f"notice: the answer stopped at the model's context of {ctx} tokens", file=sys.stderr)
     print(stats.summary() + (f" | {rule.label}: not the exact sample" if rule.lenient else ""), file=sys.stderr)
     if mode == "ptp":
         print(stats.histogram_line(), file=sys.stderr)

@@ -41,7 +41,9 @@ def test_rules_parse_and_refuse():
     assert AcceptRule.parse("threshold:0.25").tau == 0.25 == AcceptRule.parse("threshold:tau=0.25").tau
     assert AcceptRule.parse("threshold").tau == 0.3
     for bad, msg in [("nope", "unknown acceptance rule"), ("exact:1", "no parameters"), ("threshold:x=1", "no par"),
-                     ("entropy:eps=abc", "must be a number"), ("threshold:tau=-1", ">= 0")]:  # fmt: skip
+                     ("entropy:eps=abc", "must be a number"), ("threshold:tau=-1", ">= 0"),
+                     ("threshold:tau=inf", "finite"), ("entropy:eps=0.1,eps=0.2", "given twice"),
+                     ("threshold:0.2,tau=0.3", "given twice")]:  # fmt: skip
         with pytest.raises(ValueError, match=msg):
             AcceptRule.parse(bad)
 

@@ -116,6 +116,16 @@ def test_no_chat_template(model_dir, capsys):
     assert rc == 0 and out == "".join(st.text for st in steps) + "\n" and SUMMARY.match(err[-1])
 
 
+def test_an_answer_cut_by_the_context_says_so(model_dir, capsys):
+    # The tiny model's context is 512 tokens: a 500-byte prompt leaves room for 12, not the 100 asked for.
+    rc, out, err = cli(
+        capsys, "--model", model_dir, "--prompt", "x" * 500, "--no-chat", "--max-tokens", 100, "--temp", 1
+    )
+    assert rc == 0 and "notice: the answer stopped at the model's context of 512 tokens" in err
+    rc, out, err = cli(capsys, "--model", model_dir, "--prompt", "x" * 100, "--no-chat", "--max-tokens", 10)
+    assert rc == 0 and not any(line.startswith("notice:") for line in err)
+
+
 # name -> (argv given the model folder ``m``, another model's adapter ``o`` and a scratch folder ``t``; message)
 BAD = {
     "missing model folder": (lambda m, o, t: ["--model", t / "missing", "--prompt", "hi"], "model folder not found"),
@@ -156,6 +166,10 @@ BAD = {
     "missing adapter": (
         lambda m, o, t: ["--model", m, "--prompt", "hi", "--adapter", t / "nope"],
         "adapter folder not found",
+    ),
+    "draft budget without ptp": (
+        lambda m, o, t: ["--model", m, "--prompt", "hi", "--num-draft-tokens", 2],
+        "--num-draft-tokens sets PTP's draft budget",
     ),
     "ptp without adapter": (
         lambda m, o, t: ["--model", m, "--prompt", "hi", "--mode", "ptp"],

@@ -102,7 +102,7 @@ class AcceptRule:
             if params.strip():
                 raise ValueError("the exact rule takes no parameters")
             return cls()
-        values = dict(DEFAULTS[kind])
+        values, given = dict(DEFAULTS[kind]), set()
         for part in filter(None, (p.strip() for p in params.split(","))):
             name, eq, val = part.partition("=")
             if not eq and kind == "threshold":  # threshold:0.2
@@ -110,12 +110,15 @@ class AcceptRule:
             name = name.strip()
             if name not in values:
                 raise ValueError(f"the {kind} rule has no parameter {name!r} (it has: {', '.join(values)})")
+            if name in given:
+                raise ValueError(f"{kind} rule: {name} is given twice")
+            given.add(name)
             try:
                 values[name] = float(val)
             except ValueError:
                 raise ValueError(f"{kind} rule: {name} must be a number, got {val.strip()!r}") from None
-            if not values[name] >= 0:
-                raise ValueError(f"{kind} rule: {name} must be >= 0, got {val.strip()!r}")
+            if not 0 <= values[name] < float("inf"):
+                raise ValueError(f"{kind} rule: {name} must be a finite number >= 0, got {val.strip()!r}")
             if name == "lookup" and values[name] not in (0.0, 1.0):
                 raise ValueError(f"{kind} rule: lookup must be 0 or 1, got {val.strip()!r}")
             if name == "pivot" and values[name] not in (0.0, 1.0, 2.0):
