@@ -40,14 +40,24 @@ def add_auto_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model folder or Hugging Face repo id (default: the default model)")
     b = p.add_mutually_exclusive_group()
     b.add_argument("--minutes", type=float, default=None, help="time budget of the whole run (default: 30)")
-    b.add_argument("--size", choices=list(SIZES), default=None, help="named budgets: small 10, medium 30, large 90 min")
+    b.add_argument(
+        "--size",
+        choices=list(SIZES),
+        default=None,
+        help="named budgets: small 10, medium 30, large 90 min (default: medium)",
+    )
     p.add_argument(
-        "--prompts", type=Path, default=None, help="your own prompt JSONL ('turns'; ids ending 0/5 held out)"
+        "--prompts",
+        type=Path,
+        default=None,
+        help="your own prompt JSONL ('turns'; ids ending 0/5 held out; default: the bundled prompts)",
     )
     p.add_argument("--run", type=Path, default=None, help="run folder (default: $PTP_MLX_HOME/runs/<model>)")
     p.add_argument("--install-anyway", action="store_true", help="install the adapter even if PTP is slower")
     p.add_argument("--no-install", action="store_true", help="never install the adapter (it stays in the run folder)")
-    p.add_argument("--max-prompts", type=int, default=None, help="use at most N training prompts")
+    p.add_argument(
+        "--max-prompts", type=int, default=None, help="use at most N training prompts (default: all of them)"
+    )
     p.add_argument("--bench-prompts", type=int, default=3, help="bundled bench prompts per setting in the verdict")
     p.add_argument("--bench-tokens", type=int, default=64, help="tokens per bench answer")
     p.add_argument("--rank", type=int, default=None, help="LoRA rank (default: from the plan)")
@@ -95,11 +105,14 @@ def _checks(a: argparse.Namespace):
     """Everything that can be refused, before any long work: (base, tokenizer, minutes)."""
     from ..model.layers import check_model_type, model_type
     from ..models import check_ptp_model, load, resolve_model
+    from .checks import at_least, check_seed, positive
     from .data import read_prompts
 
     minutes = a.minutes if a.minutes is not None else SIZES[a.size or "medium"]
-    if minutes <= 0:
-        raise UserError("--minutes must be positive")
+    positive("--minutes", minutes)
+    for flag, v in (("--rank", a.rank), ("--rows-per-step", a.rows_per_step), ("--steps", a.steps)):
+        at_least(flag, v, 1)
+    check_seed(a.seed)
     if a.max_prompts is not None and a.max_prompts < 1:
         raise UserError("--max-prompts must be at least 1")
     if a.bench_prompts < 1 or a.bench_tokens < 1:

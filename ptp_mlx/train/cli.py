@@ -27,20 +27,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=50, help="top-k of the sampled completions (0 = all)")
     g.add_argument("--top-p", type=float, default=0.95, help="top-p of the sampled completions (1 = off)")
     g.add_argument("--max-tokens", type=int, default=96, help="tokens per completion at most")
-    g.add_argument("--limit", type=int, default=None, help="only the first N prompts of the split")
+    g.add_argument(
+        "--limit", type=int, default=None, help="only the first N prompts of the split (default: all of them)"
+    )
     g.add_argument("--seed", type=int, default=0, help="seed of the sampled completions")
     g.add_argument("--batch-prompts", type=int, default=1, help="prompts decoded together (left-padded)")
     c = sub.add_parser("prompts", help="build a larger prompt file from registry corpora and templates")
     c.add_argument("--out", required=True, type=Path, help="prompt JSONL to write")
-    c.add_argument("--chatterbot", type=Path, default=None, help="chatterbot_corpus-1.3.3 wheel")
-    c.add_argument("--gensim", type=Path, default=None, help="gensim 4.x wheel (its test data)")
-    c.add_argument("--math", type=int, default=600, help="templated maths problems")
+    c.add_argument(
+        "--chatterbot", type=Path, default=None, help="chatterbot_corpus-1.3.3 wheel (default: none, no chat prompts)"
+    )
+    c.add_argument(
+        "--gensim", type=Path, default=None, help="gensim 4.x wheel, its test data (default: none, no news prompts)"
+    )
+    c.add_argument("--math", type=int, default=600, help="templated maths problems (0 = none)")
     c.add_argument(
         "--user-tasks",
         action="store_true",
         help="also questions, summaries and translations over the wheels' text, and chats of several turns",
     )
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="seed of the maths problems, the user tasks and the shuffle")
     f = sub.add_parser(
         "corpus",
         help="teacher-forced records from plain text (one teacher pass per document, no generation)",
@@ -48,10 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--model", default=None, help="model folder (default: the default model)")
     f.add_argument("--out", required=True, type=Path, help="teacher JSONL (appended; resumable)")
     f.add_argument("--no-stdlib", action="store_true", help="leave out the Python standard library's source")
-    f.add_argument("--chatterbot", type=Path, default=None, help="chatterbot_corpus-1.3.3 wheel (dialogs)")
-    f.add_argument("--gensim", type=Path, default=None, help="gensim 4.x wheel (news paragraphs)")
+    f.add_argument(
+        "--chatterbot", type=Path, default=None, help="chatterbot_corpus-1.3.3 wheel, dialogs (default: none)"
+    )
+    f.add_argument("--gensim", type=Path, default=None, help="gensim 4.x wheel, news paragraphs (default: none)")
     f.add_argument("--split", choices=["all", "train", "val"], default="train", help="documents of this split")
-    f.add_argument("--limit", type=int, default=None, help="at most N new documents")
+    f.add_argument("--limit", type=int, default=None, help="at most N new documents (default: no limit)")
     f.add_argument("--max-tokens", type=int, default=384, help="answer tokens per document")
     f.add_argument("--temp", type=float, default=0.7, help="sampling settings whose bins are recorded")
     f.add_argument("--top-k", type=int, default=50, help="top-k of those settings (0 = untruncated)")
@@ -62,15 +70,27 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--val", required=True, type=Path, help="held-out teacher JSONL")
     e.add_argument("--window", type=int, default=8, help="window width scored")
     e.add_argument("--seed", type=int, default=0, help="seed of the windows and their u")
-    e.add_argument("--cdf-order", choices=["id", "prob"], default=None, help="override the adapter's CDF order")
+    e.add_argument(
+        "--cdf-order",
+        choices=["id", "prob"],
+        default=None,
+        help="override the adapter's CDF order (default: the adapter's own)",
+    )
     e.add_argument(
         "--draft", choices=["argmax", "coupled"], default="argmax", help="drafts: argmax, or the sampler's pick with u"
     )
-    e.add_argument("--only", choices=["greedy", "sampled"], default=None, help="score only these records")
+    e.add_argument(
+        "--only", choices=["greedy", "sampled"], default=None, help="score only these records (default: all of them)"
+    )
     y = sub.add_parser("study", help="table and plot of training runs' validations (the recipe study)")
     y.add_argument("--runs", required=True, type=Path, help="folder of run folders (each with train.log)")
     y.add_argument("--out", required=True, type=Path, help="folder for study.md, study.json and study.png")
-    y.add_argument("--baseline", type=Path, default=None, help="a 'ptp-train eval' JSON shown as the starting point")
+    y.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a 'ptp-train eval' JSON shown as the starting point (default: none)",
+    )
     y.add_argument("--baseline-name", default="shipped", help="its name in the table")
     u = sub.add_parser(
         "auto", help="one command: prompts, completions, training, held-out score, bench, verdict and install"
@@ -93,6 +113,9 @@ def run(args: argparse.Namespace) -> int:
         from .auto import run_auto
 
         return run_auto(args)
+    from .checks import check_args
+
+    check_args(args)  # bad flags: one error line, before any notice, model load or file write
     if args.cmd in ("pregenerate", "train", "corpus", "eval"):
         from .. import blas
 
@@ -140,8 +163,6 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     if args.cmd == "pregenerate":
-        if args.batch_prompts < 1 or args.per_prompt < 1 or args.max_tokens < 1:
-            raise UserError("--batch-prompts, --per-prompt and --max-tokens must be at least 1")
         model, tok = load(args.model)
         from .pregenerate import pregenerate
 

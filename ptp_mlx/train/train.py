@@ -28,6 +28,7 @@ from ..errors import UserError
 from ..model.layers import batched_rope, language_model, token_embedding
 from ..model.ptp import PTPAdapter, PTPModel
 from .batch import accumulate, step_items, weighted_ce_sum
+from .checks import check_train_flags, check_train_paths, layer_ids
 from .data import read_records
 from .dist import Group
 from .validate import evaluate
@@ -37,11 +38,18 @@ from .windows import GREEDY_U, ensure_order, loss_fn, make_windows, slot_weights
 def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument("--model", default=None, help="model folder (default: the default model)")
     t.add_argument("--data", required=True, type=Path, nargs="+", help="teacher JSONL file(s)")
-    t.add_argument("--val", type=Path, default=None, help="held-out teacher JSONL for validation")
+    t.add_argument(
+        "--val", type=Path, default=None, help="held-out teacher JSONL for validation (default: none, no validation)"
+    )
     t.add_argument("--run", required=True, type=Path, help="run folder (checkpoints, log, best adapter)")
-    t.add_argument("--out", type=Path, default=None, help="export the best adapter here at the end")
+    t.add_argument("--out", type=Path, default=None, help="export the best adapter here at the end (default: none)")
     t.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
-    t.add_argument("--init", type=Path, default=None, help="start from this adapter's weights (fresh optimizer)")
+    t.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="start from this adapter's weights, fresh optimizer (default: none, new weights)",
+    )
     t.add_argument(
         "--reload-every", type=int, default=0, help="re-read --data every N steps (files still being written)"
     )
@@ -59,14 +67,21 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--cdf-order", default="id", choices=["id", "prob"], help="CDF order the u of sampled records couple to"
     )
-    t.add_argument("--slot-weights", default=None, help="loss weight per window slot: 'decay:G' or 'w0,w1,...'")
+    t.add_argument(
+        "--slot-weights",
+        default=None,
+        help="loss weight per window slot: 'decay:G' or 'w0,w1,...' (default: 1 for every slot)",
+    )
     t.add_argument(
         "--eval-window", type=int, default=None, help="window width scored in validation (default: --window)"
     )
     t.add_argument("--windows-per-seq", type=int, default=16, help="windows drawn from each teacher sequence")
     t.add_argument("--seqs-per-step", type=int, default=2, help="teacher sequences per step")
     t.add_argument(
-        "--rows-per-step", type=int, default=None, help="auxiliary rows per step (sets --seqs-per-step from it)"
+        "--rows-per-step",
+        type=int,
+        default=None,
+        help="auxiliary rows per step, sets --seqs-per-step from it (default: none, --seqs-per-step decides)",
     )
     t.add_argument(
         "--micro-rows",
@@ -75,8 +90,18 @@ def add_train_args(t: argparse.ArgumentParser) -> None:
         help="auxiliary rows per student pass (a step's gradient sums them; default: 8192 on a GPU, one sequence's "
         "on the CPU, where padding sequences to one length costs more than the passes it saves)",
     )
-    t.add_argument("--minutes", type=float, default=None, help="train for this long (training time only): sets --steps")
-    t.add_argument("--eval-minutes", type=float, default=None, help="validate every N minutes of training (with --val)")
+    t.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="train for this long (training time only): sets --steps (default: no time limit)",
+    )
+    t.add_argument(
+        "--eval-minutes",
+        type=float,
+        default=None,
+        help="validate every N minutes of training, with --val (default: every --eval-every steps)",
+    )
     t.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (cosine decay to a tenth)")
     t.add_argument("--warmup", type=int, default=20, help="linear warm-up steps")
     t.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
@@ -94,17 +119,11 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * frac)))
 
 
-def _layer_ids(spec: str, n: int) -> list[int]:
-    if spec == "all":
-        return list(range(n))
-    if spec.startswith("last:"):
-        return list(range(n - int(spec[5:]), n))
-    return [int(x) for x in spec.split(",")]
-
-
 def train_from_args(a: argparse.Namespace) -> int:
     from ..models import load
 
+    check_train_flags(a)  # bad flags and paths: exit 2 before anything is read, loaded or written
+    check_train_paths(a)
     for f in [*a.data, *([a.val] if a.val else [])]:
         if not Path(f).is_file():
             raise UserError(f"teacher file not found: {f}")
@@ -139,11 +158,10 @@ def train(
     if not grp.main:
         log = lambda m: None  # noqa: E731 - the other processes stay quiet
     order = getattr(a, "cdf_order", "id")
-    run = Path(a.run)
-    run.mkdir(parents=True, exist_ok=True)
+    run = Path(a.run)  # created once every input is checked (below), so a refused run leaves no folder
     base.freeze()
     mx.random.seed(a.seed)
-    layers = _layer_ids(a.layers, len(base.layers))
+    layers = layer_ids(a.layers, len(base.layers))
     targets = None if a.targets == "all" else a.targets.split(",")
     try:
         adapter = PTPAdapter(base, a.rank, a.alpha / a.rank, a.u_embedding, targets=targets, layers=layers)
@@ -202,6 +220,7 @@ def train(
         },
     }
     weights = slot_weights(getattr(a, "slot_weights", None), a.window)
+    run.mkdir(parents=True, exist_ok=True)
     eval_width = getattr(a, "eval_window", None) or a.window
     minutes = getattr(a, "minutes", None)
     eval_minutes = getattr(a, "eval_minutes", None)
