@@ -7,12 +7,15 @@ stderr. Bad input exits 2 with one ``error:`` line and leaves no folder behind.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import ptp_mlx  # noqa: F401  (sets up the BLAS before mlx is imported)
 from ptp_mlx.cli_common import run_cli
 from ptp_mlx.errors import UserError
+from ptp_mlx.paths import cleanup_new_parents
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     h = sub.add_parser("hf", parents=[common, pickle_flag], help="Hugging Face model folder -> MLX model folder")
     h.add_argument("--dtype", choices=float_dtypes, default="auto", help="float dtype (auto: the config's)")
     h.add_argument("--quantize", action="store_true", help="quantize the linear layers (affine)")
-    h.add_argument("--q-bits", type=int, default=4, help="bits per weight when quantizing (default 4)")
-    h.add_argument("--q-group-size", type=int, default=64, help="quantization group size (default 64)")
+    # (default None: given without --quantize, they are refused rather than ignored)
+    h.add_argument("--q-bits", type=int, default=None, help="bits per weight with --quantize (default 4)")
+    h.add_argument("--q-group-size", type=int, default=None, help="group size with --quantize (default 64)")
 
     t = sub.add_parser(
         "ptp",
@@ -78,52 +82,70 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Flag checks that need no file read (``UserError``)."""
+    if args.command == "hf" and not args.quantize:
+        for flag, value in (("--q-bits", args.q_bits), ("--q-group-size", args.q_group_size)):
+            if value is not None:
+                raise UserError(f"{flag} needs --quantize")
+    if args.command == "gguf" and Path(args.src).expanduser().is_dir():  # (not "GGUF file not found")
+        raise UserError(f"{args.src} is a folder, not a GGUF file")
+
+
 def main_args(args: argparse.Namespace) -> int:
-    if args.command == "gguf":
-        from ptp_mlx.gguf import convert_gguf
-
-        summary = convert_gguf(args.src, args.out, dtype=args.dtype, overwrite=args.overwrite, dry_run=args.dry_run)
-    elif args.command == "hf":
-        from .hf import convert_hf
-
-        summary = convert_hf(
-            args.src,
-            args.out,
-            dtype=args.dtype,
-            quantize_bits=args.q_bits if args.quantize else None,
-            q_group_size=args.q_group_size,
-            overwrite=args.overwrite,
-            dry_run=args.dry_run,
-            trust_pickle=args.trust_pickle,
-        )
-    else:
-        from .ptp import convert_ptp
-
-        if args.base and args.config:
-            raise UserError("pass either --base (use that MLX base model) or --config (write the base model), not both")
-        summary = convert_ptp(
-            args.src,
-            args.out,
-            base=args.base,
-            config=args.config,
-            train_yaml=args.train_yaml,
-            rank=args.rank,
-            alpha=args.alpha,
-            u_embedding=args.u_embedding,
-            window=args.window,
-            name=args.name,
-            histogram=args.histogram,
-            dtype=args.dtype,
-            overwrite=args.overwrite,
-            dry_run=args.dry_run,
-            trust_pickle=args.trust_pickle,
-        )
+    check_args(args)
+    # check_output (ptp_mlx.conversion) makes the output's parent folders early: a failure removes them again
+    out = None if args.dry_run or args.out is None else Path(args.out).expanduser()
+    with cleanup_new_parents(out) if out is not None else contextlib.nullcontext():
+        summary = convert(args)
     if args.dry_run:
         for m in summary.mappings:
             print(m.line())
     for line in summary.lines():
         print(line, file=sys.stderr)
     return 0
+
+
+def convert(args: argparse.Namespace):
+    """Run the subcommand's converter; returns its ``Summary``."""
+    if args.command == "gguf":
+        from ptp_mlx.gguf import convert_gguf
+
+        return convert_gguf(args.src, args.out, dtype=args.dtype, overwrite=args.overwrite, dry_run=args.dry_run)
+    if args.command == "hf":
+        from .hf import DEFAULT_Q_BITS, DEFAULT_Q_GROUP_SIZE, convert_hf
+
+        return convert_hf(
+            args.src,
+            args.out,
+            dtype=args.dtype,
+            quantize_bits=(DEFAULT_Q_BITS if args.q_bits is None else args.q_bits) if args.quantize else None,
+            q_group_size=DEFAULT_Q_GROUP_SIZE if args.q_group_size is None else args.q_group_size,
+            overwrite=args.overwrite,
+            dry_run=args.dry_run,
+            trust_pickle=args.trust_pickle,
+        )
+    from .ptp import convert_ptp
+
+    if args.base and args.config:
+        raise UserError("pass either --base (use that MLX base model) or --config (write the base model), not both")
+    return convert_ptp(
+        args.src,
+        args.out,
+        base=args.base,
+        config=args.config,
+        train_yaml=args.train_yaml,
+        rank=args.rank,
+        alpha=args.alpha,
+        u_embedding=args.u_embedding,
+        window=args.window,
+        name=args.name,
+        histogram=args.histogram,
+        dtype=args.dtype,
+        overwrite=args.overwrite,
+        dry_run=args.dry_run,
+        trust_pickle=args.trust_pickle,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,8 +26,17 @@ from ptp_mlx.paths import atomic_dir
 from .common import is_float, is_tensor, read_weight_file, shape_of, to_mx
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
-QUANT_BITS = (2, 3, 4, 5, 6, 8)
+QUANT_BITS = (2, 3, 4, 5, 6, 8)  # what MLX's affine quantization takes (and mlx-lm's loader reads)
 QUANT_GROUPS = (32, 64, 128)
+DEFAULT_Q_BITS, DEFAULT_Q_GROUP_SIZE = 4, 64
+
+
+def check_quantization(bits: int, group_size: int) -> None:
+    """Refuse settings MLX cannot quantize with: checked before any file is read (``UserError``)."""
+    if bits not in QUANT_BITS:
+        raise UserError(f"--q-bits must be one of {', '.join(map(str, QUANT_BITS))}, got {bits}")
+    if group_size not in QUANT_GROUPS:
+        raise UserError(f"--q-group-size must be one of {', '.join(map(str, QUANT_GROUPS))}, got {group_size}")
 
 
 def read_config(folder: Path) -> dict:
@@ -181,10 +190,7 @@ def speed_notes(cast: mx.Dtype | None, weights: dict[str, Any], quantized: bool)
 def quantize(model, config: dict, bits: int, group_size: int) -> dict:
     from mlx_lm.utils import quantize_model
 
-    if bits not in QUANT_BITS:
-        raise UserError(f"--q-bits must be one of {', '.join(map(str, QUANT_BITS))}")
-    if group_size not in QUANT_GROUPS:
-        raise UserError(f"--q-group-size must be one of {', '.join(map(str, QUANT_GROUPS))}")
+    check_quantization(bits, group_size)
     with contextlib.redirect_stdout(sys.stderr):  # mlx-lm prints an info line; stdout is the product's
         _, config = quantize_model(model, config, group_size, bits)
     return config
@@ -228,12 +234,17 @@ def convert_hf(
     out: Path | None,
     dtype: str = "auto",
     quantize_bits: int | None = None,
-    q_group_size: int = 64,
+    q_group_size: int = DEFAULT_Q_GROUP_SIZE,
     overwrite: bool = False,
     dry_run: bool = False,
     trust_pickle: bool = False,
 ) -> Summary:
-    """Convert the Hugging Face folder ``src`` into the MLX folder ``out``. Returns the summary."""
+    """Convert the Hugging Face folder ``src`` into the MLX folder ``out``. Returns the summary.
+
+    ``quantize_bits`` None: no quantization (0 is not "off": it is refused with the other unsupported widths)."""
+    quantizing = quantize_bits is not None
+    if quantizing:
+        check_quantization(quantize_bits, q_group_size)  # before anything is read or converted
     src = Path(src).expanduser()
     if not src.is_dir():
         raise UserError(f"not a folder: {src} (expected a Hugging Face model folder)")
@@ -249,16 +260,16 @@ def convert_hf(
     summary = Summary("hf", mappings, out=out)
     summary.info["source"] = f"{len(files)} file(s) in {src}"
     summary.info["dtype"] = str(cast).replace("mlx.core.", "") if cast is not None else "as in the source"
-    if quantize_bits:
+    if quantizing:
         summary.info["quantization"] = f"{quantize_bits}-bit, group {q_group_size}"
-    summary.notes += speed_notes(cast, weights, bool(quantize_bits))
+    summary.notes += speed_notes(cast, weights, quantizing)
     if dry_run:
         return summary
     if cast is not None:
         config["torch_dtype"] = str(cast).replace("mlx.core.", "")
         config.pop("dtype", None)
     load_into(model, kept, cast)
-    if quantize_bits:
+    if quantizing:
         config = quantize(model, config, quantize_bits, q_group_size)
     summary.written = {k: (tuple(v.shape), dtype_name(v)) for k, v in tree_flatten(model.parameters())}
     with atomic_dir(out, overwrite=overwrite) as tmp:

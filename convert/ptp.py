@@ -268,6 +268,8 @@ def convert_ptp(
     import mlx_lm
 
     src = Path(src).expanduser()
+    if src.is_dir():
+        raise UserError(f"{src} is a folder, not a checkpoint file")
     if not src.is_file():
         raise UserError(f"checkpoint not found: {src}")
     out = check_output(out, overwrite, dry_run)

@@ -189,3 +189,64 @@ def test_cli_free_rows_prices_rows_at_nothing(tiny_model_dir, adapter_dir, promp
 
     assert choice_for(seen[0].pm).forced is True  # (every next call built ahead where it can be, as on a GPU)
     assert "\nbuilding ahead: on (set, not learnt)" in out
+
+
+@pytest.mark.parametrize(
+    "flag, path, msg",
+    [
+        ("--json", "emptydir", "--json emptydir: is a folder"),
+        ("--json", "afile/x.json", "--json afile/x.json: cannot create it (afile is not a folder)"),
+        ("--plot", "afile/p.png", "--plot afile/p.png: cannot create it (afile is not a folder)"),
+    ],
+)
+def test_cli_bad_output_path_fails_before_loading(
+    tiny_model_dir, adapter_dir, prompt_file, tmp_path, capsys, monkeypatch, flag, path, msg
+):
+    from ptp_mlx.engine import Engine
+
+    def no_load(*a, **k):
+        raise AssertionError("the model loaded before the output path was checked")
+
+    monkeypatch.setattr(Engine, "load", no_load)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "emptydir").mkdir()
+    (tmp_path / "afile").write_text("")
+    rc = cli.main(_argv(tiny_model_dir, adapter_dir, prompt_file, tmp_path) + [flag, path])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and err == f"error: {msg}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "emptydir"]
+
+
+def _long_prompts(tmp_path, turns):
+    p = tmp_path / "longp.jsonl"
+    p.write_text(json.dumps({"question_id": "long-1", "category": "alpha", "turns": turns}) + "\n")
+    return p
+
+
+def test_cli_no_prompt_fits_the_context(tiny_model_dir, adapter_dir, tmp_path, capsys, monkeypatch):
+    """Every prompt too long for the tiny model's context (512): exit 2 before anything is measured."""
+    from ptp_mlx.bench import methods
+
+    def no_runners(*a, **k):
+        raise AssertionError("measuring began")
+
+    monkeypatch.setattr(methods, "make_runners", no_runners)
+    prompts = _long_prompts(tmp_path, ["word " * 600])
+    rc = cli.main(_argv(tiny_model_dir, adapter_dir, prompts, tmp_path, "--limit", "1"))
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == 2 and out == "" and "skipping" not in err
+    assert errors == [f"error: no prompt in {prompts} fits the model's context of 512 tokens"]
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "b.png").exists()
+
+
+def test_cli_every_prompt_skipped_while_running(tiny_model_dir, adapter_dir, tmp_path, capsys):
+    """A first turn that fits and a second that does not: every prompt skipped, so no table but exit 2."""
+    prompts = _long_prompts(tmp_path, ["Say hello.", "word " * 600])
+    argv = _argv(tiny_model_dir, adapter_dir, prompts, tmp_path, "--methods", "ar", "--no-cost-curve", "--no-warmup")
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert rc == 2 and out == "" and "notice: skipping long-1 turn 1" in err
+    assert errors == [f"error: no prompt in {prompts} fits the model's context of 512 tokens"]
+    assert not (tmp_path / "b.json").exists()

@@ -1,7 +1,9 @@
 """Atomic outputs: all or nothing, and ordinary permissions (not the 0600/0700 of mkstemp/mkdtemp)."""
 
+import errno
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +62,62 @@ def test_the_default_models_gguf_is_dropped_after_conversion_unless_asked(tmp_pa
     out = models.ensure_default_model("float32", log=lambda m: None)
     assert (out / "config.json").exists()
     assert src.exists() == bool(keep)
+
+
+def test_failed_atomic_dir_removes_the_parents_it_made(tmp_path):
+    """Only the folders this call created go, and only when empty: an existing parent stays."""
+    with pytest.raises(RuntimeError), atomic_dir(tmp_path / "deep" / "a" / "d"):
+        raise RuntimeError("interrupted")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "keep").mkdir()
+    with pytest.raises(RuntimeError), atomic_dir(tmp_path / "keep" / "new" / "d"):
+        raise RuntimeError("interrupted")
+    assert [p.name for p in tmp_path.iterdir()] == ["keep"] and list((tmp_path / "keep").iterdir()) == []
+
+
+def test_atomic_write_names_the_target_not_the_temporary_file(tmp_path, monkeypatch):
+    from ptp_mlx.errors import UserError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "emptydir").mkdir()
+    (tmp_path / "afile").write_text("")
+    for target, why in (("emptydir", "emptydir: is a folder"), ("afile/x.json", "(afile is not a folder)")):
+        with pytest.raises(UserError) as e:
+            atomic_write_bytes(Path(target), b"x")
+        assert isinstance(e.value, OSError)  # (callers that catch OSError, the chat app's save, still do)
+        assert why in str(e.value) and ".tmp-" not in str(e.value)
+
+    def disk_full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    with pytest.raises(OSError) as e:
+        atomic_write_bytes(Path("new/sub/x.json"), b"x")
+    assert not isinstance(e.value, UserError)  # a failure while running (exit 1), not bad input
+    assert "new/sub/x.json" in str(e.value) and ".tmp-" not in str(e.value)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "emptydir"]
+    assert list((tmp_path / "emptydir").iterdir()) == []
+
+
+def test_check_output_file(tmp_path, monkeypatch):
+    from ptp_mlx.errors import UserError
+    from ptp_mlx.paths import check_output_file
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "emptydir").mkdir()
+    (tmp_path / "afile").write_text("")
+    cases = [
+        ("emptydir", "--json emptydir: is a folder"),
+        ("afile/x.json", "--json afile/x.json: cannot create it (afile is not a folder)"),
+        ("afile/sub/x.json", "--json afile/sub/x.json: cannot create it (afile is not a folder)"),
+    ]
+    if Path("/proc").is_dir():
+        cases.append(("/proc/x.json", "--json /proc/x.json: not writable"))
+    for path, msg in cases:
+        with pytest.raises(UserError) as e:
+            check_output_file(path, "--json")
+        assert str(e.value).startswith(msg), str(e.value)
+    assert check_output_file("new/sub/x.json", "--json") == Path("new/sub/x.json")
+    assert check_output_file("afile", "--json") == Path("afile")  # an existing file is replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "emptydir"]  # nothing created

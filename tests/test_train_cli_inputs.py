@@ -129,6 +129,7 @@ def test_pregenerate_limit_must_be_positive(tiny_model_dir, tmp_path, capsys, li
         (["eval", "--adapter", "a", "--val", "v.jsonl", "--window", "0"], ["--window"]),
         (["eval", "--adapter", "a", "--val", "v.jsonl", "--seed", "-2"], ["--seed"]),
         (["prompts", "--out", "pr2.jsonl", "--math", "-5"], ["--math must be at least 0"]),
+        (["prompts", "--out", "."], ["--out .: is a folder"]),  # (it failed after the work, with the temp's name)
     ],
 )
 def test_other_subcommands_refuse_bad_counts(tiny_model_dir, tmp_path, monkeypatch, capsys, argv, words):

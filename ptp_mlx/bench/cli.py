@@ -186,7 +186,17 @@ def validate(args: argparse.Namespace):
             import matplotlib  # noqa: F401
         except ImportError:
             raise UserError("--plot needs matplotlib: pip install 'ptp-mlx[bench]'") from None
+    from ..paths import check_output_file
+
+    for flag, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            check_output_file(path, flag)  # a folder or unwritable path fails now, not after the whole bench
     return sampling, methods, widths
+
+
+def _no_prompt_fits(args: argparse.Namespace, context: int | None) -> UserError:
+    where = args.prompts or "the bundled prompts"
+    return UserError(f"no prompt in {where} fits the model's context of {context} tokens")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -203,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     from . import report
     from .methods import make_runners
     from .metrics import summarize
-    from .run import BenchRun, compare, diagnose, probe_cost_curve, run_bench
+    from .run import BenchRun, compare, diagnose, fits_context, probe_cost_curve, run_bench
 
     if args.cost_sweep:
         from .sweep import cost_sweep
@@ -219,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
         # ... and, as on a GPU, the next call built while this one computes (there the build runs beside the device
         # and building ahead pays; on this CPU the learnt choice is off: decode/chain_odds.ChainChoice)
         choice_for(eng.pm).forced = True
+    ctx = getattr(eng.pm.args, "max_position_embeddings", None)
+    if not args.tasks and not any(fits_context(eng.tokenizer, p, ctx) for p in prompts):
+        raise _no_prompt_fits(args, ctx)  # before any measurement: there would be nothing to measure
     if args.chat_turns:
         from .conversation import chat_table
 
@@ -246,7 +259,6 @@ def run(args: argparse.Namespace) -> int:
         print("notice: without method ar there is no lossless check for ptp", file=sys.stderr)
     draft = load(args.draft_model)[0] if args.draft_model else None
     runners = make_runners(eng, methods, draft, args.num_draft_tokens, args.step, args.accept)
-    ctx = getattr(eng.pm.args, "max_position_embeddings", None)
 
     cost, bench = None, BenchRun()
     try:
@@ -277,6 +289,8 @@ def run(args: argparse.Namespace) -> int:
                 seeds_vary=args.seeds is not None,
             )
 
+    if not bench.interrupted and not bench.complete and bench.skipped:
+        raise _no_prompt_fits(args, ctx)  # (a later turn of every prompt outgrew the context)
     checks = []
     for m in ("ptp", "ptp-chain"):
         if m in methods and "ar" in methods:

@@ -143,6 +143,12 @@ def run_bench(
     return out
 
 
+def fits_context(tokenizer, prompt: Prompt, context: int | None) -> bool:
+    """Whether ``prompt``'s first turn leaves room for an answer in ``context`` (later turns, which hold the
+    answers, are checked as they come: ``_conversation``)."""
+    return not context or len(encode_prompt(tokenizer, messages_for(prompt, 0, []))) < context
+
+
 class _TooLong(Exception):
     pass
 

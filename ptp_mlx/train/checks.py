@@ -124,3 +124,6 @@ def check_args(args: argparse.Namespace) -> None:
         check_seed(args.seed)
     elif cmd == "prompts":
         at_least("--math", args.math, 0)
+        from ..paths import check_output_file
+
+        check_output_file(args.out, "--out")  # a folder or unwritable path fails now, not after reading the wheels
