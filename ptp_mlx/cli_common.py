@@ -114,11 +114,14 @@ def add_model_flags(p: argparse.ArgumentParser, adapter: bool = True) -> None:
         )
 
 
-def add_sampling_flags(p: argparse.ArgumentParser, max_tokens: int = 256) -> None:
+def add_sampling_flags(
+    p: argparse.ArgumentParser, max_tokens: int = 256, seed_help: str = "seed of the uniform stream"
+) -> None:
+    """The sampling flags every command shares (``seed_help``: what ``--seed`` means for this command)."""
     p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = all)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold (1 = off)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the uniform stream")
+    p.add_argument("--seed", type=int, default=0, help=seed_help)
     p.add_argument("--max-tokens", type=int, default=max_tokens, help="maximum new tokens")
 
 

@@ -181,6 +181,23 @@ def test_logprobs_only_for_tokens_whose_text_was_sent():
             assert got == text and [e["token"] for e in entries] == pieces[:count], (stops, size)
 
 
+def test_a_request_without_seed_samples_anew_unless_the_server_has_one():
+    # ptp-serve without --seed: each request that names no seed draws its own (a front end's "regenerate" used to get
+    # the same sampled answer every time); a request's own seed, or the server's --seed, makes it reproducible.
+    from ptp_mlx.sampler import SamplingSettings
+    from ptp_mlx.serve.cli import build_parser
+    from ptp_mlx.serve.schema import Defaults, parse_chat
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "temperature": 0.8}
+    fresh = Defaults(SamplingSettings(0.0, seed=0), fresh_seeds=True)
+    seeds = {parse_chat(dict(body), MODEL_ID, fresh).sampling.seed for _ in range(4)}
+    assert len(seeds) == 4 and all(0 <= x < 2**63 for x in seeds)
+    assert parse_chat({**body, "seed": 7}, MODEL_ID, fresh).sampling.seed == 7
+    fixed = Defaults(SamplingSettings(0.0, seed=3))
+    assert parse_chat(dict(body), MODEL_ID, fixed).sampling.seed == 3
+    assert build_parser().parse_args([]).seed is None and build_parser().parse_args(["--seed", "5"]).seed == 5
+
+
 def test_bad_inputs_get_openai_errors(server):
     url = server.url + "/v1/chat/completions"
     ok_msg = [{"role": "user", "content": "hi"}]

@@ -25,7 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (0: any free port)")
     add_model_flags(p)
-    add_sampling_flags(p)
+    add_sampling_flags(
+        p,
+        seed_help="seed of the uniform stream for requests without 'seed' (default: a fresh one per request, as "
+        "OpenAI's API samples anew; give a number to make every such request reproducible)",
+    )
+    p.set_defaults(seed=None)
     p.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the engine; more get 503")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; larger get 413")
     p.add_argument(
@@ -96,6 +101,8 @@ def _serve(config, worker, sock) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    fresh_seeds = args.seed is None  # (a request without 'seed' then draws its own: ``schema.Defaults``)
+    args.seed = 0 if fresh_seeds else args.seed
     sampling = sampling_from_args(args)
     for flag, value, low in (("--max-queue", args.max_queue, 1), ("--max-body-bytes", args.max_body_bytes, 1)):
         if value < low:
@@ -131,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError("--num-draft-tokens needs an adapter (--adapter DIR)")
         if n is not None and not 1 <= n <= eng.pm.config.window - 1:
             raise UserError(f"--num-draft-tokens must be between 1 and {eng.pm.config.window - 1} for this adapter")
-        defaults = Defaults(sampling, args.max_tokens, lenient=args.lenient)
+        defaults = Defaults(sampling, args.max_tokens, lenient=args.lenient, fresh_seeds=fresh_seeds)
         model_id = args.model_id or model_name(args.model)
         app = create_app(worker, model_id, defaults, args.max_body_bytes)
         host, port = sock.getsockname()[:2]

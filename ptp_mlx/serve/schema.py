@@ -5,6 +5,7 @@ OpenAI-style error body (``{"error": {"message", "type", "param", "code"}}``) wi
 from __future__ import annotations
 
 import math
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -58,11 +59,13 @@ def bad(message: str, param: str | None = None, code: str | None = "invalid_valu
 @dataclass(frozen=True)
 class Defaults:
     """The server's sampling flags: what a request gets for each field it leaves out. ``lenient``: fields the
-    server does not honour are ignored instead of refused."""
+    server does not honour are ignored instead of refused. ``fresh_seeds``: a request without ``seed`` draws a
+    random one (``ptp-serve`` without ``--seed``), else it takes ``sampling.seed``."""
 
     sampling: SamplingSettings = SamplingSettings()
     max_tokens: int = 256
     lenient: bool = False
+    fresh_seeds: bool = False
 
 
 @dataclass
@@ -96,7 +99,7 @@ def _number(body: dict, name: str, default: float) -> float:
     return float(v)
 
 
-def _int(body: dict, name: str, default: int) -> int:
+def _int(body: dict, name: str, default: int | None) -> int | None:
     v = body.get(name)
     if v is None:
         return default
@@ -152,7 +155,9 @@ def _common(body: Any, served: str, defaults: Defaults, kind: str) -> tuple[dict
     temperature = _number(body, "temperature", d.temperature)
     top_p = _number(body, "top_p", d.top_p)
     top_k = _int(body, "top_k", d.top_k)  # an extension (llama.cpp, vLLM and mlx-lm take it too)
-    seed = _int(body, "seed", d.seed)
+    seed = _int(body, "seed", None)
+    if seed is None:  # (OpenAI's API samples anew for each request that names no seed)
+        seed = secrets.randbelow(2**63) if defaults.fresh_seeds else d.seed
     # max_completion_tokens is the newer name for max_tokens; either is accepted.
     max_tokens = _int(body, "max_tokens", _int(body, "max_completion_tokens", defaults.max_tokens))
     if temperature < 0:
