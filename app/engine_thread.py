@@ -181,8 +181,7 @@ class EngineThread(EngineOwner[ChatRequest]):
         if self._current is not None:
             self._current.stop.set()
         self._jobs.put(None)
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
+        self.wait_stopped(timeout)  # (the thread itself parks: ``EngineOwner._closed``)
 
     def _load(self) -> EngineLike | None:
         try:

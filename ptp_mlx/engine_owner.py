@@ -22,6 +22,7 @@ class EngineOwner(Generic[J]):
         self._jobs: queue.Queue[J | None] = queue.Queue(maxsize=max_queue)
         self._current: J | None = None  # the job being answered (read by other threads to cancel it)
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._stopped = threading.Event()  # the queue closed and the last job is done (``wait_stopped``)
 
     def _run(self) -> None:
         import mlx.core as mx
@@ -58,5 +59,15 @@ class EngineOwner(Generic[J]):
     def _answer(self, engine: Any, job: J) -> None:
         raise NotImplementedError
 
+    def wait_stopped(self, timeout: float) -> None:
+        """Wait (bounded) until the thread has answered its last job after the queue closed."""
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._stopped.wait(timeout)
+
     def _closed(self) -> None:
-        """After the queue closed, still on this thread."""
+        """After the queue closed, still on this thread: it says so, then parks for good, never ending. MLX (0.32,
+        Linux) aborts the process at exit ("terminate called without an active exception") when the thread that
+        made a stream ended before it (the chat quit during an answer: exit 134, one time in a dozen); a daemon
+        thread blocked here is harmless."""
+        self._stopped.set()
+        threading.Event().wait()

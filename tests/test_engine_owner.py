@@ -3,6 +3,8 @@ that thread, waiting jobs its owner skips never answered, and every job refused 
 
 import threading
 
+import pytest
+
 from ptp_mlx.engine_owner import EngineOwner
 
 
@@ -48,3 +50,24 @@ def test_a_failed_load_refuses_every_job():
     owner._thread.start()
     assert owner.done.wait(30)
     assert owner.log == [("refused", "a"), ("refused", "b")]
+
+
+def test_the_thread_outlives_its_queue_for_the_chat_and_the_server():
+    # Both owners park their thread once the queue closes (MLX aborts the process at exit when the thread that made
+    # a stream ended first: the chat, which let its thread end, exited 134 one quit in a dozen).
+    from ptp_mlx.app.engine_thread import EngineThread
+
+    from ptp_mlx.serve.worker import EngineWorker
+
+    def no_engine(*_):
+        raise RuntimeError("no model here")  # (loading fails: the thread still waits for its queue to close)
+
+    chat = EngineThread(no_engine, lambda message: None)
+    chat.start()
+    chat.shutdown(timeout=30)
+    worker = EngineWorker(no_engine)
+    with pytest.raises(RuntimeError):
+        worker.start(timeout=30)
+    worker.shutdown(timeout=30)
+    for owner in (chat, worker):
+        assert owner._stopped.is_set() and owner._thread.is_alive()

@@ -119,7 +119,6 @@ class EngineWorker(EngineOwner[Job]):
         super().__init__("ptp-serve-engine", max_queue)
         self._loader = loader
         self._ready = threading.Event()
-        self._stopped = threading.Event()
         self._closing = False
         self.pool = PromptCachePool(cache_size) if cache_size > 0 else None
         self.engine = None
@@ -184,8 +183,7 @@ class EngineWorker(EngineOwner[Job]):
             self._jobs.put_nowait(None)
         except queue.Full:
             pass
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._stopped.wait(timeout)
+        self.wait_stopped(timeout)
 
     # --- the engine thread ----------------------------------------------------------------------------------------
 
@@ -205,12 +203,6 @@ class EngineWorker(EngineOwner[Job]):
 
     def _skip(self, job: Job) -> bool:
         return job.cancel.is_set()  # its client left while it waited
-
-    def _closed(self) -> None:
-        self._stopped.set()
-        # Parked, never ended: MLX (0.32, Linux) aborts the process at exit ("terminate called without an active
-        # exception") when the thread that made a stream ended before it. A daemon thread blocked here is harmless.
-        threading.Event().wait()
 
     def _answer(self, engine, job: Job) -> None:
         try:
