@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ptp_mlx.cli_common import add_model_flags, add_sampling_flags, run_cli, sampling_from_args
 
@@ -43,7 +44,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise UserError(f"--accept: {e}") from None
     settings = GenSettings(args.temp, args.top_k, args.top_p, args.seed, args.max_tokens, args.num_draft_tokens)
-    # Missing model or bad adapter folders are reported inside the app (the model loads there).
+    # A model or adapter folder that does not exist is refused here (one error line, exit 2, no window); what only
+    # loading finds (a bad config, another model's adapter) is reported inside the app, where the model loads.
+    if args.model is not None:
+        from ptp_mlx.models import resolve_model
+
+        resolve_model(args.model)  # (a local path is checked; a hub repo id passes, fetched when the app loads)
+    if args.adapter is not None and args.adapter.lower() != "none" and not Path(args.adapter).expanduser().exists():
+        raise UserError(f"adapter folder not found: {args.adapter}")
     loader = engine_loader(args.model, args.adapter, measure_cost=not args.no_measure)
     app = ChatApp(loader, settings, args.mode, store=store_for_model(args.model), system=args.system, accept=accept)
     app.run()

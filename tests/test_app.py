@@ -335,6 +335,9 @@ def test_helpers():
         (["--max-tokens", "0"], "--max-tokens"),
         (["--mode", "ptp", "--adapter", "none"], "needs an adapter"),
         (["--accept", "sloppy"], "--accept: unknown acceptance rule 'sloppy'"),
+        # (these opened the chat window, said so inside it, and exited 1 with no error line)
+        (["--model", "/nonexistent/model"], "model folder not found: /nonexistent/model"),
+        (["--adapter", "/nonexistent/adapter"], "adapter folder not found: /nonexistent/adapter"),
     ],
 )
 def test_cli_bad_flags_exit_2(argv, message, capsys):
