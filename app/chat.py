@@ -30,7 +30,7 @@ from .engine_thread import (
     Loader,
 )
 from .history import Conversation, ConversationStore, store_for_model
-from .widgets import AnswerView, HelpScreen, StatsBar, UserMessage, split_blocks
+from .widgets import AnswerView, HelpScreen, PromptInput, StatsBar, UserMessage, split_blocks
 
 
 class ChatApp(App[None]):
@@ -95,7 +95,7 @@ class ChatApp(App[None]):
         yield Header(show_clock=False, icon="")
         yield VerticalScroll(id="chat")
         yield Static("", id="status")
-        yield Input(placeholder="Ask something (enter sends, esc stops, f1 help)", id="prompt")
+        yield PromptInput(placeholder="Ask something (enter sends, esc stops, f1 help)", id="prompt")
         yield StatsBar(id="stats")
         yield Footer()
 

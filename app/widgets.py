@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widget import Widget
-from textual.widgets import Markdown, Static
+from textual.widgets import Input, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
 SPARK = "▁▂▃▄▅▆▇█"
@@ -208,3 +209,21 @@ class HelpScreen(ModalScreen[None]):
         ]
         with Vertical(id="help"):
             yield Markdown("\n".join(lines))
+
+
+class PromptInput(Input):
+    """The prompt line. A paste of several lines is kept whole, its lines joined by single spaces (Textual's
+    ``Input`` keeps only a paste's first line: the rest, and a question at its end, were dropped unsaid)."""
+
+    def _on_paste(self, event: events.Paste) -> None:
+        lines = [line.strip() for line in event.text.splitlines()]
+        if len(lines) < 2:
+            return  # (Textual then runs ``Input``'s own handler: one line as it is)
+        event.prevent_default()  # (``Input``'s handler, which would add the first line again, is skipped)
+        text = " ".join(line for line in lines if line)
+        if self.selection.is_empty:
+            self.insert_text_at_cursor(text)
+        else:
+            self.replace(text, *self.selection)
+        self.notify(f"pasted {len(lines)} lines as one (the prompt is a single line)")
+        event.stop()

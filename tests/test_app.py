@@ -65,6 +65,21 @@ async def test_streams_blocks_in_order(tmp_path):
         assert app.query_one("#prompt", Input).value == ""
 
 
+async def test_a_paste_of_several_lines_is_kept_whole(tmp_path):
+    # Textual's Input kept only a paste's first line: the rest, and the question at its end, were dropped unsaid.
+    from textual import events
+
+    app = make_app(FakeEngine(eos=True), tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        prompt = app.query_one("#prompt", Input)
+        prompt.post_message(events.Paste("Line 1: some text\n\n  Line 2: more\nWhat do these lines say?"))
+        await pilot.pause()
+        assert prompt.value == "Line 1: some text Line 2: more What do these lines say?"
+        prompt.post_message(events.Paste(" one line"))
+        await pilot.pause()
+        assert prompt.value.endswith("say? one line")
+
+
 async def test_slow_blas_is_said_in_the_stats_bar(tmp_path, monkeypatch):
     from ptp_mlx import blas
 
