@@ -97,6 +97,11 @@ def test_cli_broken_decoder_fails_the_exit_code(
         (["--cost-widths", "1,x"], "--cost-widths"),
         (["--prompts", "/nonexistent.jsonl"], "prompt file not found"),
         (["--categories", "gamma"], "unknown categories"),
+        # (these ran, and wrote no file or ran only one of the modes, exit 0)
+        (["--methods", ","], "--methods lists no method"),
+        (["--chat-turns", "2"], "--chat-turns writes no --json file"),
+        (["--profile"], "--profile writes no --plot file"),
+        (["--chat-turns", "2", "--profile"], "--chat-turns and --profile are separate runs"),
     ],
 )
 def test_cli_bad_input(tiny_model_dir, adapter_dir, prompt_file, tmp_path, capsys, extra, msg):

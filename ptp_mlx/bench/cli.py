@@ -10,10 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..cli_common import add_model_flags, add_sampling_flags, run_cli, sampling_from_args
+from ..cli_common import add_model_flags, add_sampling_flags, run_cli
 from ..errors import UserError
 from .methods import METHODS
 from .report import curve_line
+from .validate import no_prompt_fits, parse_list, validate
 
 DEFAULT_WIDTHS = "1,2,4,8,12,16,24,32,48,64"
 
@@ -30,8 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_sampling_flags(p, max_tokens=128)
     p.add_argument("--prompts", default=None, help="Spec-Bench JSONL file (default: the bundled dev prompts)")
-    p.add_argument("--limit", type=int, default=None, help="at most N prompts, taken round-robin over categories")
-    p.add_argument("--categories", default=None, help="only these categories, comma-separated")
+    p.add_argument(
+        "--limit", type=int, default=None, help="at most N prompts, taken round-robin over categories (default: all)"
+    )
+    p.add_argument("--categories", default=None, help="only these categories, comma-separated (default: all)")
     p.add_argument("--repeats", type=int, default=1, help="answer every prompt N times per method")
     p.add_argument(
         "--seeds",
@@ -46,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of {','.join(METHODS)} (default: mlx-lm, ar, ptp when an "
         "adapter is loaded, mlx-lm-draft with --draft-model)",
     )
-    p.add_argument("--draft-model", default=None, help="draft model folder for mlx-lm's speculative decoding")
+    p.add_argument(
+        "--draft-model", default=None, help="draft model folder for mlx-lm's speculative decoding (default: none)"
+    )
     p.add_argument(
         "--num-draft-tokens",
         type=int,
@@ -125,85 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _parse_list(s: str | None) -> list[str]:
-    return [x.strip() for x in s.split(",") if x.strip()] if s else []
-
-
-def validate(args: argparse.Namespace):
-    """Check every flag before anything slow happens. Returns (sampling, methods or None, widths)."""
-    sampling = sampling_from_args(args)
-    for flag, v in (
-        ("--max-tokens", args.max_tokens),
-        ("--repeats", args.repeats),
-        ("--num-draft-tokens", 1 if args.num_draft_tokens is None else args.num_draft_tokens),
-    ):
-        if v < 1:
-            raise UserError(f"{flag} must be at least 1")
-    if args.limit is not None and args.limit < 1:
-        raise UserError("--limit must be at least 1")
-    if args.seeds is not None and (args.seeds < 1 or args.repeats != 1):
-        raise UserError("--seeds must be at least 1 and replaces --repeats")
-    if args.chat_turns is not None and args.chat_turns < 1:
-        raise UserError("--chat-turns must be at least 1")
-    from ..decode.accept import AcceptRule
-
-    try:
-        args.accept = AcceptRule.parse(args.accept)
-    except ValueError as e:
-        raise UserError(f"--accept: {e}") from None
-    methods = _parse_list(args.methods) or None
-    if methods:
-        bad = [m for m in methods if m not in METHODS]
-        if bad:
-            raise UserError(f"unknown method {bad[0]!r} (known: {', '.join(METHODS)})")
-        if len(set(methods)) != len(methods):
-            raise UserError("--methods lists a method twice")
-        if "mlx-lm-draft" in methods and not args.draft_model:
-            raise UserError("method mlx-lm-draft needs --draft-model DIR")
-        if {"ptp", "ptp-chain", "ptp-lenient"} & set(methods) and args.adapter and args.adapter.lower() == "none":
-            raise UserError("method ptp needs an adapter")
-    widths: list[int] = []
-    if not args.no_cost_curve:
-        try:
-            widths = sorted({int(w) for w in _parse_list(args.cost_widths)} | {1})
-        except ValueError:
-            raise UserError(f"--cost-widths must be comma-separated integers, got {args.cost_widths!r}") from None
-        if widths[0] < 1 or widths[-1] > 1024:
-            raise UserError("--cost-widths must lie in 1..1024")
-    if args.tasks is not None and args.tasks < 1:
-        raise UserError("--tasks must be at least 1")
-    if args.follow_ups and not args.tasks:
-        raise UserError("--follow-ups goes with --tasks N")
-    rules = []
-    for part in filter(None, (x.strip() for x in (args.rules or "").split(";"))):
-        try:
-            rules.append(AcceptRule.parse(part))
-        except ValueError as e:
-            raise UserError(f"--rules: {e}") from None
-    args.rules = [AcceptRule()] + [r for r in dict.fromkeys(rules) if r.lenient]
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise UserError("--plot needs matplotlib: pip install 'ptp-mlx[bench]'") from None
-    from ..paths import check_output_file
-
-    for flag, path in (("--json", args.json), ("--plot", args.plot)):
-        if path:
-            check_output_file(path, flag)  # a folder or unwritable path fails now, not after the whole bench
-    return sampling, methods, widths
-
-
-def _no_prompt_fits(args: argparse.Namespace, context: int | None) -> UserError:
-    where = args.prompts or "the bundled prompts"
-    return UserError(f"no prompt in {where} fits the model's context of {context} tokens")
-
-
 def run(args: argparse.Namespace) -> int:
     sampling, methods, widths = validate(args)
     from .prompts import load_prompts
 
-    prompts = load_prompts(args.prompts, args.limit, _parse_list(args.categories) or None)
+    prompts = load_prompts(args.prompts, args.limit, parse_list(args.categories) or None)
 
     from tqdm import tqdm
 
@@ -231,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         choice_for(eng.pm).forced = True
     ctx = getattr(eng.pm.args, "max_position_embeddings", None)
     if not args.tasks and not any(fits_context(eng.tokenizer, p, ctx) for p in prompts):
-        raise _no_prompt_fits(args, ctx)  # before any measurement: there would be nothing to measure
+        raise no_prompt_fits(args, ctx)  # before any measurement: there would be nothing to measure
     if args.chat_turns:
         from .conversation import chat_table
 
@@ -290,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             )
 
     if not bench.interrupted and not bench.complete and bench.skipped:
-        raise _no_prompt_fits(args, ctx)  # (a later turn of every prompt outgrew the context)
+        raise no_prompt_fits(args, ctx)  # (a later turn of every prompt outgrew the context)
     checks = []
     for m in ("ptp", "ptp-chain"):
         if m in methods and "ar" in methods:
@@ -315,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         "repeats": args.seeds or args.repeats,
         "seeds": args.seeds,
         "limit": args.limit,
-        "categories": _parse_list(args.categories),
+        "categories": parse_list(args.categories),
         "methods": methods,
         "prompts_file": str(args.prompts or "bundled"),
         "step": args.step,
