@@ -13,7 +13,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ptp-chat", description="Chat with a local model; watch PTP accept token blocks.")
     add_model_flags(p)
     add_sampling_flags(p, max_tokens=512)
-    p.add_argument("--system", default=None, help="system prompt, where the chat template has a system role (default: none)")
+    p.add_argument(
+        "--system", default=None, help="system prompt, where the chat template has a system role (default: none)"
+    )
     p.add_argument(
         "--accept",
         default="exact",
