@@ -6,7 +6,7 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widget import Widget
 from textual.widgets import Input, Markdown, Static
@@ -207,7 +207,7 @@ class HelpScreen(ModalScreen[None]):
             "",
             "Press esc to close.",
         ]
-        with Vertical(id="help"):
+        with VerticalScroll(id="help"):  # (scrolls with the arrow keys where the window is shorter than the keys)
             yield Markdown("\n".join(lines))
 
 

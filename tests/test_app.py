@@ -80,6 +80,21 @@ async def test_a_paste_of_several_lines_is_kept_whole(tmp_path):
         assert prompt.value.endswith("say? one line")
 
 
+async def test_the_help_scrolls_in_a_small_window(tmp_path):
+    # At 80 x 24 the last keys and "Press esc to close" were cut off, with no way to scroll to them.
+    from textual.containers import VerticalScroll
+
+    app = make_app(FakeEngine(eos=True), tmp_path)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.press("f1")
+        await pilot.pause()
+        box = app.screen.query_one("#help", VerticalScroll)
+        assert box.max_scroll_y > 0 and box.scroll_y == 0
+        await pilot.press("end")
+        await pilot.pause()
+        assert box.scroll_y == box.max_scroll_y
+
+
 async def test_slow_blas_is_said_in_the_stats_bar(tmp_path, monkeypatch):
     from ptp_mlx import blas
 
