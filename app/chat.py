@@ -299,6 +299,11 @@ class ChatApp(App[None]):
 
     def action_toggle_accept(self) -> None:
         """ctrl+g: exact acceptance (the model's exact sample) or the lenient rule for the next answers."""
+        if not self.accept.lenient and self.ready and not self.has_adapter:  # (it used to say "in PTP mode: ctrl+t")
+            self.notify(
+                "lenient acceptance is PTP's, which needs an adapter (start with --adapter DIR)", severity="warning"
+            )
+            return
         self.accept = EXACT if self.accept.lenient else self.lenient
         if self.accept.lenient:
             where = "" if self.mode == "ptp" else " (in PTP mode: ctrl+t)"

@@ -175,6 +175,16 @@ async def test_mode_switch_applies_to_next_answer(tmp_path):
         assert [m["role"] for m in engine.calls[1]["messages"]] == ["user", "assistant", "user"]
 
 
+async def test_lenient_acceptance_needs_an_adapter(tmp_path):
+    # Without an adapter ctrl+g said "lenient acceptance (in PTP mode: ctrl+t)", and ctrl+t then refused.
+    app = make_app(FakeEngine(has_adapter=False), tmp_path)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.ready)
+        await pilot.press("ctrl+g")
+        assert "needs an adapter" in notes(app)[-1] and not app.accept.lenient
+        assert "LENIENT" not in str(app.query_one("#stats").render())
+
+
 async def test_lenient_acceptance_is_a_labelled_switch(tmp_path):
     """ctrl+g: lenient acceptance for the next answers, marked in the stats bar and in the answer's saved note;
     exact again on the second press (and by default)."""
