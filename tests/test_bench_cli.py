@@ -255,3 +255,11 @@ def test_cli_every_prompt_skipped_while_running(tiny_model_dir, adapter_dir, tmp
     assert rc == 2 and out == "" and "notice: skipping long-1 turn 1" in err
     assert errors == [f"error: no prompt in {prompts} fits the model's context of 512 tokens"]
     assert not (tmp_path / "b.json").exists()
+
+
+def test_cli_cost_curve_line_only_where_ptp_ran(tiny_model_dir, adapter_dir, prompt_file, tmp_path, capsys):
+    # An ar-only bench printed "cost curve in use (..., moved 1.00x by 0 measured calls)", which said nothing.
+    for methods, shown in (("ar", False), ("ar,ptp", True)):
+        argv = _argv(tiny_model_dir, adapter_dir, prompt_file, tmp_path, "--limit", "1", "--methods", methods)
+        assert cli.main([*argv, "--no-cost-curve"]) == 0
+        assert ("cost curve in use" in capsys.readouterr().out) == shown, methods

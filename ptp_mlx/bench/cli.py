@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
     print(report.table(doc))
     for line in report.draft_lines(doc):
         print(line)
-    if eng.budget is not None:
+    if eng.budget is not None and any(m.startswith("ptp") for m in methods):  # (no PTP call: nothing to say)
         print(curve_line(eng.budget.curve))  # (after the run: what every call's measured time made of the curve)
         print(choice_for(eng.pm).describe())  # (and of building calls ahead)
     if "ptp-lenient" in methods and bench.records:
