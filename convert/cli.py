@@ -7,7 +7,6 @@ stderr. Bad input exits 2 with one ``error:`` line and leaves no folder behind.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +14,6 @@ from pathlib import Path
 import ptp_mlx  # noqa: F401  (sets up the BLAS before mlx is imported)
 from ptp_mlx.cli_common import run_cli
 from ptp_mlx.errors import UserError
-from ptp_mlx.paths import cleanup_new_parents
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,10 +92,7 @@ def check_args(args: argparse.Namespace) -> None:
 
 def main_args(args: argparse.Namespace) -> int:
     check_args(args)
-    # check_output (ptp_mlx.conversion) makes the output's parent folders early: a failure removes them again
-    out = None if args.dry_run or args.out is None else Path(args.out).expanduser()
-    with cleanup_new_parents(out) if out is not None else contextlib.nullcontext():
-        summary = convert(args)
+    summary = convert(args)
     if args.dry_run:
         for m in summary.mappings:
             print(m.line())

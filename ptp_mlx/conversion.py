@@ -3,10 +3,8 @@ summary. Reading PyTorch files (and so torch) stays in ``convert/common.py``."""
 
 from __future__ import annotations
 
-import os
 import re
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -17,6 +15,7 @@ import mlx.core as mx
 from tqdm import tqdm
 
 from .errors import UserError
+from .paths import creation_problem
 
 FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -39,13 +38,9 @@ def check_output(out: Path | None, overwrite: bool, dry_run: bool) -> Path | Non
         raise UserError(f"output folder already exists: {out} (pass --overwrite to replace it)")
     if out.exists() and not out.is_dir():
         raise UserError(f"output path exists and is not a folder: {out}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.probe-", dir=out.parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise UserError(f"cannot write to {out.parent}: {e.strerror or e}") from None
+    problem = creation_problem(out)  # (nothing made yet: ``atomic_dir`` makes the parents, and removes them on failure)
+    if problem:
+        raise UserError(f"cannot write {out}: {problem}")
     return out
 
 

@@ -63,12 +63,9 @@ def _existing_ancestor(p: Path) -> Path:
     return a
 
 
-def _output_problem(p: Path) -> str | None:
-    """Why ``p`` cannot be written as a file, in words, or None when it can (as far as a probe can tell)."""
-    if p.is_dir():
-        return "is a folder"
-    if p.exists() and not p.is_file():
-        return "is not a regular file"
+def creation_problem(p: Path) -> str | None:
+    """Why ``p`` (a file or a folder, with any missing parents) cannot be created, in words, or None when it can
+    as far as a probe in its nearest existing ancestor can tell. Creates nothing that stays."""
     a = _existing_ancestor(p)
     if not a.is_dir():
         return f"cannot create it ({a} is not a folder)"
@@ -79,6 +76,15 @@ def _output_problem(p: Path) -> str | None:
     except OSError as e:
         return f"not writable (cannot create files in {a}: {e.strerror or e})"
     return None
+
+
+def _output_problem(p: Path) -> str | None:
+    """Why ``p`` cannot be written as a file, in words, or None when it can (as far as a probe can tell)."""
+    if p.is_dir():
+        return "is a folder"
+    if p.exists() and not p.is_file():
+        return "is not a regular file"
+    return creation_problem(p)
 
 
 def check_output_file(path: str | Path, flag: str = "") -> Path:
