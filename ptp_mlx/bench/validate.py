@@ -44,9 +44,9 @@ def validate(args: argparse.Namespace):
     for flag, value in (("--json", args.json), ("--plot", args.plot)):  # (what a mode writes: NO_FILE says not)
         if value and modes and flag in NO_FILE.get(modes[0], ()):
             raise UserError(f"{modes[0]} writes no {flag} file")
-    if args.methods is not None and not parse_list(args.methods):
-        raise UserError("--methods lists no method")
     methods = parse_list(args.methods) or None
+    if args.methods is not None and methods is None:
+        raise UserError("--methods lists no method")
     if methods:
         bad = [m for m in methods if m not in METHODS]
         if bad:

@@ -177,12 +177,11 @@ class ClientWatch:
     events too, so a client that leaves while the tokens flow stops its generation (a streamed one is cancelled by
     Starlette instead)."""
 
-    def __init__(self, request: Request, clock=time.monotonic):
-        self.request, self.clock = request, clock
-        self.last = clock()
+    def __init__(self, request: Request):
+        self.request, self.last = request, time.monotonic()
 
     async def gone(self) -> bool:
-        now = self.clock()
+        now = time.monotonic()
         if now - self.last < POLL_S:
             return False
         self.last = now
