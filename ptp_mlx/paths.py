@@ -105,7 +105,7 @@ def _write_error(target: Path, e: OSError) -> OSError:
 
 
 @contextmanager
-def cleanup_new_parents(target: Path) -> Iterator[None]:
+def _cleanup_new_parents(target: Path) -> Iterator[None]:
     """On failure, remove the folders above ``target`` that did not exist on entry (only those, only if empty)."""
     new = []
     a = Path(target).parent
@@ -130,7 +130,7 @@ def atomic_dir(target: Path, overwrite: bool = False) -> Iterator[Path]:
     On failure nothing is left: neither the temporary folder nor the parent folders this call created."""
     target = Path(target)
     parent = target.parent
-    with cleanup_new_parents(target):
+    with _cleanup_new_parents(target):
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -162,7 +162,7 @@ def atomic_write_bytes(target: Path, data: bytes) -> None:
     A path that cannot be written raises ``OutputPathError`` (a ``UserError``) naming ``target``; nothing is left
     behind, new parent folders included."""
     target = Path(target)
-    with cleanup_new_parents(target):
+    with _cleanup_new_parents(target):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.tmp-", dir=target.parent)
