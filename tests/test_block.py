@@ -7,6 +7,7 @@ cache), and ``PTP_MLX_BLOCK=0`` must switch it off."""
 
 from __future__ import annotations
 
+import io
 import sys
 
 import mlx.core as mx
@@ -81,9 +82,11 @@ def counted(monkeypatch):
     return seen
 
 
-def _call(pm, plan: DraftPlan, s: SamplingSettings):
+def _call(pm, plan: DraftPlan, s: SamplingSettings, after_prefill=None):
     """One eager PTP call after a 40-token prefix: every output it returns and the K/V rows it keeps."""
     st = prefilled(pm, 40)
+    if after_prefill is not None:
+        after_prefill()
     sess = DecodeSession(
         pm, st, UniformStream(5), s, None, bank=bank_for(pm, False), runner_up=True, reads_top_prob=not s.greedy
     )
@@ -134,6 +137,69 @@ def test_plain_passes_and_their_k_v_rows_are_the_per_op_graphs(default_engine, c
     assert len(counted) == len(pm.base.layers)
     assert np.array_equal(got["0"][0], got["1"][0])
     _same(got["0"][1], got["1"][1])
+
+
+def _graph_edges(out: mx.array) -> int:
+    f = io.StringIO()
+    mx.export_to_dot(f, out)
+    return sum("->" in line for line in f.getvalue().splitlines())
+
+
+@pytest.mark.parametrize("which", ["default", "qwen3"])
+def test_weights_held_by_the_primitive_give_the_bits_of_weights_as_inputs(
+    default_engine, tmp_path_factory, counted, which
+):
+    pm = (default_engine if which == "default" else _tiny(which, tmp_path_factory)).pm
+    plan, s = PLANS["tree"], SETTINGS["sampled"]
+    ext = extension.module()
+    ext.block_hold(False)
+    try:
+        ref = _call(pm, plan, s)
+    finally:
+        ext.block_hold(True)
+    held = _call(pm, plan, s)
+    assert len(counted) == 2 * len(pm.base.layers)
+    _same(ref[0], held[0])
+    _same(ref[1], held[1])
+
+
+def _call_edges(pm, plan: DraftPlan, s: SamplingSettings, after_prefill=None) -> int:
+    """The edges of one eager PTP call's graph as MLX holds it before the call is evaluated."""
+    st = prefilled(pm, 40)
+    if after_prefill is not None:
+        after_prefill()
+    sess = DecodeSession(pm, st, UniformStream(5), s, None, bank=bank_for(pm, False), runner_up=True)
+    call = build_call(sess, 3, plan, 0)
+    n = _graph_edges(call.out.targets)
+    finish_call(st, call)
+    return n
+
+
+def test_held_weights_leave_the_graph_and_lazy_ones_stay_in_it(default_engine, counted, monkeypatch):
+    """The graph a call hands MLX (what a compiled call replays, a queue traverses and a release frees) loses the
+    weights' edges (14 a layer with the adapter's LoRA); a weight not evaluated yet stays a graph input, computed
+    first, with the same bits."""
+    pm = default_engine.pm
+    plan, s = PLANS["chain"], SETTINGS["greedy"]
+    ext = extension.module()
+    ext.block_hold(False)
+    try:
+        as_inputs = _call_edges(pm, plan, s)
+    finally:
+        ext.block_hold(True)
+    held = _call_edges(pm, plan, s)
+    assert as_inputs - held >= 14 * len(pm.base.layers)
+    ref = _call(pm, plan, s)
+    norm = pm.base.layers[0].input_layernorm
+
+    def lazy_norm():  # the same values, as a node not evaluated yet (the prefill would have evaluated it)
+        monkeypatch.setattr(norm, "weight", norm.weight * 1.0)
+
+    assert _call_edges(pm, plan, s, lazy_norm) > held
+    monkeypatch.undo()
+    lazy = _call(pm, plan, s, lazy_norm)
+    _same(ref[0], lazy[0])
+    _same(ref[1], lazy[1])
 
 
 def test_stock_caches_and_prefill_keep_the_module_path(default_engine, counted):

@@ -12,9 +12,12 @@
 // rope_rows, attention_run, swiglu_rows) on the same values in the same order, and the adds are float adds, so
 // every output is the per-op graph's bit for bit (tests/test_block.py compares them on every pass kind).
 // The K/V buffers are updated in place when MLX can donate them (as its own slice update does), else copied.
+// Weights already evaluated are held by the primitive, not taken as graph inputs (block()): the host touches every
+// input of every node when it replays a compiled call, queues it and lets it go.
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,18 +63,35 @@ struct Config {
   }
 };
 
+// Where each of block()'s arrays lives: slot >= 0 is the primitive's graph input of that index, slot < 0 its held
+// array -1 - slot (an evaluated weight: see block()).
+struct Layout {
+  std::vector<int> slots;  // one per array of block()'s layout
+  std::vector<mx::array> held;
+};
+using Held = std::shared_ptr<const Layout>;
+constexpr int MAX_ARRAYS = FIRST_GROUP + 4 * GROUPS;
+bool g_hold = true;  // false: every array a graph input (block_hold: the reference the tests and A/B runs compare)
+
 class Block : public ptpcpu::CpuPrimitive {
  public:
-  Block(mx::Stream stream, Config c) : CpuPrimitive(stream), c_(c) {}
+  Block(mx::Stream stream, Config c, Held layout) : CpuPrimitive(stream), c_(c), l_(std::move(layout)) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   const char* name() const override { return "PTPBlock"; }
-  bool is_equivalent(const mx::Primitive& other) const override { return c_ == static_cast<const Block&>(other).c_; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const Block&>(other);
+    if (!(c_ == o.c_) || l_->slots != o.l_->slots) return false;
+    for (size_t i = 0; i < l_->held.size(); ++i)
+      if (l_->held[i].id() != o.l_->held[i].id()) return false;
+    return true;
+  }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override {
-    return {in[X].shape(), in[KBUF].shape(), in[VBUF].shape()};
+    return {in[X].shape(), in[KBUF].shape(), in[VBUF].shape()};  // (X, KBUF and VBUF are always graph inputs)
   }
 
  private:
   Config c_;
+  Held l_;
 };
 
 // How many handles share an array's description. MLX keeps it private; is_donatable() asks for exactly one, but
@@ -103,11 +123,13 @@ bool take_buffer(const mx::array& in, mx::array& out, size_t outputs) {
 }
 
 void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const Layout& l = *l_;
+  auto arg = [&](int i) -> const mx::array& { return l.slots[i] >= 0 ? inputs[l.slots[i]] : l.held[-1 - l.slots[i]]; };
   for (int i : {int(KBUF), int(VBUF), int(NORM1), int(NORM2)})
-    if (!inputs[i].flags().row_contiguous) throw std::invalid_argument("block: K/V buffers and norms must be row-contiguous");
+    if (!arg(i).flags().row_contiguous) throw std::invalid_argument("block: K/V buffers and norms must be row-contiguous");
   for (const auto& g : c_.g)
     for (int i = g.at; i < g.at + 1 + g.bias + 2 * (g.R > 0); ++i)
-      if (!inputs[i].flags().row_contiguous) throw std::invalid_argument("block: weights must be row-contiguous");
+      if (!arg(i).flags().row_contiguous) throw std::invalid_argument("block: weights must be row-contiguous");
   mx::array& out = outputs[0];
   out.set_data(mx::allocator::malloc(out.nbytes()));
   const bool copy_k = take_buffer(inputs[KBUF], outputs[1], outputs.size());
@@ -115,34 +137,39 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
   auto& encoder = mx::cpu::get_command_encoder(stream());
   for (const auto& a : inputs) encoder.set_input_array(a);
   for (auto& o : outputs) encoder.set_output_array(o);
-  std::vector<mx::array> in;  // weak copies: the encoder holds the inputs until the task has run
-  for (const auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
-  encoder.dispatch([in = std::move(in), c = c_, op = out.data<float>(), kp = outputs[1].data<float>(),
-                    vp = outputs[2].data<float>(), copy_k, copy_v, kin = inputs[KBUF].data<float>(),
-                    vin = inputs[VBUF].data<float>(), kbytes = inputs[KBUF].nbytes()]() {
+  std::vector<mx::array> gin;  // weak copies: the encoder holds the graph inputs until the task has run
+  for (const auto& a : inputs) gin.push_back(mx::array::unsafe_weak_copy(a));
+  encoder.dispatch([gin = std::move(gin), lay = l_, c = c_, op = out.data<float>(),
+                    kp = outputs[1].data<float>(), vp = outputs[2].data<float>(), copy_k, copy_v,
+                    kin = inputs[KBUF].data<float>(), vin = inputs[VBUF].data<float>(),
+                    kbytes = inputs[KBUF].nbytes()]() {
+    // (`lay` keeps the weights for the task, should the graph that holds this primitive go first)
+    const mx::array* in[MAX_ARRAYS];
+    for (size_t i = 0; i < lay->slots.size(); ++i)
+      in[i] = lay->slots[i] >= 0 ? &gin[lay->slots[i]] : &lay->held[-1 - lay->slots[i]];
     thread_local std::vector<float> xbuf, cbuf, sbuf, gbuf, xn, y1, qn, kn, qr, kr, ao, at, y2, h, y3, act, y4;
-    const mx::array& x = in[X];
+    const mx::array& x = *in[X];
     const int H = x.shape(-1), M = static_cast<int>(x.size() / H);
-    const int Hq = c.Hq, Hkv = c.Hkv, D = c.D, cap = in[KBUF].shape(2);
+    const int Hq = c.Hq, Hkv = c.Hkv, D = c.D, cap = in[KBUF]->shape(2);
     const auto xr = ptpcpu::rows_of(x, xbuf);
-    const auto cr = ptpcpu::rows_of(in[COS], cbuf), sr = ptpcpu::rows_of(in[SIN], sbuf);
+    const auto cr = ptpcpu::rows_of(*in[COS], cbuf), sr = ptpcpu::rows_of(*in[SIN], sbuf);
     const float* gp = nullptr;
     if (c.gated) {
       gbuf.resize(M);
-      ptpcpu::dense(in[GATE], gbuf.data());
+      ptpcpu::dense(*in[GATE], gbuf.data());
       gp = gbuf.data();
     }
     auto group = [&](int i, const float* src, int K, std::vector<float>& y) {
       const Group& g = c.g[i];
-      const float* bias = g.bias ? in[g.at + 1].data<float>() : nullptr;
-      const void* B = g.R > 0 ? in[g.at + 1 + g.bias].data<void>() : nullptr;
-      const int32_t* sp = g.R > 0 ? in[g.at + 2 + g.bias].data<int32_t>() : nullptr;
-      return ptpcpu::group_run(src, M, K, in[g.at].data<float>(), g.N, g.R, B, g.b16, sp, g.R > 0 ? gp : nullptr,
+      const float* bias = g.bias ? in[g.at + 1]->data<float>() : nullptr;
+      const void* B = g.R > 0 ? in[g.at + 1 + g.bias]->data<void>() : nullptr;
+      const int32_t* sp = g.R > 0 ? in[g.at + 2 + g.bias]->data<int32_t>() : nullptr;
+      return ptpcpu::group_run(src, M, K, in[g.at]->data<float>(), g.N, g.R, B, g.b16, sp, g.R > 0 ? gp : nullptr,
                                bias, y);
     };
     // Attention's half: norm, q|k|v, RoPE of q and k, the K/V rows written, attention over the bucket.
     xn.resize(static_cast<size_t>(M) * H);
-    ptpcpu::rms_norm_rows(xr.p, M, xr.stride, H, in[NORM1].data<float>(), c.eps1, xn.data());
+    ptpcpu::rms_norm_rows(xr.p, M, xr.stride, H, in[NORM1]->data<float>(), c.eps1, xn.data());
     const int ld1 = group(0, xn.data(), H, y1);
     qr.resize(static_cast<size_t>(Hq) * M * D);
     kr.resize(static_cast<size_t>(Hkv) * M * D);
@@ -153,9 +180,9 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
       qn.resize(static_cast<size_t>(M) * Hq * D);
       kn.resize(static_cast<size_t>(M) * Hkv * D);
       for (int r = 0; r < M; ++r) {
-        ptpcpu::rms_norm_rows(qsrc + static_cast<size_t>(r) * ld1, Hq, D, D, in[QNORM].data<float>(), c.eps_qk,
+        ptpcpu::rms_norm_rows(qsrc + static_cast<size_t>(r) * ld1, Hq, D, D, in[QNORM]->data<float>(), c.eps_qk,
                               qn.data() + static_cast<size_t>(r) * Hq * D);
-        ptpcpu::rms_norm_rows(ksrc + static_cast<size_t>(r) * ld1, Hkv, D, D, in[KNORM].data<float>(), c.eps_qk,
+        ptpcpu::rms_norm_rows(ksrc + static_cast<size_t>(r) * ld1, Hkv, D, D, in[KNORM]->data<float>(), c.eps_qk,
                               kn.data() + static_cast<size_t>(r) * Hkv * D);
       }
       qsrc = qn.data(), ksrc = kn.data(), qst[2] = int64_t(Hq) * D, kst_in[2] = int64_t(Hkv) * D;
@@ -165,7 +192,7 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
     if (copy_k) std::memcpy(kp, kin, kbytes);
     if (copy_v) std::memcpy(vp, vin, kbytes);
     // the write position, clamped as MLX's slice update clamps it
-    const int off = std::min(std::max(in[START].data<int32_t>()[0], 0), cap - M);
+    const int off = std::min(std::max(in[START]->data<int32_t>()[0], 0), cap - M);
     const float* vsrc = y1.data() + static_cast<size_t>(Hq + Hkv) * D;
     for (int g = 0; g < Hkv; ++g)
       for (int r = 0; r < M; ++r) {
@@ -176,7 +203,7 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
     const ptpcpu::View4 qv{reinterpret_cast<const char*>(qr.data()), {int64_t(Hq) * M * D, int64_t(M) * D, D, 1}};
     const ptpcpu::View4 kv{reinterpret_cast<const char*>(kp), {int64_t(Hkv) * cap * D, int64_t(cap) * D, D, 1}};
     const ptpcpu::View4 vv{reinterpret_cast<const char*>(vp), {kv.st[0], kv.st[1], kv.st[2], kv.st[3]}};
-    const ptpcpu::View4 mv = ptpcpu::view4(in[MASK], {1, Hq, M, c.S});
+    const ptpcpu::View4 mv = ptpcpu::view4(*in[MASK], {1, Hq, M, c.S});
     ao.resize(static_cast<size_t>(Hq) * M * D);
     ptpcpu::attention_run(qv, kv, vv, mv, 1, Hq, M, D, Hkv, c.S, c.mk, c.scale, ao.data());
     // [Hq, M, D] -> [M, Hq * D], o, the residual.
@@ -190,7 +217,7 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
     for (int r = 0; r < M; ++r)
       for (int j = 0; j < H; ++j) h[static_cast<size_t>(r) * H + j] = xr.p[r * xr.stride + j] + y2[static_cast<size_t>(r) * ld2 + j];
     // The MLP's half: norm, gate|up, SwiGLU, down, the residual.
-    ptpcpu::rms_norm_rows(h.data(), M, H, H, in[NORM2].data<float>(), c.eps2, xn.data());
+    ptpcpu::rms_norm_rows(h.data(), M, H, H, in[NORM2]->data<float>(), c.eps2, xn.data());
     const int I = c.g[2].N / 2;
     const int ld3 = group(2, xn.data(), H, y3);
     act.resize(static_cast<size_t>(M) * I);
@@ -205,6 +232,8 @@ void Block::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array
 // (broadcasting to [1, Hq, M, S]; bool, or additive float32), the two norms' weights [H], the row gate (M floats;
 // any array when no group has a LoRA), the q and k norms' weights [D] (qwen3; any arrays without), then per group (q|k|v, o, gate|up, down) W [N + R, K], its bias [N] if
 // any, and with a LoRA its B [R, N] (float32 or bfloat16) and spans [R, 2] int32.
+// Of these, the weights (norms, W, bias, B, spans) that are evaluated already are held by the primitive; the others
+// (x, the buffers, start, cos, sin, mask, a LoRA's gate, and any weight not evaluated yet) are its graph inputs.
 // ints: Hq, Hkv, D, dims, traditional, S, qk_norm, then per group N, R, has_bias. floats: eps1, eps2, scale,
 // the q and k norms' eps.
 std::vector<mx::array> block(const std::vector<mx::array>& arrays, const std::vector<int>& ints,
@@ -224,7 +253,7 @@ std::vector<mx::array> block(const std::vector<mx::array>& arrays, const std::ve
     at += 1 + g.bias + 2 * (g.R > 0);
     c.gated |= g.R > 0;
   }
-  check(static_cast<int>(arrays.size()) == at, "the arrays the ints describe");
+  check(static_cast<int>(arrays.size()) == at && at <= MAX_ARRAYS, "the arrays the ints describe");
   const mx::array& x = arrays[X];
   const int H = x.ndim() == 3 ? x.shape(2) : 0, M = x.ndim() == 3 ? x.shape(1) : 0;
   check(x.dtype() == mx::float32 && x.ndim() == 3 && x.shape(0) == 1, "x is float32 [1, rows, hidden]");
@@ -270,9 +299,25 @@ std::vector<mx::array> block(const std::vector<mx::array>& arrays, const std::ve
       g.b16 = B.dtype() == mx::bfloat16;
     }
   }
+  // Evaluated weights are held by the primitive rather than taken as graph inputs: a compiled call replays, a
+  // queued call traverses and a released call frees every input of every node on the host, and the weights were
+  // about two thirds of a call's inputs (14 a layer). What the call computes is the same.
+  auto layout = std::make_shared<Layout>();
+  std::vector<mx::array> inputs;
+  for (int i = 0; i < static_cast<int>(arrays.size()); ++i) {
+    const mx::array& a = arrays[i];
+    const bool graph = !g_hold || i <= MASK || (i == GATE && c.gated) || a.is_tracer() || !a.is_available();
+    if (graph) {
+      layout->slots.push_back(static_cast<int>(inputs.size()));
+      inputs.push_back(a);
+    } else {
+      layout->slots.push_back(-1 - static_cast<int>(layout->held.size()));
+      layout->held.push_back(a);
+    }
+  }
   auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array::make_arrays({x.shape(), K.shape(), K.shape()}, {mx::float32, mx::float32, mx::float32},
-                                std::make_shared<Block>(stream, c), arrays);
+                                std::make_shared<Block>(stream, c, std::move(layout)), inputs);
 }
 
 }  // namespace
@@ -280,4 +325,6 @@ std::vector<mx::array> block(const std::vector<mx::array>& arrays, const std::ve
 void register_block(nb::module_& m) {
   m.def("block", &block, nb::arg("arrays"), nb::arg("ints"), nb::arg("floats"),
         "One llama-style decoder layer of a fixed pass: (output, K buffer, V buffer); see block.cpp.");
+  m.def("block_hold", [](bool on) { g_hold = on; }, nb::arg("on"),
+        "Whether block() holds evaluated weights in the primitive (default) or takes every array as a graph input.");
 }

@@ -57,6 +57,18 @@ def qualifies(layer: nn.Module) -> bool:
     )
 
 
+_PLACEHOLDER: list[mx.array] = []
+
+
+def _placeholder() -> mx.array:
+    """An evaluated array for the slots a layer does not use (its gate without a LoRA, its q and k norms outside
+    qwen3): the primitive holds it, as it holds evaluated weights, so it adds nothing to the call's graph."""
+    if not _PLACEHOLDER:
+        _PLACEHOLDER.append(mx.zeros((1,), dtype=mx.float32))
+        mx.eval(_PLACEHOLDER[0])  # sync: once per process, so that the primitive can hold it
+    return _PLACEHOLDER[0]
+
+
 def _primitive():
     """The extension's ``block``, or None where it or any per-op primitive it stands for is off (its bits are
     theirs)."""
@@ -129,7 +141,7 @@ def layer_block(layer, x: mx.array, mask, cache) -> mx.array | None:
     if gated and any(g.owner != lora.owner or (g.B is not None and g.gated is None) for g in groups):
         return None  # another adapter's groups, or a LoRA the per-op path runs as a graph: keep that path
     rows = x.shape[1]
-    gate = p.start
+    gate = _placeholder()
     if gated:
         gate = lora.gate if lora.gate is not None else mx.ones((rows,))
     i = cache._i
@@ -141,7 +153,7 @@ def layer_block(layer, x: mx.array, mask, cache) -> mx.array | None:
     if qn is not None and (qn.eps != kn.eps or qn.weight.dtype != mx.float32 or kn.weight.dtype != mx.float32):
         return None
     arrays = [x, st.keys[i], st.values[i], p.start, cos, sin, mask, n1.weight, n2.weight, gate]
-    arrays += [p.start, p.start] if qn is None else [qn.weight, kn.weight]
+    arrays += [_placeholder()] * 2 if qn is None else [qn.weight, kn.weight]
     ints = [q_heads, kv_heads, head, rope.dims, int(rope.traditional), p.bucket, int(qn is not None)]
     for g in groups:
         with_lora = gated and g.B is not None
