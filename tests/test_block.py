@@ -7,6 +7,7 @@ cache), and ``PTP_MLX_BLOCK=0`` must switch it off."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import sys
 
@@ -139,6 +140,17 @@ def test_plain_passes_and_their_k_v_rows_are_the_per_op_graphs(default_engine, c
     _same(got["0"][1], got["1"][1])
 
 
+@contextlib.contextmanager
+def _weights_as_inputs():
+    """``block_hold(False)`` within: every array a graph input (the reference)."""
+    ext = extension.module()
+    ext.block_hold(False)
+    try:
+        yield
+    finally:
+        ext.block_hold(True)
+
+
 def _graph_edges(out: mx.array) -> int:
     f = io.StringIO()
     mx.export_to_dot(f, out)
@@ -151,12 +163,8 @@ def test_weights_held_by_the_primitive_give_the_bits_of_weights_as_inputs(
 ):
     pm = (default_engine if which == "default" else _tiny(which, tmp_path_factory)).pm
     plan, s = PLANS["tree"], SETTINGS["sampled"]
-    ext = extension.module()
-    ext.block_hold(False)
-    try:
+    with _weights_as_inputs():
         ref = _call(pm, plan, s)
-    finally:
-        ext.block_hold(True)
     held = _call(pm, plan, s)
     assert len(counted) == 2 * len(pm.base.layers)
     _same(ref[0], held[0])
@@ -181,12 +189,8 @@ def test_held_weights_leave_the_graph_and_lazy_ones_stay_in_it(default_engine, c
     first, with the same bits."""
     pm = default_engine.pm
     plan, s = PLANS["chain"], SETTINGS["greedy"]
-    ext = extension.module()
-    ext.block_hold(False)
-    try:
+    with _weights_as_inputs():
         as_inputs = _call_edges(pm, plan, s)
-    finally:
-        ext.block_hold(True)
     held = _call_edges(pm, plan, s)
     assert as_inputs - held >= 14 * len(pm.base.layers)
     ref = _call(pm, plan, s)
