@@ -188,9 +188,9 @@ def speed_notes(cast: mx.Dtype | None, weights: dict[str, Any], quantized: bool)
 
 
 def quantize(model, config: dict, bits: int, group_size: int) -> dict:
+    """``model`` quantized in place (settings checked already: ``check_quantization``); returns the new config."""
     from mlx_lm.utils import quantize_model
 
-    check_quantization(bits, group_size)
     with contextlib.redirect_stdout(sys.stderr):  # mlx-lm prints an info line; stdout is the product's
         _, config = quantize_model(model, config, group_size, bits)
     return config

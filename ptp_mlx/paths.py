@@ -55,18 +55,20 @@ class OutputPathError(UserError, OSError):
 _BAD_PATH = {errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT}
 
 
-def _existing_ancestor(p: Path) -> Path:
-    """The nearest folder-or-file above ``p`` that exists (what ``mkdir(parents=True)`` would start from)."""
-    a = p.parent
+def _missing_parents(p: Path) -> tuple[list[Path], Path]:
+    """The folders above ``p`` that do not exist (deepest first), and the nearest folder-or-file above it that does
+    (what ``mkdir(parents=True)`` would start from)."""
+    missing, a = [], Path(p).parent
     while not a.exists() and a.parent != a:
+        missing.append(a)
         a = a.parent
-    return a
+    return missing, a
 
 
 def creation_problem(p: Path) -> str | None:
     """Why ``p`` (a file or a folder, with any missing parents) cannot be created, in words, or None when it can
     as far as a probe in its nearest existing ancestor can tell. Creates nothing that stays."""
-    a = _existing_ancestor(p)
+    a = _missing_parents(p)[1]
     if not a.is_dir():
         return f"cannot create it ({a} is not a folder)"
     try:  # the only sure test of writability (root, read-only mounts, /proc) is to write
@@ -107,11 +109,7 @@ def _write_error(target: Path, e: OSError) -> OSError:
 @contextmanager
 def _cleanup_new_parents(target: Path) -> Iterator[None]:
     """On failure, remove the folders above ``target`` that did not exist on entry (only those, only if empty)."""
-    new = []
-    a = Path(target).parent
-    while not a.exists() and a.parent != a:
-        new.append(a)  # deepest first
-        a = a.parent
+    new = _missing_parents(target)[0]  # (deepest first)
     try:
         yield
     except BaseException:

@@ -19,6 +19,8 @@ parameters and every other call stay as they were).
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -57,16 +59,13 @@ def qualifies(layer: nn.Module) -> bool:
     )
 
 
-_PLACEHOLDER: list[mx.array] = []
-
-
+@functools.cache
 def _placeholder() -> mx.array:
     """An evaluated array for the slots a layer does not use (its gate without a LoRA, its q and k norms outside
     qwen3): the primitive holds it, as it holds evaluated weights, so it adds nothing to the call's graph."""
-    if not _PLACEHOLDER:
-        _PLACEHOLDER.append(mx.zeros((1,), dtype=mx.float32))
-        mx.eval(_PLACEHOLDER[0])  # sync: once per process, so that the primitive can hold it
-    return _PLACEHOLDER[0]
+    a = mx.zeros((1,), dtype=mx.float32)
+    mx.eval(a)  # sync: once per process, so that the primitive can hold it
+    return a
 
 
 def _primitive():
