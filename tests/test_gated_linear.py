@@ -110,6 +110,27 @@ def test_parts_are_the_groups_columns_bit_for_bit(gl, rows):
 
 
 @linux
+@pytest.mark.parametrize("rows", [3, 9, 70])
+@pytest.mark.parametrize("b_dtype", ["float32", "bfloat16"])
+def test_the_delta_on_two_threads_is_the_delta_on_one_bit_for_bit(gl, rows, b_dtype, monkeypatch):
+    """The delta's columns split between ptp-sgemm's two threads (each span's 16-column chunks halved, the columns
+    past them to the second half) give every element the bits one thread gives: spans of odd widths, more than 16
+    ranks to a span (two blocks of them), and more than 64 auxiliary rows (taken in slices)."""
+    rng = np.random.default_rng(30 + rows)
+    W, B, n = _group(rng, 64, [40, 72, 8], 20)
+    B_in = B.astype(getattr(mx, b_dtype))
+    x = mx.array(rng.standard_normal((1, rows, 64)).astype(np.float32))
+    gate = mx.array([0.0 if i % 4 == 0 else 1.0 for i in range(rows)])
+    both = gl.gated_linear(x, W, B_in, gate, _spans(B), n)
+    monkeypatch.setenv("PTP_MLX_DELTA_THREADS", "1")
+    one = gl.gated_linear(x, W, B_in, gate, _spans(B), n)
+    assert np.array_equal(np.array(both).view(np.uint32), np.array(one).view(np.uint32))
+    z, a = mx.split(x @ W.T, [n], axis=-1)
+    graph = z + (a * gate[None, :, None]) @ B_in.astype(mx.float32)
+    assert mx.allclose(both, graph, atol=1e-5, rtol=1e-5).item()
+
+
+@linux
 def test_a_strided_input_and_a_fractional_gate(gl):
     rng = np.random.default_rng(7)
     W, B, n = _group(rng, 32, [16, 16], 4)

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -70,45 +71,81 @@ inline float wide1(uint16_t v) {
 // y[i, lo:hi] += sum_k (a[i, k] * gate[i]) B[k, lo:hi] on rows whose gate is not zero (token rows untouched),
 // k in order, for each block of ranks that share one span (a projection's block of B). Per 16 columns, up to 16
 // of the block's B vectors stay in registers while every auxiliary row takes its multiply-adds: B is read once
-// a call, and the adds run at the FMA rate. One thread: the pool's hand-off costs more than these adds (a pass
-// over the default model's groups, 7 auxiliary rows, 2026-12-05: ~1.5 ms shared in units of 128 columns, ~0.6 ms
-// here; the scalar loop before it ~1.5 ms).
+// a call, and the adds run at the FMA rate.
+template <typename T>
+struct Delta {
+  int M, R, N, la, ld, n;
+  const float *gp, *ap;
+  const T* Bp;
+  const int32_t* sp;
+  float* yp;
+  const int* rows;  // the n rows whose gate is not zero
+};
+
+// Part `part` of `parts` of every span's columns: its share of the span's 16-column chunks (the columns past the
+// last whole chunk go to the last part). Each element's sum is the same whichever part computes it.
+template <typename T>
+void delta_part(const Delta<T>& J, int part, int parts) {
+  using ptp16::v16;
+  float s[16 * 64];  // (a * gate) for up to 16 ranks of up to 64 rows (more rows: in slices)
+  for (int k0 = 0, k1; k0 < J.R; k0 = k1) {
+    const int lo = J.sp[2 * k0], hi = J.sp[2 * k0 + 1];
+    for (k1 = k0 + 1; k1 < J.R && k1 - k0 < 16 && J.sp[2 * k1] == lo && J.sp[2 * k1 + 1] == hi; ++k1) {
+    }
+    const int nk = k1 - k0, chunks = (hi - lo) / 16;
+    const int j0 = lo + 16 * (chunks * part / parts), j1 = lo + 16 * (chunks * (part + 1) / parts);
+    const int tail = part == parts - 1 ? hi : j1;
+    for (int r0 = 0; r0 < J.n; r0 += 64) {
+      const int nr = std::min(64, J.n - r0);
+      for (int r = 0; r < nr; ++r) {
+        const int row = J.rows[r0 + r];
+        for (int k = 0; k < nk; ++k) s[r * nk + k] = J.ap[static_cast<size_t>(row) * J.la + k0 + k] * J.gp[row];
+      }
+      for (int j = j0; j < j1; j += 16) {
+        v16 b[16];
+        for (int k = 0; k < nk; ++k) b[k] = wide16(J.Bp + static_cast<size_t>(k0 + k) * J.N + j);
+        for (int r = 0; r < nr; ++r) {
+          float* yr = J.yp + static_cast<size_t>(J.rows[r0 + r]) * J.ld + j;
+          const float* sr = s + r * nk;
+          v16 acc = ptp16::load(yr);
+          for (int k = 0; k < nk; ++k) acc += ptp16::splat(sr[k]) * b[k];
+          ptp16::store(yr, acc);
+        }
+      }
+      for (int j = j1; j < tail; ++j)
+        for (int r = 0; r < nr; ++r) {
+          float* yr = J.yp + static_cast<size_t>(J.rows[r0 + r]) * J.ld + j;
+          for (int k = 0; k < nk; ++k) *yr += s[r * nk + k] * wide1(J.Bp[static_cast<size_t>(k0 + k) * J.N + j]);
+        }
+    }
+  }
+}
+
+// fn(ctx, i) for i in [0, n) on ptp-sgemm's second thread too, where that library is loaded and
+// PTP_MLX_DELTA_THREADS is not 1 (read per call: tests compare both).
+typedef int (*parallel_fn)(void (*)(void*, int), void*, int);
+parallel_fn delta_parallel() {
+  static parallel_fn fn = reinterpret_cast<parallel_fn>(dlsym(RTLD_DEFAULT, "ptp_sgemm_parallel"));
+  const char* one = std::getenv("PTP_MLX_DELTA_THREADS");
+  return one != nullptr && one[0] == '1' && one[1] == '\0' ? nullptr : fn;
+}
+
+// Both halves of the columns at once on ptp-sgemm's two threads (the other one otherwise waits for this pass: B
+// streams from memory, about 5 MB a call on the default model), or both in turn on this one.
 template <typename T>
 void add_delta(int M, int R, int N, const float* gp, const float* ap, int la, const T* Bp, const int32_t* sp,
                float* yp, int ld) {
-  using ptp16::v16;
   thread_local std::vector<int> rows;
-  thread_local std::vector<float> s;
   rows.clear();
   for (int i = 0; i < M; ++i)
     if (gp[i] != 0.0f) rows.push_back(i);
-  const int n = static_cast<int>(rows.size());
-  for (int k0 = 0, k1; k0 < R; k0 = k1) {
-    const int lo = sp[2 * k0], hi = sp[2 * k0 + 1];
-    for (k1 = k0 + 1; k1 < R && k1 - k0 < 16 && sp[2 * k1] == lo && sp[2 * k1 + 1] == hi; ++k1) {
-    }
-    const int nk = k1 - k0;
-    s.resize(static_cast<size_t>(n) * nk);
-    for (int r = 0; r < n; ++r)
-      for (int k = 0; k < nk; ++k) s[r * nk + k] = ap[static_cast<size_t>(rows[r]) * la + k0 + k] * gp[rows[r]];
-    int j = lo;
-    for (; j + 16 <= hi; j += 16) {
-      v16 b[16];
-      for (int k = 0; k < nk; ++k) b[k] = wide16(Bp + static_cast<size_t>(k0 + k) * N + j);
-      for (int r = 0; r < n; ++r) {
-        float* yr = yp + static_cast<size_t>(rows[r]) * ld + j;
-        const float* sr = s.data() + r * nk;
-        v16 acc = ptp16::load(yr);
-        for (int k = 0; k < nk; ++k) acc += ptp16::splat(sr[k]) * b[k];
-        ptp16::store(yr, acc);
-      }
-    }
-    for (; j < hi; ++j)
-      for (int r = 0; r < n; ++r) {
-        float* yr = yp + static_cast<size_t>(rows[r]) * ld + j;
-        for (int k = 0; k < nk; ++k) *yr += s[r * nk + k] * wide1(Bp[static_cast<size_t>(k0 + k) * N + j]);
-      }
-  }
+  const Delta<T> J{M, R, N, la, ld, static_cast<int>(rows.size()), gp, ap, Bp, sp, yp, rows.data()};
+  parallel_fn par = delta_parallel();
+  auto run = [](void* ctx, int u) { delta_part(*static_cast<const Delta<T>*>(ctx), u, 2); };
+  if (par != nullptr)
+    par(run, const_cast<Delta<T>*>(&J), 2);
+  else
+    for (int u = 0; u < 2; ++u) delta_part(J, u, 2);
 }
 
 }  // namespace
