@@ -113,11 +113,16 @@ def test_parts_are_the_groups_columns_bit_for_bit(gl, rows):
 @pytest.mark.parametrize("rows", [3, 9, 70])
 @pytest.mark.parametrize("b_dtype", ["float32", "bfloat16"])
 def test_the_delta_on_two_threads_is_the_delta_on_one_bit_for_bit(gl, rows, b_dtype, monkeypatch):
-    """The delta's columns split between ptp-sgemm's two threads (each span's 16-column chunks halved, the columns
-    past them to the second half) give every element the bits one thread gives: spans of odd widths, more than 16
-    ranks to a span (two blocks of them), and more than 64 auxiliary rows (taken in slices)."""
+    """The delta's columns split between ptp-sgemm's two threads (at a multiple of 16 near the middle) give every
+    element the bits one thread gives: spans of odd widths, rank rows of one projection whose spans differ at their
+    edges (zeros there) on both sides of the split, more than 16 ranks to a span (two blocks of them), and more than
+    64 auxiliary rows (taken in slices)."""
     rng = np.random.default_rng(30 + rows)
     W, B, n = _group(rng, 64, [40, 72, 8], 20)
+    b = np.array(B)
+    b[0, :5] = 0  # (the first projection's first rank starts later)
+    b[21, 40:47], b[22, 100:112] = 0, 0  # (the second's: one starts later, one ends sooner; the split is at 48)
+    B = mx.array(b)
     B_in = B.astype(getattr(mx, b_dtype))
     x = mx.array(rng.standard_normal((1, rows, 64)).astype(np.float32))
     gate = mx.array([0.0 if i % 4 == 0 else 1.0 for i in range(rows)])

@@ -82,37 +82,39 @@ struct Delta {
   const int* rows;  // the n rows whose gate is not zero
 };
 
-// Part `part` of `parts` of every span's columns: its share of the span's 16-column chunks (the columns past the
-// last whole chunk go to the last part). Each element's sum is the same whichever part computes it.
+// Columns [0, cut) of every span (part 0) or [cut, N) (part 1): each column belongs to one part whatever span
+// covers it (a rank row's span is where it is not zero, so spans of one projection may differ at their edges),
+// so the two parts never write one element, and each element's sum runs over the blocks in the same order.
 template <typename T>
-void delta_part(const Delta<T>& J, int part, int parts) {
+void delta_part(const Delta<T>& J, int part, int cut) {
   using ptp16::v16;
   float s[16 * 64];  // (a * gate) for up to 16 ranks of up to 64 rows (more rows: in slices)
   for (int k0 = 0, k1; k0 < J.R; k0 = k1) {
     const int lo = J.sp[2 * k0], hi = J.sp[2 * k0 + 1];
     for (k1 = k0 + 1; k1 < J.R && k1 - k0 < 16 && J.sp[2 * k1] == lo && J.sp[2 * k1 + 1] == hi; ++k1) {
     }
-    const int nk = k1 - k0, chunks = (hi - lo) / 16;
-    const int j0 = lo + 16 * (chunks * part / parts), j1 = lo + 16 * (chunks * (part + 1) / parts);
-    const int tail = part == parts - 1 ? hi : j1;
+    const int nk = k1 - k0;
+    const int a = part == 0 ? lo : std::max(lo, cut), b = part == 0 ? std::min(hi, cut) : hi;
+    if (a >= b) continue;
     for (int r0 = 0; r0 < J.n; r0 += 64) {
       const int nr = std::min(64, J.n - r0);
       for (int r = 0; r < nr; ++r) {
         const int row = J.rows[r0 + r];
         for (int k = 0; k < nk; ++k) s[r * nk + k] = J.ap[static_cast<size_t>(row) * J.la + k0 + k] * J.gp[row];
       }
-      for (int j = j0; j < j1; j += 16) {
-        v16 b[16];
-        for (int k = 0; k < nk; ++k) b[k] = wide16(J.Bp + static_cast<size_t>(k0 + k) * J.N + j);
+      int j = a;
+      for (; j + 16 <= b; j += 16) {
+        v16 w[16];
+        for (int k = 0; k < nk; ++k) w[k] = wide16(J.Bp + static_cast<size_t>(k0 + k) * J.N + j);
         for (int r = 0; r < nr; ++r) {
           float* yr = J.yp + static_cast<size_t>(J.rows[r0 + r]) * J.ld + j;
           const float* sr = s + r * nk;
           v16 acc = ptp16::load(yr);
-          for (int k = 0; k < nk; ++k) acc += ptp16::splat(sr[k]) * b[k];
+          for (int k = 0; k < nk; ++k) acc += ptp16::splat(sr[k]) * w[k];
           ptp16::store(yr, acc);
         }
       }
-      for (int j = j1; j < tail; ++j)
+      for (; j < b; ++j)
         for (int r = 0; r < nr; ++r) {
           float* yr = J.yp + static_cast<size_t>(J.rows[r0 + r]) * J.ld + j;
           for (int k = 0; k < nk; ++k) *yr += s[r * nk + k] * wide1(J.Bp[static_cast<size_t>(k0 + k) * J.N + j]);
@@ -130,8 +132,9 @@ parallel_fn delta_parallel() {
   return one != nullptr && one[0] == '1' && one[1] == '\0' ? nullptr : fn;
 }
 
-// Both halves of the columns at once on ptp-sgemm's two threads (the other one otherwise waits for this pass: B
-// streams from memory, about 5 MB a call on the default model), or both in turn on this one.
+// Both halves of the columns (split at a multiple of 16 near N / 2) at once on ptp-sgemm's two threads (the other
+// one otherwise waits for this pass: B streams from memory, about 5 MB a call on the default model), or both in
+// turn on this one: the same sums either way.
 template <typename T>
 void add_delta(int M, int R, int N, const float* gp, const float* ap, int la, const T* Bp, const int32_t* sp,
                float* yp, int ld) {
@@ -141,11 +144,14 @@ void add_delta(int M, int R, int N, const float* gp, const float* ap, int la, co
     if (gp[i] != 0.0f) rows.push_back(i);
   const Delta<T> J{M, R, N, la, ld, static_cast<int>(rows.size()), gp, ap, Bp, sp, yp, rows.data()};
   parallel_fn par = delta_parallel();
-  auto run = [](void* ctx, int u) { delta_part(*static_cast<const Delta<T>*>(ctx), u, 2); };
+  auto run = [](void* ctx, int u) {
+    const Delta<T>& D = *static_cast<const Delta<T>*>(ctx);
+    delta_part(D, u, D.N / 32 * 16);
+  };
   if (par != nullptr)
     par(run, const_cast<Delta<T>*>(&J), 2);
   else
-    for (int u = 0; u < 2; ++u) delta_part(J, u, 2);
+    for (int u = 0; u < 2; ++u) run(const_cast<Delta<T>*>(&J), u);
 }
 
 }  // namespace
