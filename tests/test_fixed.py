@@ -7,6 +7,7 @@ the decoders use (chains, branches, token trees with sibling strands, no windows
 and bucket; buffers are written in place.
 """
 
+import sys
 from dataclasses import replace
 
 import mlx.core as mx
@@ -20,6 +21,8 @@ from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.drafting.protocol import DraftPlan, Strand
 from ptp_mlx.engine import Engine
 from ptp_mlx.generate import DecodeOptions, stream_generate
+from ptp_mlx.kernels import extension
+from ptp_mlx.model.block import block_layers
 from ptp_mlx.model.kv import CHUNK, KVState, round_up
 from ptp_mlx.sampler import SamplingSettings, UniformStream
 from ptp_mlx.testing import make_tiny_model, save_random_adapter
@@ -187,6 +190,23 @@ def test_shapes_compile_on_their_second_use(engine):
         assert first[0] == second[0] and all(np.array_equal(a, b) for a, b in zip(first[1], second[1], strict=True))
     finally:
         bank.compile_after = 1
+
+
+def test_a_shape_compiles_at_its_first_call_where_a_layer_is_one_primitive(engine, monkeypatch):
+    """Where a layer is one node (ptp-block on the CPU) a shape's tracing costs about its eager call, so a bank
+    compiles it at its first call; over MLX's per-op graph (the block off) the first call runs eagerly."""
+    saved = engine.pm.__dict__.pop("_banks", None)
+    try:
+        on = block_layers(engine.pm.base) > 0
+        assert on or sys.platform != "linux" or extension.module() is None  # (built here: the block is in use)
+        assert bank_for(engine.pm, True).compile_after == (1 if on else 2)
+        engine.pm.__dict__.pop("_banks")
+        monkeypatch.setenv("PTP_MLX_BLOCK", "0")
+        assert block_layers(engine.pm.base) == 0 and bank_for(engine.pm, True).compile_after == 2
+    finally:
+        engine.pm.__dict__.pop("_banks", None)
+        if saved is not None:
+            engine.pm.__dict__["_banks"] = saved
 
 
 def test_a_shape_compiled_for_one_bucket_compiles_at_once_in_the_next(engine):
