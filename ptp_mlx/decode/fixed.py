@@ -232,9 +232,10 @@ class CompileBank:
     An entry's first ``compile_after - 1`` calls run the same function eagerly (bit for bit the compiled result), and
     the call that reaches ``compile_after`` traces and compiles it: where tracing costs several eager calls (MLX's
     per-op graph), a shape a one-shot answer meets once is never traced; where a layer is one node (ptp-block on
-    the CPU, ``bank_for``) tracing costs about one eager call, and a shape compiles at its first call. A shape already compiled for another attention bucket is one that
-    recurs (the context grew past a bucket): it compiles at its first call in the new bucket, without the eager call
-    first (about 0.7 plain steps saved per shape each time an answer's context crosses a bucket, on this CPU)."""
+    the CPU, ``bank_for``) tracing costs about one eager call, and a shape compiles at its first call. A shape
+    already compiled for another attention bucket is one that recurs (the context grew past a bucket): it compiles
+    at its first call in the new bucket, without the eager call first (about 0.7 plain steps saved per shape each
+    time an answer's context crosses a bucket, on this CPU)."""
 
     def __init__(self, pm, compiled: bool = True, limit: int = 256, compile_after: int = 2):
         self.pm, self.compiled, self.limit, self.compile_after = pm, compiled, limit, compile_after

@@ -69,6 +69,10 @@ class LearnedCost:
         self.since_step = 0  # PTP calls since the last plain step was measured
         self.observed = 0
         self._prior_table = np.array([prior(w) for w in range(MAX_ROWS + 1)])
+        # (the prior's cost beyond one step, at least ``EXCESS_FLOOR`` a row: a flat or busy prior still has a shape
+        # to scale; what ``_rebuild`` corrects for widths never measured)
+        rows = np.arange(MAX_ROWS + 1)
+        self._prior_excess = np.maximum(self._prior_table - 1.0, EXCESS_FLOOR * np.maximum(rows - 1, 1))
         self._stale = True  # the table waits for its next reader (a plain step of a burst only marks it)
         self._saved = self._table.copy()  # (the prior bounded: never below a step, never falling with width)
 
@@ -190,22 +194,15 @@ class LearnedCost:
             # width below them no longer inherits the wide calls' ratio on the step it shares with a plain one
             # (held-out prompts on this CPU: only 5-6 row lookup calls measured, at 2.5 steps; a 2-row call,
             # 1.36-1.40 steps in the loop, was priced at 2.65 and never made, so never measured).
-            excess = self._excess(np.arange(MAX_ROWS + 1), table)
             measured = np.array([math.exp(self._estimate(b) - step) - 1.0 for b in seen])
-            log_corr = np.log(np.maximum(measured, EXCESS_FLOOR * (np.array(seen) - 1)) / excess[seen])
+            log_corr = np.log(np.maximum(measured, EXCESS_FLOOR * (np.array(seen) - 1)) / self._prior_excess[seen])
             widths = np.arange(2, MAX_ROWS + 1)
-            table[2:] = 1.0 + excess[2:] * np.exp(np.interp(widths, seen, log_corr))
+            table[2:] = 1.0 + self._prior_excess[2:] * np.exp(np.interp(widths, seen, log_corr))
         table[1] = 1.0
         self._table_ = np.maximum.accumulate(np.maximum(table, 1.0))
         # (read by the budget several times per call: kept, as every estimate only changes here)
         self._step = None if step is None else math.exp(step)
         self._stale = False
-
-    @staticmethod
-    def _excess(widths: np.ndarray, table: np.ndarray) -> np.ndarray:
-        """The prior's cost beyond one step at ``widths``, at least ``EXCESS_FLOOR`` a row (a flat or busy prior
-        still has a shape to scale)."""
-        return np.maximum(table[widths] - 1.0, EXCESS_FLOOR * np.maximum(widths - 1, 1))
 
     # -- on disk ---------------------------------------------------------------------------------------------------
     def _should_save(self) -> bool:

@@ -74,7 +74,7 @@ inline float wide1(uint16_t v) {
 // a call, and the adds run at the FMA rate.
 template <typename T>
 struct Delta {
-  int M, R, N, la, ld, n;
+  int R, N, la, ld, n;
   const float *gp, *ap;
   const T* Bp;
   const int32_t* sp;
@@ -142,16 +142,16 @@ void add_delta(int M, int R, int N, const float* gp, const float* ap, int la, co
   rows.clear();
   for (int i = 0; i < M; ++i)
     if (gp[i] != 0.0f) rows.push_back(i);
-  const Delta<T> J{M, R, N, la, ld, static_cast<int>(rows.size()), gp, ap, Bp, sp, yp, rows.data()};
+  Delta<T> J{R, N, la, ld, static_cast<int>(rows.size()), gp, ap, Bp, sp, yp, rows.data()};
   parallel_fn par = delta_parallel();
   auto run = [](void* ctx, int u) {
     const Delta<T>& D = *static_cast<const Delta<T>*>(ctx);
     delta_part(D, u, D.N / 32 * 16);
   };
   if (par != nullptr)
-    par(run, const_cast<Delta<T>*>(&J), 2);
+    par(run, &J, 2);
   else
-    for (int u = 0; u < 2; ++u) run(const_cast<Delta<T>*>(&J), u);
+    for (int u = 0; u < 2; ++u) run(&J, u);
 }
 
 }  // namespace
