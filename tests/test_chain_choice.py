@@ -3,7 +3,7 @@ own times, on a fake clock here; and a learnt answer is the autoregressive one w
 
 from __future__ import annotations
 
-from ptp_mlx.decode.chain_odds import EXPLORE, LEARN, ChainChoice, choice_for
+from ptp_mlx.decode.chain_odds import BACK_OFF, EXPLORE, LEARN, ChainChoice, choice_for
 
 LEARNING = 2 * (LEARN + 1)  # calls until both ways are measured (the first build ahead has no wait to compare with)
 
@@ -39,8 +39,8 @@ def test_a_gpu_like_machine_builds_ahead_a_busy_cpu_does_not():
     for k in range(200):
         gpu.judge(k % 10 < 3)
     assert gpu.pays() is True
-    ahead = _feed(gpu, 0.010, 0.0015, 0.0085, 0.0015, True, 3 * EXPLORE)
-    assert sum(not a for a in ahead) == 3  # only the exploring calls skip it
+    ahead = _feed(gpu, 0.010, 0.0015, 0.0085, 0.0015, True, 3 * EXPLORE * BACK_OFF)
+    assert sum(not a for a in ahead) == 3  # only the exploring calls skip it (measured clearly: rarely)
     assert gpu.describe().startswith("building ahead: on")
     # This CPU (measured 2026-12-05): the build delays the compute by most of its time, a read confirms 2 in 3.
     cpu = ChainChoice()
@@ -48,8 +48,29 @@ def test_a_gpu_like_machine_builds_ahead_a_busy_cpu_does_not():
     for k in range(30):
         cpu.judge(k % 3 != 0)
     assert cpu.pays() is False
-    ahead = _feed(cpu, 0.005, 0.003, 0.0033, 0.0013, True, 3 * EXPLORE)
+    ahead = _feed(cpu, 0.005, 0.003, 0.0033, 0.0013, True, 3 * EXPLORE * BACK_OFF)
     assert sum(ahead) == 3 and cpu.describe().startswith("building ahead: off")
+
+
+def test_a_choice_measured_clearly_explores_less_often():
+    """Both ways stay measured: one call in ``EXPLORE`` is built the other way round while the gain is within a few
+    standard errors of the choice's margin, one in ``EXPLORE * BACK_OFF`` once it is far beyond."""
+    choice = ChainChoice()
+    _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING)
+    clear = _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, 4 * EXPLORE * BACK_OFF)
+    assert sum(not a for a in clear) == 4
+    close = ChainChoice()  # (the builds after the read spread: building ahead gains a few standard errors' worth)
+    for k in range(LEARNING + 4 * EXPLORE * BACK_OFF):
+        if close.use():
+            close.read_waited(0.0085, 0.0015)
+            close.judge(True)
+        else:
+            close.read_waited(0.010, None)
+            close.built_on_path(0.003 + (0.003 if k % 4 < 2 else -0.003))
+    margin = close._margin()
+    assert margin is not None and 2.0 * margin[1] < margin[0] < 8.0 * margin[1], margin
+    late = [close.use() for _ in range(2 * EXPLORE * BACK_OFF)]
+    assert sum(not a for a in late) == 2 * BACK_OFF
 
 
 def test_the_choice_follows_a_machine_that_changes():

@@ -285,7 +285,9 @@ def test_calls_chained_on_token_trees_are_exact(varied, pm_sticky, name, monkeyp
     dropped = []
     drop = pipeline.drop_chained
     monkeypatch.setattr(
-        pipeline, "drop_chained", lambda ch, cache, keep=None: (dropped.append(keep is None), drop(ch, cache, keep))
+        pipeline,
+        "drop_chained",
+        lambda ch, cache, keep=None, **kw: (dropped.append(keep is None), drop(ch, cache, keep, **kw)),
     )
     _, tok = varied
     hits = 0

@@ -66,12 +66,13 @@ def test_gpu_job_dry_run(tmp_path, tiny):
     r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_job.sh"), "run"], env=env3, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     s3 = json.loads((out3 / "summary.json").read_text())["compiled_check"]
-    assert len(s3) == 12 and {v["rc"] for v in s3.values()} == {0}, s3
+    assert len(s3) == 13 and {v["rc"] for v in s3.values()} == {0}, s3
     assert "every answer identical to AR" in (out3 / "compiled-check.txt").read_text()  # (trees-vs-sibling)
     assert "bench-greedy-fixed3" in s3  # the fixed budget's chained calls on the held-out prompts
     figs = json.loads((out3 / "compiled-check.json").read_text())
     assert figs["profile-compiled-cudnn1"]["profile"]["compiled"] is True
     assert figs["profile-eager-cudnn0"]["profile"]["compiled"] is False
+    assert "profile-issue40" in figs  # (issue 40's own profile command, held-out prompt 1)
     assert "135m" in figs["cost-sweep"]["cost_sweep"] and len(list(out3.iterdir())) <= 8
     text = (out3 / "compiled-check.txt").read_text()
     assert "calls," in text and "compile bank" in text and "every PTP shape == ar" in text

@@ -168,9 +168,9 @@ def test_a_call_built_on_an_unresolved_burst_token_is_dropped(pms, varied, small
     seen = {"built_on_unresolved": 0}
     confirm = pipeline.confirm_after_burst
 
-    def spied(chained, plan, cache, last):
+    def spied(chained, plan, cache, last, *more):
         seen["built_on_unresolved"] += int(chained.token.item()) == UNRESOLVED
-        return confirm(chained, plan, cache, last)
+        return confirm(chained, plan, cache, last, *more)
 
     monkeypatch.setattr(pipeline, "confirm_after_burst", spied)
     for p in PROMPTS[:3]:

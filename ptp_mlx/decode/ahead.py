@@ -19,8 +19,14 @@ from .shape import CallSpec
 
 # The chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest (where time is spare:
 # ``CallQueue``). Device-like simulation (docs/results/decode-floor/2026-12-06g/): 0.05 chains more calls than 0.15
-# or 0.25 with no more host time on the path, though an unused build costs 0.24-0.35 ms to let go.
+# or 0.25 with no more host time on the path (an unused build is let go after the next call is queued: ``park``).
 OTHER_KIND_MIN = 0.05
+# The chance a build of plans by the token the call emits (``Drafter.guess_by_token``: lookup chains after an
+# adapter call or a lookup chain cut short) needs, each outcome's weighed by how often such plans were the real
+# next one after calls like it. Device-like simulation (docs/results/decode-floor/2026-12-07b/): 0.1 chains 82% of
+# the default drafter's calls on held-out prompts (the profile's prompt 86%), 0.25 80-81%; the unused builds are
+# let go after the next call is queued (``park``).
+TOKEN_MIN = 0.1
 
 
 @dataclass
@@ -47,14 +53,27 @@ class Chained:
     token: mx.array | None = None  # the lazy token a call after a burst was built on
     others: list[Build] = field(default_factory=list)  # builds for outcomes of other kinds (compiled graphs only)
     every: list[Guess | None] = field(default_factory=list)  # each outcome's guess, built or not (``Confirmed``)
+    by_token: list[Guess | None] = field(default_factory=list)  # each outcome's plans by token, built or not
     source: str | None = None  # the source of the call it was built after (``Confirmed``)
 
     def pick(self, accepted: int) -> Build | None:
-        """The build for the outcome of ``accepted`` drafts (this one's own, its ``state`` None; or one of
-        ``others``), or None where none was built for it."""
-        if self.guesses[accepted] is not None:
-            return Build(self.call, self.guesses, self.rows, None)
-        return next((o for o in self.others if o.guesses[accepted] is not None), None)
+        """The build of ``guess``'s plan for the outcome of ``accepted`` drafts (this one's own, its ``state``
+        None; or one of ``others``), or None where none was built for it."""
+        return next((b for b in self.builds(accepted) if b.guesses[accepted].by_token is None), None)
+
+    def builds(self, accepted: int) -> list[Build]:
+        """Every build for the outcome of ``accepted`` drafts: ``pick``'s, then one by the token the call emits
+        (``Drafter.guess_by_token``), if made."""
+        own = [Build(self.call, self.guesses, self.rows, None)] if self.guesses[accepted] is not None else []
+        return own + [o for o in self.others if o.guesses[accepted] is not None]
+
+    def token_plan(self, result: CallResult) -> DraftPlan | None:
+        """The plan built ahead for the token ``result`` emitted (``Drafter.guess_by_token``), or None."""
+        for b in self.builds(result.accepted) if result.strand is None else ():
+            table = b.guesses[result.accepted].by_token
+            if table is not None and result.block[-1] in table:
+                return table[result.block[-1]]
+        return None
 
 
 def build_chained(
@@ -74,27 +93,41 @@ def build_chained(
         return None
     n = len(plan.drafts)
     guesses: list[Guess | None] = []
+    by_token: list[Guess | None] = []
     for g in range(n + 1):
         i = call.i + 1 + g
         if i >= max_new:  # the answer ends with this outcome: no next call to build for it
             guesses.append(None)
+            by_token.append(None)
             continue
         guess = drafter.guess(plan, g, i, max_new - i, ctx - (call.offset + 1 + g))
         if guess is not None and (guess.plan.burst or (guess.plan.strands and not guess.strand_src)):
             guess = None
         # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
         guesses.append(guess)
+        # (time to spare: the plans that hang on the token the call emits, for a build of their own)
+        spare_time = kinds > 1
+        by_token.append(
+            drafter.guess_by_token(plan, g, i, max_new - i, ctx - (call.offset + 1 + g)) if spare_time else None
+        )
     chained, before = None, cache.snapshot()
-    likely = drafter.likely(plan)
-    if confirmed is not None:
-        likely = confirmed.weigh(plan.source, guesses, likely)
-    for mine in _by_kind(guesses, likely):
-        if chained is not None and len(chained.others) + 1 >= kinds:
+    chance = drafter.likely(plan)
+    likely = confirmed.weigh(plan.source, guesses, chance) if confirmed is not None else chance
+    own = _by_kind(guesses, likely)
+    # (the likeliest kind first, on the cache as it is; then the likeliest kind of plans by token, if likely
+    # enough to be the real plan: an unused build costs the cut of its edges to the buffers on the path, ``park``)
+    tokens = [] if confirmed is None else _by_kind(by_token, confirmed.weigh(plan.source, by_token, chance), TOKEN_MIN)
+    order = own[:1] + tokens[:1] + own[1:]
+    limit = kinds + (len(order) > len(own))
+    for mine in order:
+        if chained is not None and len(chained.others) + 1 >= limit:
             break
-        if chained is None:
-            built = _build_kind(sess, call, mine, n)
+        if chained is None:  # (a build by token only where its graph is compiled: it may well go unused)
+            built = _build_kind(sess, call, mine, n, compiled_only=all(mine is not k for k in own))
             if built is not None:
-                chained = Chained(built[0], mine, before, built[1], every=guesses, source=plan.source)
+                chained = Chained(
+                    built[0], mine, before, built[1], every=guesses, by_token=by_token, source=plan.source
+                )
             continue
         after = cache.snapshot()
         cache.restore(before)
@@ -139,7 +172,9 @@ def _build_kind(
     c = call.out.accepted  # int32 []: the outcome, known on the device only
     # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
     tokens = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
-    if m:
+    if known[0].by_token is not None:  # the drafts of the token the call emits (none guessed for it: dropped)
+        tokens.append(_by_token(guesses, n, m, c, tokens[0]))
+    elif m:
         picked = mx.take(mx.array(per_outcome), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
         if tree:  # the drafts and the tree's tokens, from this call's argmax and runner-ups
             table = mx.concatenate([call.out.aux_top[:, None], call.out.alt], axis=1).reshape(-1)
@@ -157,6 +192,20 @@ def _build_kind(
         bound=call.offset + 1 + n,
     )
     return build_call(sess, None, nxt, None, chain=inputs), rows
+
+
+def _by_token(guesses: list[Guess | None], n: int, m: int, c: mx.array, token: mx.array) -> mx.array:
+    """The drafts planned for ``token`` (lazy: the call's exact token) at outcome ``c`` (lazy), from the tables of
+    ``guesses``' ``by_token`` (each outcome's tokens and their plans' drafts); a token none was planned for gets
+    the first one's, never queued (its plan is not the real one: ``Guess.realize``)."""
+    width = max(len(x.by_token) for x in guesses if x is not None)
+    table = np.full((n + 1, width), -1, np.int32)
+    drafts = np.zeros((n + 1, width, m), np.int32)
+    for g, x in enumerate(guesses):
+        for j, (t, p) in enumerate(x.by_token.items() if x is not None else ()):
+            table[g, j], drafts[g, j] = t, p.drafts
+    j = mx.argmax((mx.take(mx.array(table), c, axis=0) == token).astype(mx.int32))
+    return mx.take(mx.take(mx.array(drafts), c, axis=0), j, axis=0)
 
 
 def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i: int, max_new: int, ctx: int):
@@ -180,7 +229,9 @@ def build_after_burst(sess: DecodeSession, drafter: Drafter, token: mx.array, i:
     return Chained(built, [Guess(plan, None)], before, call_shape(plan).rows, token)
 
 
-def confirm_after_burst(chained: Chained, plan: DraftPlan | None, cache, last: int) -> PendingCall | None:
+def confirm_after_burst(
+    chained: Chained, plan: DraftPlan | None, cache, last: int, grave: list | None = None
+) -> PendingCall | None:
     """The call built after a burst, if ``plan`` (the drafter's real plan, the burst's tokens read) is the one it
     was built for and ``last`` (the burst's last token, as read) the token it was built on (not a token the host
     resolved: sampler.py, ``UNRESOLVED``); otherwise None, the call dropped and the cache back at the burst's end."""
@@ -189,7 +240,7 @@ def confirm_after_burst(chained: Chained, plan: DraftPlan | None, cache, last: i
     ok = ok and int(chained.token.item()) == last  # (computed: the burst's last step was read)
     ok = ok and plan.branches == guess.branches and plan.source == guess.source and plan.strict == guess.strict
     if not ok:
-        drop_chained(chained, cache, chained.call.offset)
+        drop_chained(chained, cache, chained.call.offset, grave)
         return None
     chained.before = None
     return replace(chained.call, plan=plan)
@@ -200,49 +251,70 @@ def _kind(guess: Guess) -> tuple:
     drafts come from (this call's rows, or tokens the host knows: not one gather)."""
     p = guess.plan
     tree = tuple((st.at, len(st.tokens), st.width, st.parent) for st in p.strands)
-    return len(p.drafts), p.branches, p.strict, guess.draft_rows is None, tree
+    return len(p.drafts), p.branches, p.strict, guess.draft_rows is None, tree, guess.by_token is not None
 
 
-def _by_kind(guesses: list[Guess | None], likely: list[float] | None) -> list[list[Guess | None]]:
+def _by_kind(
+    guesses: list[Guess | None], likely: list[float] | None, least: float | None = None
+) -> list[list[Guess | None]]:
     """``guesses`` split by kind (``_kind``), the kind whose outcomes are likeliest to happen first (``likely[g]``:
-    P(g drafts stand); None: all alike); after the first, only kinds at least ``OTHER_KIND_MIN`` likely. Each list
-    keeps its kind's guesses in place and None elsewhere (a read that reports an outcome of no build drops them)."""
+    P(g drafts stand); None: all alike); after the first, only kinds at least ``OTHER_KIND_MIN`` likely (``least``:
+    every kind at least that likely). Each list keeps its kind's guesses in place and None elsewhere (a read that
+    reports an outcome of no build drops them)."""
     weight: dict[tuple, float] = {}
     for g, x in enumerate(guesses):
         if x is not None:
             p = likely[g] if likely is not None and g < len(likely) else 1.0
             weight[_kind(x)] = weight.get(_kind(x), 0.0) + p + 1e-9
     kinds = sorted(weight, key=weight.get, reverse=True)
+    if least is not None:
+        kinds = [k for k in kinds if likely is None or weight[k] >= least]
     kinds = kinds[:1] + [k for k in kinds[1:] if likely is None or weight[k] >= OTHER_KIND_MIN]
     return [[x if x is not None and _kind(x) == k else None for x in guesses] for k in kinds]
 
 
 def confirm_chained(
-    chained: Chained, result: CallResult, plan: DraftPlan | None, i: int, cache, realized: DraftPlan | None = None
-) -> PendingCall | None:
+    chained: Chained, result: CallResult, plan: DraftPlan | None, i: int, cache, realized: DraftPlan | None = None,
+    grave: list | None = None,
+) -> PendingCall | None:  # fmt: skip
     """The chained call, if ``plan`` (the drafter's real next plan after ``result``, None: the answer ended) is
     the one guessed for the outcome that happened (in the likeliest kind's build or another's); it then starts at
     generated position ``i`` and the state before it is let go (its writes stay in place), with every other build.
     None: the chained call is dropped, the cache is back at the accepted path, and ``plan`` is built as usual.
-    ``realized``: that build's plan as ``result`` realizes it, where the caller has it already."""
+    ``realized``: that build's plan as ``result`` realizes it, where the caller has it already; ``grave``: where
+    the builds not used are kept until the next call is queued (``park``)."""
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the likeliest build's rows
-    hit = chained.pick(result.accepted) if result.strand is None else None
-    ok = hit is not None and plan is not None and not plan.burst and not result.resolved
-    # (a tree's strands: the read's argmax and runner-ups in its placeholders; a plan committed to is that object)
-    ok = ok and (plan is realized or _matches(plan, realized or hit.guesses[result.accepted].realize(result)))
-    if not ok:
-        drop_chained(chained, cache, keep)
+    c = result.accepted
+    live = result.strand is None and plan is not None and not plan.burst and not result.resolved
+    hit = None
+    for b in chained.builds(c) if live else ():
+        guess = b.guesses[c]
+        # (a tree's strands: the read's argmax and runner-ups in its placeholders; a plan committed to is that
+        # object; ``realized``: the guess in ``every``, realized already)
+        mine = realized if realized is not None and c < len(chained.every) and guess is chained.every[c] else None
+        if plan is mine or _matches(plan, mine or guess.realize(result)):
+            hit = b
+            break
+    if hit is None:
+        drop_chained(chained, cache, keep, grave)
         return None
+    unused = [(o.call, o.state) for o in chained.others if o is not hit]
     if hit.state is not None:  # another kind's build: the cache takes the state after it, past the accepted path
+        unused.append((chained.call, cache.snapshot()))
         cache.restore(hit.state)
         cache.trim_to(keep + hit.rows)
+    park(grave, chained.before, unused)
     # (let go of the state before and of every other build now, so the call's writes stay in place)
     chained.before, chained.others = None, []
     return replace(hit.call, plan=plan, offset=keep, i=i, ahead=True)  # the same rows; the host knows what they verify
 
 
-def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:
-    """Give the cache back its state before the chained build, trimmed to ``keep`` rows (None: as it was then)."""
+def drop_chained(chained: Chained, cache, keep: int | None = None, grave: list | None = None) -> None:
+    """Give the cache back its state before the chained build, trimmed to ``keep`` rows (None: as it was then); the
+    builds go to ``grave`` (``park``)."""
+    if chained.before is not None:
+        unused = [(chained.call, cache.snapshot()), *((o.call, o.state) for o in chained.others)]
+        park(grave, chained.before, unused)
     chained.others = []
     if chained.before is not None:
         cache.restore(chained.before)
@@ -251,9 +323,33 @@ def drop_chained(chained: Chained, cache, keep: int | None = None) -> None:
         cache.trim_to(keep)
 
 
+def park(grave: list | None, before: tuple | None, unused: list[tuple[PendingCall, tuple]]) -> None:
+    """Keep the builds ``unused`` (each call and the cache's state after it) in ``grave``, to be let go once the
+    next call is queued (``CallQueue.bury``: off the critical path where a device computes; letting a build go
+    cost 0.19-0.35 ms on this CPU's path, docs/results/decode-floor/2026-12-06i/), their graphs' edges to the K/V
+    buffers of ``before`` (the state they were built on) cut first, so that the call queued instead writes those
+    buffers in place. Without the CPU extension's ``cut_buffers`` (or ``grave`` None) they go now, as they come."""
+    if grave is None or before is None or not unused:
+        return
+    cut = _cut_buffers()
+    if cut is None:
+        return
+    outs = [a for _call, (keys, values, _) in unused for a in (*keys, *values) if a is not None]
+    cut(outs, [a for a in (*before[0], *before[1]) if a is not None])
+    grave.extend(unused)
+
+
+def _cut_buffers():
+    """The CPU extension's ``cut_buffers`` (kernels/block.cpp), or None where it is not built."""
+    from ..kernels.extension import module
+
+    mod = module()
+    return getattr(mod, "cut_buffers", None) if mod is not None else None
+
+
 def _matches(plan: DraftPlan | None, built: DraftPlan) -> bool:
     """Whether ``plan`` (the drafter's real next plan) is the one a guess realized as ``built``."""
     ok = plan is not None and not plan.burst
     ok = ok and plan.branches == built.branches and plan.drafts == built.drafts and plan.strands == built.strands
-    ok = ok and plan.source == built.source and plan.strict == built.strict
+    ok = ok and plan.source == built.source and plan.strict == built.strict and all(t >= 0 for t in built.drafts)
     return ok and all(t >= 0 for st in built.strands for t in st.tokens)  # (every placeholder had its token)

@@ -65,6 +65,12 @@ SLOW_FADE = 0.9  # the weight ``ChainChoice``'s time estimates keep per sample (
 
 
 NOISE = 2.0  # standard errors by which building ahead must be measured to pay before it is chosen
+# A choice measured beyond ``CLEAR`` times that margin (either way) explores ``BACK_OFF`` times less often: where a
+# device computes, a build ahead saves a call's whole host time and nearly always pays, and one call in 16 built
+# after the read only to re-measure it cost the profile's prompt 6% of its chained calls (device-like simulation,
+# docs/results/decode-floor/2026-12-07b/).
+CLEAR = 4.0
+BACK_OFF = 4
 
 
 def _slow(old: float | None, new: float) -> float:
@@ -130,22 +136,30 @@ class ChainChoice:
     def pays(self) -> bool | None:
         """The choice as measured so far (None: not measured both ways yet): the confirm rate times ``saving`` beats
         ``extra`` by ``NOISE`` standard errors of that difference."""
+        margin = self._margin()
+        return None if margin is None else margin[0] > NOISE * margin[1]
+
+    def _margin(self) -> tuple[float, float] | None:
+        """What building ahead is measured to gain per call (seconds) and that figure's standard error; None
+        until both ways are measured."""
         if min(self.reads) < LEARN or self.saving is None or self.extra is None:
             return None
         r = self.rate()
         noise = (self._extra.var_of_mean() + r * r * self._saving.var_of_mean()) ** 0.5
-        return r * self.saving - self.extra > NOISE * noise
+        return r * self.saving - self.extra, noise
 
     def use(self) -> bool:
         """Whether the next call is built ahead: the choice, the other way one call in ``EXPLORE`` (every other
-        call while it is being learnt)."""
+        call while it is being learnt; ``BACK_OFF`` times less often where the choice is clear)."""
         self.calls += 1
         if self.forced is not None:
             return self.forced
-        on = self.pays()
-        if on is None:
+        margin = self._margin()
+        if margin is None:
             return self.calls % 2 == 1
-        return on != (self.calls % EXPLORE == 0)
+        gain, noise = margin
+        every = EXPLORE * (BACK_OFF if abs(gain) > CLEAR * NOISE * noise else 1)
+        return (gain > NOISE * noise) != (self.calls % every == 0)
 
     def read_waited(self, seconds: float, built: float | None, kind: tuple = ()) -> None:
         """A read of a call of ``kind`` (token rows, auxiliary rows, queued from a build ahead) waited ``seconds``

@@ -75,6 +75,7 @@ class CallQueue:
         # why the next call is built after the read rather than queued from a build ahead (``ptp-bench --profile``)
         self.why = "the answer's first call"
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
+        self.grave: list = []  # builds not used, let go once the next call is queued (``ahead.park``, ``bury``)
 
     @property
     def end(self) -> int:
@@ -101,6 +102,11 @@ class CallQueue:
             self.choice.built_on_path(time.perf_counter() - t0 + self._plan_s)
         self._plan_s = 0.0
 
+    def bury(self) -> None:
+        """Let go of the builds not used (``ahead.park``): called once the next call is queued, off the path where
+        a device computes."""
+        self.grave.clear()
+
     def _ahead(self) -> bool:
         """Whether to build ahead now: always where asked (``chain=True``), else where it pays (``ChainChoice``)."""
         return self.chains and (self.choice is None or self.choice.use())
@@ -116,6 +122,7 @@ class CallQueue:
         """Build the call after the running one for every outcome, while it computes (none where that does not
         apply: ``build_chained``)."""
         self._ahead_s = None
+        self.bury()  # (the call just queued writes its buffers in place already: nothing here holds them)
         if self.running is not None and not self._ahead():
             self.why = "building ahead off" if self.chains else "building ahead does not apply"
         elif self.running is not None:
@@ -148,6 +155,10 @@ class CallQueue:
         built = self.chained is not None and result.strand is None and self.chained.pick(result.accepted) is not None
         return self._guess_realized(result) if built else None
 
+    def token_plan(self, result: CallResult) -> DraftPlan | None:
+        """The plan built ahead for the token ``result`` emitted (``Drafter.guess_by_token``), or None."""
+        return self.chained.token_plan(result) if self.chained is not None else None
+
     def guessed_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan guessed ahead for the outcome ``result`` reports, built or not (an outcome of a kind no build
         served: the drafter may still commit to it and skip planning; None: none was guessed)."""
@@ -172,7 +183,7 @@ class CallQueue:
             # strand's K/V rows move in the state before that call was built (its writes are let go).
             chained, self.chained = self.chained, None
             if chained is not None:
-                drop_chained(chained, self.sess.cache)
+                drop_chained(chained, self.sess.cache, grave=self.grave)
                 self.why = "the path took a strand of the tree"
             return 0
 
@@ -198,7 +209,7 @@ class CallQueue:
             built = guess is not None and chained.pick(result.accepted) is not None
             realized = self._realized[1] if self._realized is not None and self._realized[0] is result else None
             self._realized = None
-            self.running = confirm_chained(chained, result, plan, i, self.sess.cache, realized)
+            self.running = confirm_chained(chained, result, plan, i, self.sess.cache, realized, self.grave)
             if self.running is not None:
                 self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
             else:
@@ -206,16 +217,20 @@ class CallQueue:
             if self.choice is not None and plan is not None and not result.resolved:
                 self.choice.judge(self.running is not None)
             if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
-                # (a built guess was just compared: it matched if its call is the running one now)
-                matched = self.running is not None if built else _matches(plan, realized or guess.realize(result))
+                # (the running call may be another build's: a lookup chain for the token the read revealed)
+                realized = realized or guess.realize(result)
+                matched = plan is realized or _matches(plan, realized)
                 self.confirmed.judge(chained.source, guess, matched)
+            tokens = chained.by_token[result.accepted] if result.strand is None and chained.by_token else None
+            if tokens is not None and plan is not None and not result.resolved:  # (plans by token: judged apart)
+                self.confirmed.judge(chained.source, tokens, _matches(plan, tokens.realize(result)))
         return self.running is not None
 
     def confirm_start(self, plan: DraftPlan | None, last: int) -> bool:
         """After a burst: the call built on its last step becomes the running one if ``plan`` is its plan and
         ``last`` the token it was built on; otherwise it is dropped. True when a call is ready to submit."""
         started, self.started = self.started, None
-        self.running = confirm_after_burst(started, plan, self.sess.cache, last)
+        self.running = confirm_after_burst(started, plan, self.sess.cache, last, self.grave)
         if self.running is not None:
             self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
         else:
@@ -235,3 +250,4 @@ class CallQueue:
         elif self.running is not None:  # queued but never read (the consumer stopped first): its rows leave
             cache.trim_to(self.running.offset)
         self.running = self.chained = self.started = None
+        self.bury()

@@ -111,7 +111,8 @@ def ptp_calls(
                 guessed = built or queue.guessed_plan(out)  # (guessed, not built: committing skips the planning)
                 plan = drafter.commit(guessed, i) if guessed is not None else None
                 if plan is None:
-                    drafter.chained(built)
+                    # (a lookup chain built for the token this call emitted, else the adapter's call built)
+                    drafter.chained(queue.token_plan(out) or built)
                     plan = queue.plan(i)
             ready = queue.confirm(out, plan, i)
             clock.mark("update")
@@ -160,6 +161,8 @@ def _burst(sess: DecodeSession, drafter: Drafter, last: int, i: int, length: int
         drafter.emitted(block)
         if sess.context is not None:
             sess.context.add(block)
+        if done == 1:  # (the burst's second step is queued: builds dropped before it go now)
+            queue.bury()
         yield block, info
         if done < length - 1 and not stop and drafter.ready():
             # A draft worth a call is in hand: the burst ends after the step already queued, whose token is read

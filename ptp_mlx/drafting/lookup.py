@@ -10,12 +10,14 @@ verified chain, so adapter drafts continue where the lookup stops.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .protocol import DraftSession
 from .rows import Pace
 
 NGRAMS = (4, 3, 2)
+FOLLOWERS = 8  # tokens kept per n-gram's first n - 1 tokens that ended it (``next_tokens``)
 ALTERNATIVES = 3  # continuations kept per n-gram, each with a different next token (side strands of a tree)
 # How long the match behind a chain is (the latest tokens that equal those before the copied text, up to 16) sorts
 # its drafts' chances: a chain copied after a long match is likelier to go on as the text did. Hit rates are kept
@@ -61,6 +63,8 @@ class LookupProposer:
         # n-gram -> the latest starts whose continuations begin with different tokens (most recent first)
         self._alts: dict[tuple[int, ...], list[int]] = {}
         self._indexed = 0  # n-grams ending at positions < _indexed are in the index
+        # an n-gram's first n - 1 tokens -> the tokens that ended it in the index, latest first (``next_tokens``)
+        self._follow: dict[tuple[int, ...], list[int]] = {}
         self.pace = Pace()  # what lookup calls delivered in this answer (discarded burst steps charged too)
         self.turn_start = 0  # history before this position is an earlier turn (its copies are offered ``earlier``)
         self._matched: tuple[int, int | None] | None = None  # (history length, ``_match`` of it)
@@ -72,6 +76,7 @@ class LookupProposer:
         self.turn_start = session.turn_start
         if not self._own_history:
             self.history, self._index, self._alts, self._indexed = list(session.prompt), {}, {}, 0
+            self._follow = {}
             self._matched = None
 
     @property
@@ -104,6 +109,8 @@ class LookupProposer:
                     self._index[key] = end - n
                     starts = [s for s in self._alts.get(key, []) if h[s + n] != h[end]]
                     self._alts[key] = [end - n, *starts][:ALTERNATIVES]
+                    x, pre = key[-1], key[:-1]
+                    self._follow[pre] = [x, *(t for t in self._follow.get(pre, ()) if t != x)][:FOLLOWERS]
         self._indexed = max(self._indexed, upto)
 
     def candidates(self) -> list[int]:
@@ -150,6 +157,36 @@ class LookupProposer:
             ch += m
         rate = (ch + CLASS_PRIOR * hits / (hits + misses)) / (ch + cm + CLASS_PRIOR)
         return LookupOffer(tuple(ext[nxt : nxt + self._length(then)]), rate, nxt < self.turn_start)
+
+    def next_tokens(self, h: list[int], limit: int) -> list[int]:
+        """Tokens that followed ``h``'s latest 3, then 2, then 1 tokens before (latest first, each once, at most
+        ``limit``): were the next token one of them, lookup would match the n-gram it ends (``offer_after``).
+        ``h``: the history, perhaps with tokens appended (a call's drafts that may stand)."""
+        self._reindex()
+        out: list[int] = []
+        for n in NGRAMS:
+            if len(h) < n:
+                continue
+            pre = tuple(h[len(h) - n + 1 :])
+            tail = [
+                h[e] for e in range(len(h) - 1, max(self._indexed - 1, n - 1) - 1, -1) if tuple(h[e - n + 1 : e]) == pre
+            ]
+            for x in tail + self._follow.get(pre, []):
+                if x not in out:
+                    out.append(x)
+                    if len(out) >= limit:
+                        return out
+        return out
+
+    def offer_after(self, h: list[int]) -> LookupOffer | None:
+        """The chain ``offer`` would make once the history is ``h`` (the history with tokens appended), at the
+        rates as they are; nothing here changes the proposer."""
+        self._reindex()
+        at = self._match(h)
+        if at is None:
+            return None
+        k = self.match_class(h, at)
+        return LookupOffer(tuple(h[at : at + self._length(k)]), self.class_rate(k), at < self.turn_start)
 
     def _current(self) -> int | None:
         """``_match`` of the history as it is (kept until the history grows: the policy asks more than once per
@@ -200,6 +237,10 @@ class LookupProposer:
 
     def observe(self, proposed: int, accepted: int, cost: float) -> None:
         """A call verified ``proposed`` lookup drafts, ``accepted`` of them stood, at ``cost`` plain steps."""
+        self._count(proposed, accepted)
+        self.pace.add(accepted + 1, cost)
+
+    def _count(self, proposed: int, accepted: int) -> None:
         self.hits += accepted
         self.misses += accepted < proposed
         at = self._current()  # (the history is still the one the verified chain was matched in: ``emitted`` is next)
@@ -207,7 +248,17 @@ class LookupProposer:
             k = self.match_class(self.history, at)
             self.class_hits[k] += accepted
             self.class_misses[k] += accepted < proposed
-        self.pace.add(accepted + 1, cost)
+
+    @contextmanager
+    def as_if_observed(self, proposed: int, accepted: int):
+        """The hit rates as ``observe`` will leave them once a call of ``proposed`` lookup drafts is read with
+        ``accepted`` of them standing, for the duration (a guess made before that read: ``offer_after``)."""
+        kept = self.hits, self.misses, list(self.class_hits), list(self.class_misses)
+        self._count(proposed, accepted)
+        try:
+            yield self
+        finally:
+            self.hits, self.misses, self.class_hits, self.class_misses = kept
 
     def emitted(self, tokens: list[int]) -> None:
         self.history.extend(tokens)

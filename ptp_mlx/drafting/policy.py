@@ -8,6 +8,7 @@ other: the policy talks to each through its public verbs.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 from .budget_policy import BudgetPolicy
@@ -16,6 +17,8 @@ from .lookup import LookupOffer, LookupProposer
 from .protocol import CallResult, Drafter, DraftPlan, DraftSession, Guess, chain_accepted
 from .rows import reach
 from .strands import StrandOffer
+
+TOKEN_GUESSES = 4  # tokens an adapter call may emit whose lookup chains are built ahead (``guess_by_token``)
 
 
 class DraftPolicy(Drafter):
@@ -87,6 +90,29 @@ class DraftPolicy(Drafter):
             nxt = self._fit_lookup(offer, remaining, room) if offer is not None else None
             return Guess(nxt, None) if nxt is not None else None
         return self.chain.guess(plan, accepted, i, remaining, room)
+
+    def guess_by_token(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        # After the adapter's call, or a lookup chain cut short: prompt lookup's chain once the call's exact token
+        # extends the history, for each token whose n-gram lookup would match (the adapter's guess stands beside
+        # it in its own build; after the read the policy weighs the two as ever). A lookup chain that stands whole
+        # goes on as the copied text does (``guess``). A lookup call's read moves lookup's hit rates before the
+        # next plan (``update``): its outcome's rates price the chains here.
+        lookup = self.lookup
+        if lookup is None or (plan.source == lookup.source and accepted == len(plan.drafts)):
+            return None
+        h = lookup.history + list(plan.drafts[:accepted])
+        plans: dict[int, DraftPlan] = {}
+        with lookup.as_if_observed(len(plan.drafts), accepted) if plan.source == lookup.source else nullcontext():
+            for x in lookup.next_tokens(h, TOKEN_GUESSES):
+                offer = lookup.offer_after(h + [x])
+                nxt = self._fit_lookup(offer, remaining, room, preview=True) if offer is not None else None
+                if nxt is not None and not nxt.burst and not nxt.strands:
+                    plans[x] = nxt
+        if not plans:
+            return None
+        first = next(iter(plans.values()))  # (the likeliest token's shape: one build serves one shape)
+        same = {x: p for x, p in plans.items() if (len(p.drafts), p.branches, p.strict) == _shape(first)}
+        return Guess(first, None, by_token=same)
 
     def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:
         # A lookup chain in hand (what ends a burst early): the chain it continues with if the burst's last token,
@@ -198,6 +224,10 @@ class DraftPolicy(Drafter):
             source=self.lookup.source,
         )
         return bool(fit.drafts) and self.lookup.ready()
+
+
+def _shape(plan: DraftPlan) -> tuple:
+    return len(plan.drafts), plan.branches, plan.strict
 
 
 @dataclass(frozen=True)

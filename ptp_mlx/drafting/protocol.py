@@ -196,6 +196,9 @@ class Guess:
     plan: DraftPlan
     draft_rows: list[int] | None
     strand_src: tuple[tuple[int, int], ...] = ()
+    # the plan for each token the current call may emit at this outcome (``Drafter.guess_by_token``: all of one
+    # shape, ``plan`` one of them); the build picks the drafts by the token the call computes
+    by_token: dict[int, DraftPlan] | None = None
 
     def drafts(self, aux_tokens: list[int]) -> tuple[int, ...]:
         """The guessed call's drafts once the current call's auxiliary argmax tokens are read."""
@@ -204,7 +207,11 @@ class Guess:
         return tuple(aux_tokens[j] for j in self.draft_rows)
 
     def realize(self, result: CallResult) -> DraftPlan:
-        """The guessed plan with the tokens the current call's read (``result``) put in its placeholders."""
+        """The guessed plan with the tokens the current call's read (``result``) put in its placeholders (by the
+        token it emitted: drafts of -1, never a real plan's, where none was guessed for that token)."""
+        if self.by_token is not None:
+            nxt = self.by_token.get(result.block[-1])
+            return nxt if nxt is not None else replace(self.plan, drafts=(-1,) * len(self.plan.drafts))
         drafts = self.drafts(result.aux_tokens)
         if not self.strand_src:
             return replace(self.plan, drafts=drafts)
@@ -267,6 +274,13 @@ class Drafter(ABC):
         call then starts at generated position ``i``, with ``remaining`` tokens wanted and ``room`` rows left), if
         it can tell before that call is read; None otherwise. Decoding builds the guessed call while the current
         one computes and queues it the moment the read confirms it (``ptp_mlx/decode/pipeline.py``)."""
+        return None
+
+    def guess_by_token(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
+        """As ``guess``, for plans that depend on the exact token the call emits after ``accepted`` drafts (which
+        only the call computes): a ``Guess`` whose ``by_token`` holds the plan for each token likely enough, all of
+        one shape, or None. Built where the host has time to spare beside ``guess``'s build; the read tells which
+        token came and whether its plan is the real one."""
         return None
 
     def guess_start(self, i: int, remaining: int, room: int) -> DraftPlan | None:

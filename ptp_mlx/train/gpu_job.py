@@ -146,9 +146,11 @@ def run(a: argparse.Namespace) -> int:
 
             prompts = a.bench_prompts or Path(__file__).resolve().parent.parent / "data" / "heldout_prompts.jsonl"
             bench_model = _bench_model(work, model_dir, a)
+            # (issue 40's profile at its own 128 tokens; a dry run's few tokens shrink it too)
             summary["compiled_check"] = compiled_check(
-                work, out, adapter, bench_model, prompts, a.bench_tokens, a.sweep_sizes, a.stress_calls
-            )
+                work, out, adapter, bench_model, prompts, a.bench_tokens, a.sweep_sizes, a.stress_calls,
+                profile_tokens=128 if a.bench_tokens >= 64 else a.bench_tokens,
+            )  # fmt: skip
         else:
             summary["bench"] = bench(work, out, adapter, _bench_model(work, model_dir, a), a)
         (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
