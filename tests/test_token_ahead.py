@@ -94,6 +94,27 @@ def test_after_a_lookup_chain_cut_short_the_guess_by_token_is_the_next_lookup_pl
     assert policy.guess_by_token(plan, len(plan.drafts), 30, 60, 200) is None  # a whole chain goes on (``guess``)
 
 
+def test_a_lookup_chain_planned_ahead_is_committed_where_the_read_leaves_it_lookup_s_chain():
+    """After the read, a lookup plan made ahead (for the token the read revealed) runs without re-planning where
+    lookup's chain now verifies its drafts and still beats the adapter's chain; another token, or an adapter chain
+    that expects more, plans as ever."""
+    budget = Budget(CostCurve.linear(0.05), max_width=4)
+    history = [5, 6, 7, 8, 9, 1, 2, 6, 7, 3, 4, 1, 2, 6, 9]
+    policy = DraftPolicy(budget, ChainDrafter(budget), LookupProposer(history, max_draft=3, prior=(9.0, 1.0)))
+    plan = DraftPlan([1, 2], [(2, 3)], source="ptp")
+    guess = policy.guess_by_token(plan, 2, 20, 40, 100)
+    x, want = next(iter(guess.by_token.items()))
+    other = next(t for t in range(3, 10) if t not in guess.by_token)
+    for token, adapter_conf, committed in ((x, 0.01, True), (other, 0.01, False), (x, 0.99, False)):
+        real = copy.deepcopy(policy)
+        real.emitted([1, 2, token])
+        real.chain.drafts, real.chain.conf = [40, 41, 42], [adapter_conf] * 3
+        got = real.commit(guess.realize(CallResult(block=[1, 2, token], accepted=2)), 23)
+        assert (got is not None) == committed, (token, adapter_conf, got)
+        if committed:
+            assert got == want
+
+
 @pytest.mark.parametrize("name", ["greedy", "T1.0"])
 def test_lookup_chains_built_by_token_run_and_stay_exact(pm_sticky, varied, monkeypatch, name):
     """With time to spare (as on a GPU), the lookup chain for the token the adapter's call emits is built beside

@@ -110,9 +110,10 @@ def ptp_calls(
                 built = queue.chained_plan(out)
                 guessed = built or queue.guessed_plan(out)  # (guessed, not built: committing skips the planning)
                 plan = drafter.commit(guessed, i) if guessed is not None else None
+                token = queue.token_plan(out) if plan is None else None  # (a lookup chain for the token emitted)
+                plan = plan or (drafter.commit(token, i) if token is not None else None)
                 if plan is None:
-                    # (a lookup chain built for the token this call emitted, else the adapter's call built)
-                    drafter.chained(queue.token_plan(out) or built)
+                    drafter.chained(token or built)  # (else the adapter's call built)
                     plan = queue.plan(i)
             ready = queue.confirm(out, plan, i)
             clock.mark("update")

@@ -174,11 +174,12 @@ class DraftPolicy(Drafter):
         self.chain.update(plan, result)
 
     def commit(self, plan: DraftPlan, i: int) -> DraftPlan | None:
-        # The adapter's call built ahead runs unless prompt lookup now offers more (what ``plan`` would weigh);
-        # a lookup chain built ahead is re-fitted as ever (its continuation depends on the token just read).
+        # The adapter's call built ahead runs unless prompt lookup now offers more (what ``plan`` would weigh); a
+        # lookup chain built ahead (the copy's continuation, or the chain for the token the read revealed) runs
+        # where lookup's chain is now that one (``_commit_lookup``).
         if self.lookup is not None:
             if plan.source == self.lookup.source:
-                return None
+                return self._commit_lookup(plan, i)
             offer = self.lookup.offer()
             if offer is not None and offer.expected > self.chain.expected(i):
                 return None
@@ -186,6 +187,26 @@ class DraftPolicy(Drafter):
         if out is not None:
             self.pending_lookup = None
         return out
+
+    def _commit_lookup(self, plan: DraftPlan, i: int) -> DraftPlan | None:
+        """A lookup chain planned ahead of the read, as its rows were fitted then, where lookup's chain after the
+        read verifies the same drafts (the read's token is the one it was planned for), still beats the adapter's
+        and is not refused: re-fitting it after the read (0.13 ms on the path here, 0.5 ms beside trees) would
+        change its rows only by what the read moved the calibration, never the tokens (every plan is lossless)."""
+        offer = self.lookup.offer()
+        if offer is None or plan.strands or offer.expected <= self.chain.expected(i):
+            return None
+        if tuple(offer.drafts[: len(plan.drafts)]) != tuple(plan.drafts) or plan.strict != offer.earlier:
+            return None
+        if plan.burst or not plan.drafts or self.budget.refuses(self.lookup.source):
+            return None
+        self.chain.chained(None)  # (what was built ahead for the adapter's call is dropped)
+        self.lookup_conf = self._lookup_conf(offer)
+        self.pending_lookup = None
+        took = getattr(self.budget, "took", None)
+        if took is not None:
+            took(plan)
+        return plan
 
     def chained(self, plan: DraftPlan | None) -> None:
         self.chain.chained(plan if plan is not None and plan.source != self.lookup_source else None)
