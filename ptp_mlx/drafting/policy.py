@@ -198,7 +198,8 @@ class DraftPolicy(Drafter):
             return None
         if tuple(offer.drafts[: len(plan.drafts)]) != tuple(plan.drafts) or plan.strict != offer.earlier:
             return None
-        if plan.burst or not plan.drafts or self.budget.refuses(self.lookup.source):
+        refuses = getattr(self.budget, "refuses", None)  # (an adaptive budget's pace guard; a fixed one has none)
+        if plan.burst or not plan.drafts or (refuses is not None and refuses(self.lookup.source)):
             return None
         self.chain.chained(None)  # (what was built ahead for the adapter's call is dropped)
         self.lookup_conf = self._lookup_conf(offer)
