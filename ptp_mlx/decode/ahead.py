@@ -106,9 +106,8 @@ def build_chained(
         # (None: this outcome's next call is not known ahead; if it happens, the build is dropped)
         guesses.append(guess)
         # (time to spare: the plans that hang on the token the call emits, for a build of their own)
-        spare_time = kinds > 1
         by_token.append(
-            drafter.guess_by_token(plan, g, i, max_new - i, ctx - (call.offset + 1 + g)) if spare_time else None
+            drafter.guess_by_token(plan, g, i, max_new - i, ctx - (call.offset + 1 + g)) if kinds > 1 else None
         )
     chained, before = None, cache.snapshot()
     chance = drafter.likely(plan)
