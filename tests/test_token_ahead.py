@@ -198,3 +198,29 @@ def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_stick
         assert_same(pm_sticky, tok, ids, s, 48, {"drafter": drafter}, eos=set(), want=want)
     assert len(seen) >= 3, seen
     assert all(seen) if cut else not any(seen), (seen.count(True), seen.count(False))
+
+
+def test_without_the_extension_builds_go_at_once_and_answers_stay_exact(pm_sticky, varied, monkeypatch):
+    """Where ``cut_buffers`` is not built (no compiler; a Mac), ``park`` keeps nothing: unused builds go as they come,
+    before the next call is queued, and the answer is the autoregressive one."""
+    import ptp_mlx.decode.ahead as ahead
+
+    monkeypatch.setattr(ahead, "_cut_buffers", lambda: None)
+    kept = []
+    bury = pipeline.CallQueue.bury
+
+    def watched(queue):
+        kept.append(len(queue.grave))
+        bury(queue)
+
+    monkeypatch.setattr(pipeline.CallQueue, "bury", watched)
+    monkeypatch.setattr(pipeline, "spare", lambda left, build: True)
+    tok = varied[1]
+    s = with_seed(SETTINGS["T1.0"], 81)
+    ids = encode_prompt(tok, PROMPTS[1])
+    want = ar(pm_sticky, tok, ids, s, 40, eos=set())
+    budget = Budget(CostCurve.linear(0.05), WINDOW)
+    lookup = LookupProposer(ids[-4:] + want[0] + ids, max_draft=WINDOW - 1, prior=(9.0, 1.0))
+    drafter = DraftPolicy(budget, ChainDrafter(budget), lookup)
+    assert_same(pm_sticky, tok, ids, s, 40, {"drafter": drafter}, eos=set(), want=want)
+    assert len(kept) >= 5 and not any(kept), kept
