@@ -70,6 +70,12 @@ def test_profile_splits_real_calls_into_phases(engine, prompt_file):
     assert sum(default["why"].values()) == default["calls"] - default["chained"] > 0
     assert "\nbuilt after the read: " in text and "the answer's first call" not in default["why"]
     assert "\nbuilding ahead: " in text  # the learnt choice (decode/chain_odds.ChainChoice)
+    # Beside it, building ahead always (what a device where it pays runs): never "off", its share and pace shown
+    always = next(r for r in ptp if r["name"] == "ptp default, built ahead always")
+    assert "building ahead off" not in always["why"] and always["chained"] > 0
+    assert sum(always["why"].values()) == always["calls"] - always["chained"]
+    assert f"built ahead always: {always['calls']} PTP calls (bursts aside), {always['chained']} of them" in text
+    assert always["ms_per_token"] > 0 and f"{always['ms_per_token']:.2f} ms per token against" in text
     assert doc["diverged"] == [] and "every PTP shape == ar" in text  # padded drafts included: still exact
     # Host time on the critical path, measured directly: the host phases while nothing is queued (none for
     # pipelined steps); the indirect wall time minus compute beside it, for every kind of call.

@@ -13,7 +13,10 @@ Every figure comes from real decoding of a real prompt, the way ``ptp-generate``
   the same prompt, autoregressive bursts left out: its calls are chained only where the drafter can tell the next
   one before the read (and building ahead pays on this machine), so its host time mixes chained and synchronous
   calls; ``chained`` says how many of its calls were queued from a build ahead (the answer's first among them when
-  it was built while the prompt's last prefill chunk computed).
+  it was built while the prompt's last prefill chunk computed);
+- ``ptp default, built ahead always``: the same with building ahead forced on, as a device where it pays runs it:
+  its chained share and host time on the path, and its answer's time per token beside the learnt choice's (on a
+  CPU whose cores all compute, the builds delay the compute and the learnt choice keeps them off).
 
 Every row also reports **host time on the critical path** per call: the host work done while nothing is queued
 on the device, measured directly. For a PTP call that is its phases between the read of the call before it and
@@ -48,7 +51,7 @@ from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from ..generate import DecodeOptions, decoding_settings, stream_generate
 from ..sampler import UNRESOLVED, SamplingSettings, UniformStream, pick_with, resolve
 from .graph import call_primitives
-from .profile_tables import PHASES, primitives_table, profile_table, tree_menu
+from .profile_tables import PHASES, default_lines, primitives_table, profile_table, tree_menu
 
 # The host phases on the critical path of a call (see above): nothing is queued on the device while they run.
 ON_PATH = ("plan", "build", "read+trim", "update")
@@ -76,6 +79,7 @@ class ProfileRow:
     host_on_path: float = 0.0  # median ms per call of the host phases on the critical path (``ON_PATH``)
     chained: int | None = None  # (the default drafter's row) calls queued from a build ahead, with no build phase
     why: dict[str, int] | None = None  # (the default drafter's row) why the others were built after the read
+    ms_per_token: float | None = None  # (the default drafter's rows) the answer's wall time per token after its first
 
     @property
     def wall_minus_compute(self) -> float:
@@ -293,10 +297,11 @@ def _profile_shape(eng, ids, max_tokens, s, n, branches, width, chain, compiled)
 
 
 def profile_default(
-    eng, ids: list[int], max_tokens: int, s: SamplingSettings, compiled: bool = True
+    eng, ids: list[int], max_tokens: int, s: SamplingSettings, compiled: bool = True, chain: bool | None = None
 ) -> ProfileRow | None:
     """The default drafter's PTP calls on ``ids`` (what ``ptp-generate`` runs), medians over its calls (not its
-    autoregressive bursts); None when it made no PTP call."""
+    autoregressive bursts); None when it made no PTP call. ``chain``: building ahead as this machine learnt it
+    (None), or always (True: what a device where it pays would run)."""
     clock = PhaseClock()
     opts = DecodeOptions(
         mode="ptp",
@@ -304,6 +309,7 @@ def profile_default(
         sampling=s,
         drafting=DraftingConfig(budget=eng.budget_for(s)),
         clock=clock,
+        chain=chain,
         compiled=compiled,
     )
     steps, stamps = _timed_steps(eng, ids, opts)
@@ -320,8 +326,10 @@ def profile_default(
     total = _median_ms([stamps[k] - stamps[k - 1] for k in ptp])
     toks = [t for st in steps for t in st.tokens]  # (bursts included: compared with AR like every PTP row)
     compute = _median_ms([c.get("queue", 0.0) + c.get("compute", 0.0) for c in calls])
-    row = ProfileRow("ptp default", rows, len(calls), med, total, tpc, toks, compute, host_on_path=host)
+    name = "ptp default" if chain is None else "ptp default, built ahead always"
+    row = ProfileRow(name, rows, len(calls), med, total, tpc, toks, compute, host_on_path=host)
     row.chained, row.why = chained, dict(why.most_common())
+    row.ms_per_token = 1000 * (stamps[-1] - stamps[0]) / max(1, len(toks) - len(steps[0].tokens))
     return row
 
 
@@ -341,8 +349,9 @@ def run_profile(
         rows += profile_ar(eng, ids, max_tokens, s, compiled)
         if eng.has_adapter:
             rows += profile_ptp(eng, ids, max_tokens, s, compiled=compiled)
-            default = profile_default(eng, ids, max_tokens, s, compiled)
-            rows += [default] if default is not None else []
+            for chain in (None, True):  # (as learnt here, and always: the chained share where it pays)
+                default = profile_default(eng, ids, max_tokens, s, compiled, chain)
+                rows += [default] if default is not None else []
         for r in rows:
             if r.name not in best:
                 order.append(r.name)
@@ -361,13 +370,7 @@ def run_profile(
     text = profile_table(rows, ar_ms, header)
     text += "\nlossless: " + (f"DIFFERS from ar: {', '.join(diverged)}" if diverged else "every PTP shape == ar")
     if "ptp default" in best:
-        d = best["ptp default"]
-        text += (
-            f"\nptp default: {d.calls} PTP calls (bursts aside), {d.chained} of them chained; rows and phases are "
-            "medians over its calls, whose shapes vary"
-        )
-        if d.why:
-            text += "\nbuilt after the read: " + ", ".join(f"{v} {k}" for k, v in d.why.items())
+        text += "\n" + default_lines(best["ptp default"], best.get("ptp default, built ahead always"))
         text += "\n" + choice_for(eng.pm).describe()  # (learnt across this run's answers: decode/chain_odds.py)
         text += "\n" + tree_menu(getattr(eng.budget_for(s), "shapes", None))
     host = {r.name: round(r.host_on_path, 3) for r in rows}

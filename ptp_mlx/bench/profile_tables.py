@@ -28,6 +28,25 @@ def tree_menu(shapes) -> str:
     return head + (f": {used}" if used else "")
 
 
+def default_lines(learnt, always=None) -> str:
+    """What the default drafter's rows say: how many of its calls were chained, why the others were built after the
+    read, and, beside the choice this machine learnt, building ahead always (its chained share and host time on
+    the path where building ahead pays, and what it costs or saves here)."""
+
+    def share(r) -> str:
+        return f"{r.calls} PTP calls (bursts aside), {r.chained} of them chained ({100 * r.chained / max(1, r.calls):.0f}%)"
+
+    text = f"ptp default: {share(learnt)}; rows and phases are medians over its calls, whose shapes vary"
+    if learnt.why:
+        text += "\nbuilt after the read: " + ", ".join(f"{v} {k}" for k, v in learnt.why.items())
+    if always is not None:
+        text += (
+            f"\nptp default, built ahead always: {share(always)}, host on path {always.host_on_path:.2f} ms median; "
+            f"the answer {always.ms_per_token:.2f} ms per token against {learnt.ms_per_token:.2f} as learnt here"
+        )
+    return text
+
+
 def profile_table(rows: list, ar_ms: float, header: str) -> str:
     """The fixed-format table of ``profile.ProfileRow``s: one line per kind of call, milliseconds per call, and the
     ratio to an AR step."""

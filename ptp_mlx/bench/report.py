@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .. import __version__, blas
 from ..kernels.extension import gated_state
+from ..kernels.graph_tools import state as graph_tools_state
 from ..kernels.packed import packed_count
 from ..paths import atomic_write_bytes
 from ..stats import tree_line
@@ -121,6 +122,7 @@ def environment(engine, draft_model=None, draft_path: str | None = None) -> dict
         "device_info": info,
         "blas": blas.state["blas"],
         "gated_linear": gated_state(),
+        "graph_tools": graph_tools_state(),
         "packed_matrices": packed_count(),
         "malloc": blas.state["malloc"],
         "openblas_num_threads": os.environ.get("OPENBLAS_NUM_THREADS"),

@@ -327,7 +327,8 @@ def park(grave: list | None, before: tuple | None, unused: list[tuple[PendingCal
     next call is queued (``CallQueue.bury``: off the critical path where a device computes; letting a build go
     cost 0.19-0.35 ms on this CPU's path, docs/results/decode-floor/2026-12-06i/), their graphs' edges to the K/V
     buffers of ``before`` (the state they were built on) cut first, so that the call queued instead writes those
-    buffers in place. Without the CPU extension's ``cut_buffers`` (or ``grave`` None) they go now, as they come."""
+    buffers in place. Without ptp-graph's ``cut_buffers`` (``kernels/graph_tools.py``: no compiler; or ``grave``
+    None) they go now, as they come."""
     if grave is None or before is None or not unused:
         return
     cut = _cut_buffers()
@@ -339,11 +340,11 @@ def park(grave: list | None, before: tuple | None, unused: list[tuple[PendingCal
 
 
 def _cut_buffers():
-    """The CPU extension's ``cut_buffers`` (kernels/block.cpp), or None where it is not built."""
-    from ..kernels.extension import module
+    """ptp-graph's ``cut_buffers`` (``kernels/graph_tools.cpp``, built wherever MLX runs), or None where it is not
+    built."""
+    from ..kernels.graph_tools import cut_buffers
 
-    mod = module()
-    return getattr(mod, "cut_buffers", None) if mod is not None else None
+    return cut_buffers()
 
 
 def _matches(plan: DraftPlan | None, built: DraftPlan) -> bool:

@@ -357,4 +357,8 @@ def bank_for(pm, compiled: bool | None = None) -> CompileBank | None:
         # calls ran a shape uncompiled instead of 78; 0.997-1.058x in five interleaved A/Bs).
         after = 1 if block_layers(pm.base) else 2
         banks[compiled] = CompileBank(pm, compiled, compile_after=after)
+        if compiled:  # (built once per machine, here rather than at the first build let go inside an answer)
+            from ..kernels.graph_tools import module as graph_tools
+
+            graph_tools()
     return banks[compiled]

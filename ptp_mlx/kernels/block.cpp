@@ -320,44 +320,9 @@ std::vector<mx::array> block(const std::vector<mx::array>& arrays, const std::ve
                                 std::make_shared<Block>(stream, c, std::move(layout)), inputs);
 }
 
-// A build made ahead for an outcome that did not happen is never evaluated, but its graph holds the K/V buffers
-// the call that runs instead writes in place (take_buffer above would copy them), and letting a graph go costs
-// about twice what cutting a few edges does (every node's inputs freed, on memory the compute pushed out of the
-// caches). So the host cuts only the edges to those buffers: the nodes that wrote ``outs`` (the dropped build's
-// K/V outputs) and their siblings stop holding any of ``bufs`` (the buffers they were written from); the rest of
-// the graph is let go after the next call is queued, off the critical path. Returns how many edges were cut.
-int cut_buffers(std::vector<mx::array>& outs, const std::vector<mx::array>& bufs) {
-  static const mx::array* none = new mx::array(0.0f);  // what a cut edge points at (lives as long as the process)
-  std::vector<std::uintptr_t> targets;
-  targets.reserve(bufs.size());
-  for (const auto& b : bufs) targets.push_back(b.id());
-  std::sort(targets.begin(), targets.end());
-  std::vector<std::uintptr_t> done;  // nodes walked (a layer's K and V are siblings of one node on the CPU)
-  int cut = 0;
-  auto walk = [&](mx::array& a) {
-    for (auto& x : a.inputs())
-      if (std::binary_search(targets.begin(), targets.end(), x.id())) {
-        x = *none;
-        ++cut;
-      }
-  };
-  for (auto& o : outs) {
-    if (!o.has_primitive() || std::find(done.begin(), done.end(), o.id()) != done.end()) continue;
-    walk(o);
-    for (auto& s : o.siblings()) {
-      done.push_back(s.id());
-      walk(s);
-    }
-  }
-  return cut;
-}
-
 }  // namespace
 
 void register_block(nb::module_& m) {
-  m.def("cut_buffers", &cut_buffers, nb::arg("outs"), nb::arg("bufs"),
-        "Make the nodes of an unevaluated graph's K/V outputs (and their siblings) stop holding any of `bufs`, so "
-        "that another call writes them in place; returns the edges cut. See block.cpp.");
   m.def("block", &block, nb::arg("arrays"), nb::arg("ints"), nb::arg("floats"),
         "One llama-style decoder layer of a fixed pass: (output, K buffer, V buffer); see block.cpp.");
   m.def("block_hold", [](bool on) { g_hold = on; }, nb::arg("on"),

@@ -16,10 +16,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import NO_COMPILER, NO_COMPILER_NOTICE, cpu_key, find_compiler, kernel_dir, notice_once, shared_path
@@ -56,13 +58,33 @@ def _versions() -> tuple[str, str] | None:
     return mx.__version__, nanobind.__version__
 
 
+@dataclass(frozen=True)
+class ModuleSpec:
+    """One MLX C++ extension this package builds at first use: its sources, headers, module name, compile flags,
+    the prefix of its library's name and whether it is built on Linux only (CPU kernels) or wherever MLX runs."""
+
+    sources: tuple[Path, ...]
+    headers: tuple[Path, ...]
+    module: str
+    flags: tuple[str, ...]
+    prefix: str
+    linux_only: bool = True
+
+    def library_name(self) -> str | None:
+        versions = _versions()
+        if versions is None:
+            return None
+        tag = "|".join([*versions, sys.version, " ".join(self.flags)])
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in self.sources + self.headers) + tag.encode())
+        cpu = cpu_key() if "-march=native" in self.flags else platform.machine()
+        return f"{self.prefix}-{digest.hexdigest()[:12]}-{cpu}.so"
+
+
+CPU_OPS = ModuleSpec(SOURCES, HEADERS, MODULE, tuple(FLAGS), "cpu_ops")
+
+
 def library_name() -> str | None:
-    versions = _versions()
-    if versions is None:
-        return None
-    tag = "|".join([*versions, sys.version, " ".join(FLAGS)])
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS) + tag.encode()).hexdigest()[:12]
-    return f"cpu_ops-{digest}-{cpu_key()}.so"
+    return CPU_OPS.library_name()
 
 
 def _cxx() -> str | None:
@@ -99,17 +121,18 @@ def _run(cmd: list[str], cwd: Path) -> str:
     return f"{Path(cmd[0]).name} failed: {first.strip()[:200]}"
 
 
-def build(force: bool = False) -> tuple[str | None, str]:
-    """The path of the built module, building it if needed, and ""; or None and a one-line reason.
+def build(force: bool = False, spec: ModuleSpec = CPU_OPS) -> tuple[str | None, str]:
+    """The path of the built module (``spec``: the CPU primitives by default), building it if needed, and ""; or
+    None and a one-line reason.
 
     The build happens in a private temporary folder and the module is renamed into place, so a reader only
     ever sees a complete one; a failed toolchain is recorded beside it and not retried at every start."""
-    if not sys.platform.startswith("linux"):
+    if spec.linux_only and not sys.platform.startswith("linux"):
         return None, "built on Linux only (elsewhere MLX runs on its GPU)"
-    missing = [p.name for p in SOURCES + HEADERS if not p.is_file()]
+    missing = [p.name for p in spec.sources + spec.headers if not p.is_file()]
     if missing:
         return None, f"{', '.join(missing)} missing from the installed package"
-    name = library_name()
+    name = spec.library_name()
     if name is None:
         return None, "nanobind is not installed"
     target, shared = kernel_dir() / name, shared_path(name)
@@ -144,9 +167,9 @@ def build(force: bool = False) -> tuple[str | None, str]:
     try:
         (work / "CMakeLists.txt").write_text(
             CMAKE.format(
-                module=MODULE,
-                sources=" ".join(f'"{p.resolve()}"' for p in SOURCES),
-                flags=" ".join(FLAGS),
+                module=spec.module,
+                sources=" ".join(f'"{p.resolve()}"' for p in spec.sources),
+                flags=" ".join(spec.flags),
                 mlx_lib=mlx_root / "lib",
             )
         )
@@ -156,7 +179,7 @@ def build(force: bool = False) -> tuple[str | None, str]:
             f"-DMLX_ROOT={mlx_root}",
         ]  # fmt: skip
         reason = _run(configure, work) or _run([cmake, "--build", str(work / "build"), "-j", "2"], work)
-        built = sorted((work / "build").glob(f"{MODULE}*.so")) if not reason else []
+        built = sorted((work / "build").glob(f"{spec.module}*.so")) if not reason else []
         if not reason and not built:
             reason = "cmake built no module"
         if reason:

@@ -1,0 +1,80 @@
+"""ptp-graph (``graph_tools.cpp``): the decoding loop's operations on MLX graphs that are never evaluated, one small
+MLX C++ extension built at first use wherever MLX runs (Linux, a Mac, CUDA) and wherever a C++ compiler, CMake and
+nanobind are: no kernels, no machine-specific flags. Today it holds ``cut_buffers``, which lets a call built ahead
+and not used go after the next call is queued rather than on the critical path (``decode/ahead.py: park``).
+
+Never required: where it cannot be built, unused builds are let go as they come (one notice says so).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from .extension import ModuleSpec, build
+
+GRAPH = ModuleSpec((Path(__file__).with_name("graph_tools.cpp"),), (), "_ptp_graph", ("-O2",), "graph", False)
+_state: dict = {"module": None, "tried": False, "why": ""}
+
+
+def _self_check(mod) -> str:
+    """The cut on a small unevaluated graph: one edge to the buffer named, none to a buffer the node does not read,
+    and none the second time (the edge points elsewhere now)."""
+    import mlx.core as mx
+
+    buf, other, unrelated = mx.zeros((4,)), mx.ones((4,)), mx.ones((2,))
+    mx.eval(buf, other, unrelated)
+    total = buf + other  # (never evaluated)
+    if (mod.cut_buffers([total], [unrelated]), mod.cut_buffers([total], [buf]), mod.cut_buffers([total], [buf])) != (
+        0,
+        1,
+        0,
+    ):
+        return "its self-check disagreed with the graph it cut"
+    return ""
+
+
+def module():
+    """The loaded ``_ptp_graph`` module, or None (a one-line notice the first time it cannot be had, unless no
+    compiler is the reason on a machine where the CPU kernels gave that notice already)."""
+    if _state["tried"]:
+        return _state["module"]
+    _state["tried"] = True
+    if os.environ.get("PTP_MLX_GRAPH_TOOLS", "").strip().lower() in ("0", "off", "no", "false"):
+        _state["why"] = "PTP_MLX_GRAPH_TOOLS=0"
+        return None
+    why = ""
+    try:  # never required: any failure is the notice, and unused builds go as they come
+        path, why = build(spec=GRAPH)
+        if path is not None:
+            spec = importlib.util.spec_from_file_location(GRAPH.module, path)
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+            why = _self_check(mod)
+            if not why:
+                _state["module"] = mod
+                return mod
+    except Exception as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    _state["why"] = why
+    print(
+        f"notice: ptp-mlx's graph tools not built ({why}); calls built ahead and not used are let go on the "
+        "critical path (slower where a device computes)",
+        file=sys.stderr,
+    )
+    return None
+
+
+def cut_buffers():
+    """``cut_buffers(outs, bufs)`` (see ``graph_tools.cpp``), or None where the module is not built."""
+    mod = module()
+    return None if mod is None else mod.cut_buffers
+
+
+def state() -> str:
+    """``"in use"``, ``"off (<why>)"`` or ``"not tried"``: what a report records."""
+    if not _state["tried"]:
+        return "not tried"
+    return "in use" if _state["module"] is not None else f"off ({_state['why']})"

@@ -1,0 +1,81 @@
+"""ptp-graph (ptp_mlx/kernels/graph_tools.py): built wherever MLX runs, its cut checked on real graphs, and where it
+cannot be built, one notice and the builds let go as before."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from ptp_mlx.kernels import extension, graph_tools
+
+
+@pytest.fixture
+def cut():
+    fn = graph_tools.cut_buffers()
+    if fn is None:
+        pytest.skip(f"ptp-graph not built here: {graph_tools.state()}")
+    return fn
+
+
+def test_it_is_built_for_every_platform_without_machine_flags():
+    spec = graph_tools.GRAPH
+    assert not spec.linux_only and not any(f.startswith("-march") for f in spec.flags)
+    assert spec.library_name().startswith("graph-") and spec.module == "_ptp_graph"
+
+
+def test_a_cut_graph_no_longer_holds_the_buffer_and_another_writes_it_in_place(cut):
+    """The unevaluated graph holds ``buf``: a later in-place update must copy it. Cut, the update writes ``buf``'s
+    own memory (MLX donates a buffer nothing else holds), and the cut graph is let go unevaluated."""
+
+    def address(a) -> int:
+        return int(np.asarray(memoryview(a)).__array_interface__["data"][0])
+
+    for cut_it in (False, True):
+        buf = mx.arange(1 << 16, dtype=mx.float32)
+        mx.eval(buf)
+        where = address(buf)
+        dropped = buf * 2  # a build never evaluated (its node reads buf)
+        if cut_it:
+            assert cut([dropped], [buf]) == 1
+        new = buf.at[mx.array([3])].add(1.0)  # (the call queued instead: it writes buf in place if it may)
+        del buf
+        mx.eval(new)
+        assert (address(new) == where) is cut_it
+        assert new[3].item() == 4.0
+        del dropped
+
+
+def test_only_edges_to_the_named_buffers_are_cut_once_with_siblings(cut):
+    a, b = mx.ones((6,)), mx.zeros((6,))
+    mx.eval(a, b)
+    x = a * 3 + b
+    parts = mx.split(x, 3)  # three siblings of one node, each reading x
+    assert cut(list(parts), [a]) == 0  # (the split reads x, not a)
+    assert cut(list(parts), [x]) >= 1
+    assert cut(list(parts), [x]) == 0
+    total = a + b
+    assert cut([total, total], [a, b]) == 2  # (walked once, both edges)
+
+
+def test_without_a_toolchain_builds_are_let_go_as_before_with_one_notice(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(extension, "shared_path", lambda name: None)
+    monkeypatch.setattr(extension, "kernel_dir", lambda: tmp_path)
+    monkeypatch.setattr(extension, "_cmake", lambda: None)
+    monkeypatch.setattr(graph_tools, "_state", {"module": None, "tried": False, "why": ""})
+    assert graph_tools.cut_buffers() is None and graph_tools.cut_buffers() is None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "notice: ptp-mlx's graph tools not built (no cmake found); calls built ahead and not used are let go on the "
+        "critical path (slower where a device computes)"
+    ]
+    assert graph_tools.state() == "off (no cmake found)"
+    from ptp_mlx.decode import ahead
+
+    assert ahead._cut_buffers() is None
+
+
+def test_turned_off_by_its_variable(monkeypatch, capsys):
+    monkeypatch.setenv("PTP_MLX_GRAPH_TOOLS", "0")
+    monkeypatch.setattr(graph_tools, "_state", {"module": None, "tried": False, "why": ""})
+    assert graph_tools.cut_buffers() is None
+    assert graph_tools.state() == "off (PTP_MLX_GRAPH_TOOLS=0)"
+    assert "notice" not in capsys.readouterr().err
