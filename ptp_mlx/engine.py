@@ -24,6 +24,7 @@ from .drafting.cost import CostCurve
 from .drafting.policy import DraftingConfig
 from .errors import UserError
 from .generate import DecodeOptions, GenerationStep, stream_generate
+from .kernels.graph_tools import module as graph_tools
 from .kernels.packed import pack_halves, pack_model, registered, release_with
 from .logits import LogitsHook, LogitsSettings
 from .model.block import block_layers
@@ -102,6 +103,7 @@ class Engine:
             log=log,
         )
         if ad is not None:
+            graph_tools()  # (built once per machine, at the first start rather than inside the first answer)
             eng.budget = eng.make_budget(measure_cost, recalibrate)
         return eng
 
