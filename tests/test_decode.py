@@ -19,10 +19,11 @@ from ptp_mlx.drafting.budget import Budget
 from ptp_mlx.drafting.cost import CostCurve
 from ptp_mlx.drafting.policy import DraftingConfig
 from ptp_mlx.generate import ContextFull, DecodeOptions, stream_generate
+from ptp_mlx.model.kv import KVState
 from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import SamplingSettings
-from ptp_mlx.testing import ChainingTreeDrafter, RandomTreeDrafter
+from ptp_mlx.testing import ChainingTreeDrafter, RandomTreeDrafter, StrandChainingTreeDrafter
 from ptp_mlx.testing.decoding import BUDGETS, PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
 
@@ -300,6 +301,54 @@ def test_calls_chained_on_token_trees_are_exact(varied, pm_sticky, name, monkeyp
             assert_same(pm_sticky, tok, ids, s, 32, {"drafter": drafter}, want=want)
             hits += drafter.alt_hits
     assert hits >= 3 and sum(dropped) >= 1, (hits, sum(dropped))  # strands stood after calls chained on trees
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(varied, pm_sticky, name, compiled,
+                                                                               monkeypatch):  # fmt: skip
+    """A call built ahead on a tree call serves the paths through its strands too (``decode/strand_paths.py``):
+    where the read finds the path took a strand and the plan is the one guessed for that path, the built call runs
+    and moves the strand's K/V rows in its own graph (the host copies none); where it is dropped, the host moves
+    them. Token for token against autoregressive decoding, compiled and eager."""
+    from ptp_mlx.decode import pipeline
+
+    seen = Counter()
+    confirm, copy = pipeline.confirm_chained, KVState.copy_rows
+
+    def counted(chained, result, plan, i, cache, *more):
+        call = confirm(chained, result, plan, i, cache, *more)
+        if result.strand is not None and plan is not None and not result.resolved:
+            nested = result.strand not in {k for k, _ in chained.strand_outcomes}
+            seen["nested" if nested else "ran" if call is not None else "dropped"] += 1
+        return call
+
+    def copied(state, src, dst, n=1):
+        seen["host copies"] += 1
+        return copy(state, src, dst, n)
+
+    def verdict(queue, dropped):
+        pending, before = len(queue._moves), seen["host copies"]
+        moved(queue, dropped)
+        if pending:  # (a path through a strand whose rows had to move: the built call moves them, or the host)
+            assert seen["host copies"] - before == (pending if dropped else 0)
+            seen["moved by the host" if dropped else "moved in the graph"] += 1
+
+    moved = pipeline.CallQueue._moved
+    monkeypatch.setattr(pipeline, "confirm_chained", counted)
+    monkeypatch.setattr(KVState, "copy_rows", copied)
+    monkeypatch.setattr(pipeline.CallQueue, "_moved", verdict)
+    monkeypatch.setenv("PTP_MLX_EAGER", "" if compiled else "1")  # (the eager reference: the same function)
+    _, tok = varied
+    for k, prompt in enumerate(PROMPTS[:3]):
+        s = with_seed(SETTINGS[name], 31 + k)
+        ids = encode_prompt(tok, prompt)
+        want = ar(pm_sticky, tok, ids, s, 32)
+        for seed in range(3):
+            drafter = StrandChainingTreeDrafter(want[0], width=WINDOW, seed=seed, p_right=0.6)
+            assert_same(pm_sticky, tok, ids, s, 32, {"drafter": drafter}, want=want)
+    assert seen["ran"] >= 3 and seen["dropped"] >= 1, seen  # (dropped: the plan after the read was another)
+    assert seen["moved in the graph"] >= 1 and seen["moved by the host"] >= 1, seen
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3])

@@ -76,7 +76,7 @@ def spy(monkeypatch):
         return call
 
     def counted(chained, result, plan, i, cache, *more):
-        hit = chained.pick(result.accepted) if result.strand is None else None
+        hit = chained.pick(chained.outcome(result))
         built = hit.call if hit is not None else chained.call  # (the build for this outcome's kind)
         call = confirm(chained, result, plan, i, cache, *more)
         kind = "tree" if built.plan.strands else "chain"

@@ -16,6 +16,7 @@ from .chain_odds import Confirmed
 from .fixed import ALTS
 from .session import DecodeSession
 from .shape import CallSpec
+from .strand_paths import StrandPaths, strand_paths
 
 # The chance a kind's outcomes need (``Drafter.likely``) for a build beside the likeliest (where time is spare:
 # ``CallQueue``). Device-like simulation (docs/results/decode-floor/2026-12-06g/): 0.05 chains more calls than 0.15
@@ -55,17 +56,29 @@ class Chained:
     every: list[Guess | None] = field(default_factory=list)  # each outcome's guess, built or not (``Confirmed``)
     by_token: list[Guess | None] = field(default_factory=list)  # each outcome's plans by token, built or not
     source: str | None = None  # the source of the call it was built after (``Confirmed``)
+    # after a token tree: the outcome index of a path through strand k (one hanging off the chain) with ``accepted``
+    # drafts on it, keyed ``(k, accepted)``; outcomes 0..n are the chain's (``accepted`` drafts of it stood)
+    strand_outcomes: dict[tuple[int, int], int] = field(default_factory=dict)
 
-    def pick(self, accepted: int) -> Build | None:
-        """The build of ``guess``'s plan for the outcome of ``accepted`` drafts (this one's own, its ``state``
-        None; or one of ``others``), or None where none was built for it."""
-        return next((b for b in self.builds(accepted) if b.guesses[accepted].by_token is None), None)
+    def outcome(self, result: CallResult) -> int | None:
+        """The index of ``result``'s outcome in the guesses (None: a path this build has no outcome for, through a
+        strand of a strand)."""
+        if result.strand is None:
+            return result.accepted
+        return self.strand_outcomes.get((result.strand, result.accepted))
 
-    def builds(self, accepted: int) -> list[Build]:
-        """Every build for the outcome of ``accepted`` drafts: ``pick``'s, then one by the token the call emits
-        (``Drafter.guess_by_token``), if made."""
-        own = [Build(self.call, self.guesses, self.rows, None)] if self.guesses[accepted] is not None else []
-        return own + [o for o in self.others if o.guesses[accepted] is not None]
+    def pick(self, outcome: int | None) -> Build | None:
+        """The build of ``guess``'s plan for ``outcome`` (this one's own, its ``state`` None; or one of
+        ``others``), or None where none was built for it."""
+        return next((b for b in self.builds(outcome) if b.guesses[outcome].by_token is None), None)
+
+    def builds(self, outcome: int | None) -> list[Build]:
+        """Every build for ``outcome`` (an index of ``outcome``; None: none): ``pick``'s, then one by the token the
+        call emits (``Drafter.guess_by_token``), if made."""
+        if outcome is None:
+            return []
+        own = [Build(self.call, self.guesses, self.rows, None)] if self.guesses[outcome] is not None else []
+        return own + [o for o in self.others if o.guesses[outcome] is not None]
 
     def token_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the token ``result`` emitted (``Drafter.guess_by_token``), or None."""
@@ -86,8 +99,10 @@ def build_chained(
     likeliest kinds (``Drafter.likely``, each outcome's chance weighed by how often guesses like its own were
     confirmed after calls like this one: ``confirmed``): the likeliest's, and up to ``kinds - 1`` more whose
     outcomes are likely enough and whose graphs are compiled already (the unused builds are let go unrun).
-    After a token tree, it is built for the chain's outcomes; a strand that stands drops it (``CallQueue.read``:
-    its K/V rows move on the host, in the state before this build)."""
+    After a token tree, the outcomes include each path through a strand that hangs off the chain (``StrandPaths``):
+    a build whose kind such a path's guess shares serves it too, moving the strand's K/V rows in its own graph; a
+    path no build serves (through a strand of a strand, or of another kind) drops it (``CallQueue.read``: the rows
+    then move on the host, in the state before this build)."""
     plan, cache = call.plan, sess.cache
     if sess.bank is None or sess.hook is not None:
         return None
@@ -109,8 +124,11 @@ def build_chained(
         by_token.append(
             drafter.guess_by_token(plan, g, i, max_new - i, ctx - (call.offset + 1 + g)) if kinds > 1 else None
         )
+    paths = strand_paths(drafter, call, max_new, ctx, guesses, by_token) if plan.strands else None
     chained, before = None, cache.snapshot()
     chance = drafter.likely(plan)
+    if paths is not None and paths.outcomes:  # (a path through a strand joins a build of its kind, makes none)
+        chance = (list(chance)[: n + 1] if chance is not None else [1.0] * (n + 1)) + [0.0] * len(paths.outcomes)
     likely = confirmed.weigh(plan.source, guesses, chance) if confirmed is not None else chance
     own = _by_kind(guesses, likely)
     # (the likeliest kind first, on the cache as it is; then the likeliest kind of plans by token, if likely
@@ -122,15 +140,16 @@ def build_chained(
         if chained is not None and len(chained.others) + 1 >= limit:
             break
         if chained is None:  # (a build by token only where its graph is compiled: it may well go unused)
-            built = _build_kind(sess, call, mine, n, compiled_only=all(mine is not k for k in own))
+            built = _build_kind(sess, call, mine, n, compiled_only=all(mine is not k for k in own), paths=paths)
             if built is not None:
                 chained = Chained(
-                    built[0], mine, before, built[1], every=guesses, by_token=by_token, source=plan.source
-                )
+                    built[0], mine, before, built[1], every=guesses, by_token=by_token, source=plan.source,
+                    strand_outcomes=paths.outcomes if paths is not None else {},
+                )  # fmt: skip
             continue
         after = cache.snapshot()
         cache.restore(before)
-        built = _build_kind(sess, call, mine, n, compiled_only=True)
+        built = _build_kind(sess, call, mine, n, compiled_only=True, paths=paths)
         if built is not None:
             chained.others.append(Build(built[0], mine, built[1], cache.snapshot()))
         cache.restore(after)
@@ -138,10 +157,12 @@ def build_chained(
 
 
 def _build_kind(
-    sess: DecodeSession, call: PendingCall, guesses: list[Guess | None], n: int, compiled_only: bool = False
-) -> tuple[PendingCall, int] | None:
+    sess: DecodeSession, call: PendingCall, guesses: list[Guess | None], n: int, compiled_only: bool = False,
+    paths: StrandPaths | None = None,
+) -> tuple[PendingCall, int] | None:  # fmt: skip
     """The call after ``call`` for the outcomes ``guesses`` name (all of one kind) and its rows, or None where it
-    cannot be built ahead (``compiled_only``: nor where its graph is not compiled yet)."""
+    cannot be built ahead (``compiled_only``: nor where its graph is not compiled yet). ``paths``: the outcomes
+    after ``n + 1`` (paths through a strand) and the outcome as the device computes it."""
     known = [x for x in guesses if x is not None]
     nxt = known[0].plan
     if known[0].draft_rows is not None and nxt.drafts and call.out.aux_top is None:
@@ -153,26 +174,35 @@ def _build_kind(
         return None  # a pivot rule reads the context, which this call's block may still change
     shape = call_shape(nxt, sess.runner_up, sess.reads_top_prob)
     rows = shape.rows
-    if compiled_only and not sess.bank.compiled_for(CallSpec(shape, sess.settings, rule), call.offset + 1 + n + rows):
+    # rows a path through a strand moves (0: this build serves none, and its outcome is the chain's accepted count)
+    moved = paths.rows(guesses, n) if paths is not None and paths.outcomes else 0
+    paths = paths if moved else None
+    last = call.offset + 1 + (max(paths.accepted) if paths is not None else n)  # the next call's largest offset
+    spec = CallSpec(shape, sess.settings, rule, moved)
+    if compiled_only and not sess.bank.compiled_for(spec, last + rows):
         return None
     # Per outcome g: the next call's draft rows (in this call's auxiliary rows) and its uniforms.
     m = len(nxt.drafts)
     tree = sum(len(st.tokens) for st in nxt.strands)  # a tree's tokens: this call's (row, rank) each
-    per_outcome = np.zeros((n + 1, m + tree), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
+    outcomes = len(guesses)
+    accepted = paths.accepted if paths is not None else list(range(n + 1))
+    per_outcome = np.zeros((outcomes, m + tree), np.int32)  # outcome g's draft rows here, or its drafts (host tokens)
     row_u, aux_u = call_uniforms(sess, nxt, 0)
-    row_table = np.zeros((n + 1, row_u.size), np.float32)
-    aux_table = np.zeros((n + 1, aux_u.size), np.float32)
+    row_table = np.zeros((outcomes, row_u.size), np.float32)
+    aux_table = np.zeros((outcomes, aux_u.size), np.float32)
     for g, x in enumerate(guesses):
         if x is not None:
             per_outcome[g, :m] = x.plan.drafts if x.draft_rows is None else x.draft_rows
             if tree:  # flat indices into [argmax | runner-ups] per auxiliary row (``table`` below)
                 per_outcome[g, m:] = [row * (1 + ALTS) + rank for row, rank in x.strand_src]
-            row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + g)
-    c = call.out.accepted  # int32 []: the outcome, known on the device only
+            row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + accepted[g])
+    # int32 []: the outcome, known on the device only (its token row, its accepted drafts)
+    c = call.out.accepted if paths is None else paths.index
+    row = c if paths is None else mx.take(mx.array(paths.last_row, dtype=mx.int32), c)
     # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
-    tokens = [mx.maximum(mx.take(call.out.targets, c.reshape(1)), 0).astype(mx.int32)]
+    tokens = [mx.maximum(mx.take(call.out.targets, row.reshape(1)), 0).astype(mx.int32)]
     if known[0].by_token is not None:  # the drafts of the token the call emits (none guessed for it: dropped)
-        tokens.append(_by_token(guesses, n, m, c, tokens[0]))
+        tokens.append(_by_token(guesses, m, c, tokens[0]))
     elif m:
         picked = mx.take(mx.array(per_outcome), c, axis=0)  # int32 [m]: outcome c's draft rows (or its drafts)
         if tree:  # the drafts and the tree's tokens, from this call's argmax and runner-ups
@@ -183,23 +213,30 @@ def _build_kind(
             tokens.append(picked)
         else:
             tokens.append(mx.take(call.out.aux_top, picked).astype(mx.int32))
+    move = None
+    if moved:  # the strand's K/V rows move in the chained call's graph (its buffers hold ``moved`` more rows)
+        sess.cache.reserve(moved, sess.bank.shapes)
+        src, dst = (mx.take(mx.array([call.offset + r for r in x], dtype=mx.int32), c) for x in paths.moves)
+        move = (src, dst, moved)
+    drawn = c if paths is None else mx.take(mx.array(accepted, dtype=mx.int32), c)  # drafts on the path
     inputs = ChainInputs(
         tokens=mx.concatenate(tokens) if len(tokens) > 1 else tokens[0],
         row_u=mx.take(mx.array(row_table), c, axis=0),
         aux_u=mx.take(mx.array(aux_table), c, axis=0),
-        offset=mx.array(call.offset + 1, dtype=mx.int32) + c,
-        bound=call.offset + 1 + n,
+        offset=mx.array(call.offset + 1, dtype=mx.int32) + drawn,
+        bound=last,
+        move=move,
     )
     return build_call(sess, None, nxt, None, chain=inputs), rows
 
 
-def _by_token(guesses: list[Guess | None], n: int, m: int, c: mx.array, token: mx.array) -> mx.array:
+def _by_token(guesses: list[Guess | None], m: int, c: mx.array, token: mx.array) -> mx.array:
     """The drafts planned for ``token`` (lazy: the call's exact token) at outcome ``c`` (lazy), from the tables of
     ``guesses``' ``by_token`` (each outcome's tokens and their plans' drafts); a token none was planned for gets
     the first one's, never queued (its plan is not the real one: ``Guess.realize``)."""
     width = max(len(x.by_token) for x in guesses if x is not None)
-    table = np.full((n + 1, width), -1, np.int32)
-    drafts = np.zeros((n + 1, width, m), np.int32)
+    table = np.full((len(guesses), width), -1, np.int32)
+    drafts = np.zeros((len(guesses), width, m), np.int32)
     for g, x in enumerate(guesses):
         for j, (t, p) in enumerate(x.by_token.items() if x is not None else ()):
             table[g, j], drafts[g, j] = t, p.drafts
@@ -283,8 +320,8 @@ def confirm_chained(
     ``realized``: that build's plan as ``result`` realizes it, where the caller has it already; ``grave``: where
     the builds not used are kept until the next call is queued (``park``)."""
     keep = cache.offset - chained.rows  # ``finish_call`` kept the accepted path plus the likeliest build's rows
-    c = result.accepted
-    live = result.strand is None and plan is not None and not plan.burst and not result.resolved
+    c = chained.outcome(result)
+    live = c is not None and plan is not None and not plan.burst and not result.resolved
     hit = None
     for b in chained.builds(c) if live else ():
         guess = b.guesses[c]

@@ -88,6 +88,9 @@ class ChainInputs:
     aux_u: mx.array  # float32 [n_aux]: the auxiliary rows' uniforms
     offset: mx.array  # int32 []: the cache length before the call
     bound: int  # the largest value ``offset`` can take
+    # after a token tree: (src, dst, rows), the strand rows the call moves before its pass (int32 [] arrays computed
+    # on the device; src == dst where the path took no strand), or None
+    move: tuple[mx.array, mx.array, int] | None = None
 
 
 def tree_rows(plan: DraftPlan) -> list[tuple[int, int, int]]:
@@ -165,8 +168,11 @@ def build_call(
     offset = cache.offset
     shape = call_shape(plan, sess.runner_up, sess.reads_top_prob)
     if chain is not None:
-        inputs = CallInputs(chain.tokens, chain.row_u, chain.aux_u, offset=chain.offset, bound=chain.bound)
-        out = sess.bank.call(cache, CallSpec(shape, s, rule), inputs)
+        src, dst, moved = chain.move if chain.move is not None else (None, None, 0)
+        inputs = CallInputs(
+            chain.tokens, chain.row_u, chain.aux_u, offset=chain.offset, bound=chain.bound, move_src=src, move_dst=dst
+        )
+        out = sess.bank.call(cache, CallSpec(shape, s, rule, moved), inputs)
         return PendingCall(plan, None, None, shape, out, row_u=chain.row_u, settings=s)
     if tokens is None:
         tokens = mx.array([last, *plan.drafts, *(t for st in plan.strands for t in st.tokens)], dtype=mx.int32)
@@ -186,9 +192,11 @@ def build_call(
 
 def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0, on_strand=None) -> CallResult:
     """Wait for ``call``'s compute, read it, accept, and trim the cache back to the accepted path (plus the
-    ``then`` rows of a chained call built on it, which start right after that path). ``on_strand``: called when a
-    strand of a token tree stands, before its K/V rows move; it returns the ``then`` that still applies (a call
-    chained on the chain's outcomes is dropped: ``CallQueue.read``)."""
+    ``then`` rows of a chained call built on it, which start right after that path). ``on_strand(strand,
+    accepted, copies)``: called when the path took a strand of a token tree, before its K/V rows move (``copies``:
+    ``(from, to, rows)`` of the cache); it returns the ``then`` of a call chained on that very outcome, which moves
+    the rows in its own graph (the host then copies nothing), or None: the chained call is dropped
+    (``CallQueue.read``) and the host moves the rows."""
     # Accept rule: a draft stands iff it equals pick(u, teacher logits) at its position (or, under an opt-in
     # lenient rule, its row finds it likely enough); the first row that does not accept its draft emits its exact
     # token. Under the exact rule every emitted token is the autoregressive one.
@@ -219,6 +227,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     block = list(plan.drafts[:c])
     if plan.strands:
         line, depth = -1, c  # the line the path is on (-1: the chain) and the drafts on it so far
+        copies = []  # (from row, to row, rows) of the cache: each strand's K/V rows that stood, next to the path's
         while True:
             t = exact(path[-1])
             k = next(
@@ -227,18 +236,22 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
             )
             if k is None:
                 break
-            if strand is None and on_strand is not None:
-                then = on_strand()
             st, row = plan.strands[k], plan.strand_row(k)
             m = 1
             while m < len(st.tokens) and st.tokens[m] == exact(row + m - 1):
                 m += 1
-            # Compact: the strand's K/V rows that stood move next to the path's; the rest is trimmed below.
             if row != len(path):
-                cache.copy_rows(offset + row, offset + len(path), m)
+                copies.append((offset + row, offset + len(path), m))
             block += list(st.tokens[:m])
             path += list(range(row, row + m))
             strand, line, depth = k, k, st.at + m
+        # Compact (the rest is trimmed below), unless the call chained on this outcome moves the rows in its graph
+        kept = on_strand(strand, len(path) - 1, copies) if strand is not None and on_strand is not None else None
+        if strand is not None and on_strand is not None:
+            then = 0 if kept is None else kept
+        if kept is None:
+            for src, dst, m in copies:
+                cache.copy_rows(src, dst, m)
     block.append(exact(path[-1]))
     keep = offset + len(path)
     # 3. Trim the cache back to the accepted path: [last, q_1..q_c, strand tokens that stood] stay.

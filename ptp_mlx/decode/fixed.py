@@ -142,7 +142,8 @@ def graph_args(spec: CallSpec, inputs: CallInputs, offset: mx.array) -> list[mx.
     []), the shape's ``block`` and ``rel_pos`` (``topology``) and, under a ``guarded`` rule, ``offered``."""
     block, rel_pos = topology(spec.shape)
     guarded = [inputs.offered] if spec.rule.guarded else []
-    return [inputs.tokens, inputs.row_u, inputs.aux_u, offset, block, rel_pos, *guarded]
+    move = [inputs.move_src, inputs.move_dst] if spec.move else []
+    return [inputs.tokens, inputs.row_u, inputs.aux_u, offset, block, rel_pos, *guarded, *move]
 
 
 def call_graph(pm, spec: CallSpec, bucket: int, *arrays: mx.array) -> tuple[mx.array, ...]:
@@ -154,9 +155,19 @@ def call_graph(pm, spec: CallSpec, bucket: int, *arrays: mx.array) -> tuple[mx.a
     ``rel_pos``."""
     tokens, row_u, aux_u, offset, block, rel_pos, *kv = arrays
     offered, kv = (kv[0], kv[1:]) if spec.rule.guarded else (None, kv)
+    if spec.move:  # a strand's rows that stood move next to the chain's, before the pass reads them
+        src, dst, kv = kv[0], kv[1], kv[2:]
+        kv = [move_rows(b, src, dst, spec.move) for b in kv]
     inputs = CallInputs(tokens, row_u, aux_u, offset=offset, offered=offered)
     out, st = _call(pm, spec, bucket, inputs, kv, (block, rel_pos))
     return (*_pack(out), *st.keys, *st.values)
+
+
+def move_rows(buf: mx.array, src: mx.array, dst: mx.array, n: int) -> mx.array:
+    """Rows ``src..src+n`` of a K/V buffer ([batch, heads, rows, dim]) written at ``dst``, both int32 [] arrays: read
+    whole before any is written (the ranges may overlap), as ``KVState.copy_rows`` does on the host."""
+    size = (buf.shape[0], buf.shape[1], n, buf.shape[3])
+    return mx.slice_update(buf, mx.slice(buf, src.reshape(1), (2,), size), dst.reshape(1), axes=(2,))
 
 
 def _call(pm, spec: CallSpec, bucket: int, inputs: CallInputs, kv, topo=None) -> tuple[CallOutputs, KVState]:
@@ -221,7 +232,7 @@ _AR_SHAPE = CallShape((-1,))
 def _what(spec: CallSpec) -> tuple:
     """A PTP call's entry key in the bank, the bucket aside: keyed by the shape's row counts (its tree and windows
     are inputs, so shapes alike share one graph), the settings and a lenient rule."""
-    key = ("ptp", spec.shape.graph_key, spec.settings)
+    key = ("ptp", spec.shape.graph_key, spec.settings) + ((spec.move,) if spec.move else ())
     return key if not spec.rule.lenient else (*key, spec.rule)
 
 

@@ -76,6 +76,9 @@ class CallQueue:
         self.why = "the answer's first call"
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
         self.grave: list = []  # builds not used, let go once the next call is queued (``ahead.park``, ``bury``)
+        # after a path through a strand whose call built ahead moves the rows itself: the host's copies, made only if
+        # that call is dropped after all (``(from, to, rows)`` of the cache; ``finish_call``)
+        self._moves: list[tuple[int, int, int]] = []
 
     @property
     def end(self) -> int:
@@ -152,7 +155,7 @@ class CallQueue:
 
     def chained_plan(self, result: CallResult) -> DraftPlan | None:
         """The plan built ahead for the outcome ``result`` reports (None: nothing was built for it)."""
-        built = self.chained is not None and result.strand is None and self.chained.pick(result.accepted) is not None
+        built = self.chained is not None and self.chained.pick(self.chained.outcome(result)) is not None
         return self._guess_realized(result) if built else None
 
     def token_plan(self, result: CallResult) -> DraftPlan | None:
@@ -168,8 +171,9 @@ class CallQueue:
         """The guess for the outcome ``result`` reports (a build's is the same object), with the read's tokens put in
         its placeholders: once per read (``confirm`` compares it too)."""
         if self._realized is None or self._realized[0] is not result:
-            every = self.chained.every if self.chained is not None and result.strand is None else []
-            guess = every[result.accepted] if result.accepted < len(every) else None
+            o = self.chained.outcome(result) if self.chained is not None else None
+            every = self.chained.every if o is not None else []
+            guess = every[o] if o is not None and o < len(every) else None
             self._realized = (result, None if guess is None else guess.realize(result))
         return self._realized[1]
 
@@ -178,14 +182,19 @@ class CallQueue:
         call, self.running = self.running, None
         then = 0 if self.chained is None else self.chained.rows
 
-        def unchain() -> int:
-            # A strand of this token tree stood: the call chained on the chain's outcomes cannot run, and the
-            # strand's K/V rows move in the state before that call was built (its writes are let go).
-            chained, self.chained = self.chained, None
+        def unchain(strand: int, accepted: int, copies: list[tuple[int, int, int]]) -> int | None:
+            # The path took a strand of this token tree: a call built for that very path moves the strand's K/V rows
+            # in its own graph (the host's copies are kept for the case it is dropped after all); otherwise the
+            # call chained on the other outcomes cannot run, and the rows move in the state before it was built.
+            chained = self.chained
+            if chained is not None and chained.pick(chained.strand_outcomes.get((strand, accepted))) is not None:
+                self._moves = copies
+                return chained.rows
+            self.chained = None
             if chained is not None:
                 drop_chained(chained, self.sess.cache, grave=self.grave)
                 self.why = "the path took a strand of the tree"
-            return 0
+            return None
 
         t0 = time.perf_counter()
         result = finish_call(self.sess.cache, call, clock, then=then, on_strand=unchain)
@@ -205,11 +214,13 @@ class CallQueue:
         was built for; otherwise it is dropped. True when a call is ready to submit."""
         if self.chained is not None:
             chained, self.chained = self.chained, None
-            guess = chained.every[result.accepted] if result.strand is None and chained.every else None
-            built = guess is not None and chained.pick(result.accepted) is not None
+            o = chained.outcome(result)
+            guess = chained.every[o] if o is not None and chained.every else None
+            built = guess is not None and chained.pick(o) is not None
             realized = self._realized[1] if self._realized is not None and self._realized[0] is result else None
             self._realized = None
             self.running = confirm_chained(chained, result, plan, i, self.sess.cache, realized, self.grave)
+            self._moved(self.running is None)
             if self.running is not None:
                 self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
             else:
@@ -239,6 +250,13 @@ class CallQueue:
             self.choice.judge(self.running is not None)
         return self.running is not None
 
+    def _moved(self, dropped: bool) -> None:
+        """After the read's verdict on a call built for a path through a strand: where it was dropped, the host
+        moves the strand's K/V rows (in the state before it, given back); where it runs, it moves them itself."""
+        moves, self._moves = self._moves, []
+        for src, dst, n in moves if dropped else ():
+            self.sess.cache.copy_rows(src, dst, n)
+
     def abandon(self) -> None:
         """Leave the cache at the accepted path: calls built or queued and never read give their rows back."""
         cache = self.sess.cache
@@ -247,6 +265,7 @@ class CallQueue:
         if self.chained is not None:  # chained on a call never read, or never decided on
             keep = self.running.offset if self.running is not None else cache.offset - self.chained.rows
             drop_chained(self.chained, cache, keep)
+            self._moved(True)
         elif self.running is not None:  # queued but never read (the consumer stopped first): its rows leave
             cache.trim_to(self.running.offset)
         self.running = self.chained = self.started = None

@@ -25,6 +25,9 @@ class CallSpec:
     shape: CallShape
     settings: SamplingSettings
     rule: AcceptRule = EXACT
+    # rows of a token tree's strand the call moves in its own K/V buffers before its pass (0: none): a call chained
+    # on a tree call, for the outcomes where the path took a strand (``CallInputs.move_src``, ``decode/ahead.py``)
+    move: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,6 +43,10 @@ class CallInputs:
     bound: int | None = None
     offered: mx.array | None = None  # bool [vocab]: the context's tokens (a ``guarded`` rule's lookup calls)
     hook: object | None = None  # the answer's ``LogitsHook``: the call then runs eagerly
+    # int32 []: where ``CallSpec.move`` rows are read from and written to, computed on the device (the same row
+    # when the path took no strand)
+    move_src: mx.array | None = None
+    move_dst: mx.array | None = None
     prefixes: list | None = None  # per token row, the drafts before it (what the hook counts for that row)
 
 

@@ -108,14 +108,17 @@ class ChainDrafter(Drafter):
             plan = replace(plan, source=ADAPTER)
         return plan
 
-    def guess(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
-        """The next call if ``accepted`` drafts stand, before the read: its drafts are the branch of ``accepted``,
-        slots 1.. (as ``update`` takes them). A budget whose rows depend only on the number of drafts
-        (``FixedBudget``) knows it; the adaptive one guesses it from its prior confidences (``preview``), and
-        after the read prefers the shape so built unless another is worth its host time (``chained``)."""
+    def guess(
+        self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int, strand: int | None = None
+    ) -> Guess | None:
+        """The next call if ``accepted`` drafts stand (on the path through ``strand``, if given), before the read:
+        its drafts are that path's branch, slots 1.. (as ``update`` takes them). A budget whose rows depend only on
+        the number of drafts (``FixedBudget``) knows it; the adaptive one guesses it from its prior confidences
+        (``preview``), and after the read prefers the shape so built unless another is worth its host time
+        (``chained``)."""
         if self.step != "fused" and not self.budget.shape_only:
             return None
-        rows = plan.branch_rows(accepted)
+        rows = plan.branch_rows(accepted, strand)
         r, w = rows if rows is not None else (0, 1)
         n = w - 1
         if self.budget.shape_only and not self.budget.calibrate:
@@ -130,6 +133,11 @@ class ChainDrafter(Drafter):
         if nxt.drafts:
             nxt = replace(nxt, source=ADAPTER)
         return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))], src)
+
+    def guess_strand(
+        self, plan: DraftPlan, strand: int, accepted: int, i: int, remaining: int, room: int
+    ) -> Guess | None:
+        return self.guess(plan, accepted, i, remaining, room, strand)
 
     def _previewed(self, plan: DraftPlan, n: int, remaining: int, room: int) -> DraftPlan:
         """The budget's choice on prior confidences for a branch of ``n`` drafts, once per build: the outcomes of

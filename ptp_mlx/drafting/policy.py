@@ -91,6 +91,13 @@ class DraftPolicy(Drafter):
             return Guess(nxt, None) if nxt is not None else None
         return self.chain.guess(plan, accepted, i, remaining, room)
 
+    def guess_strand(
+        self, plan: DraftPlan, strand: int, accepted: int, i: int, remaining: int, room: int
+    ) -> Guess | None:
+        # After a path through a strand: the adapter's next call from the strand's branch (a lookup chain's
+        # continuation is told only when the lookup chain itself stands whole: ``guess``)
+        return self.chain.guess_strand(plan, strand, accepted, i, remaining, room)
+
     def guess_by_token(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         # After the adapter's call, or a lookup chain cut short: prompt lookup's chain once the call's exact token
         # extends the history, for each token whose n-gram lookup would match (the adapter's guess stands beside

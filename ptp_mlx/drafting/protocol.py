@@ -276,6 +276,14 @@ class Drafter(ABC):
         one computes and queues it the moment the read confirms it (``ptp_mlx/decode/pipeline.py``)."""
         return None
 
+    def guess_strand(
+        self, plan: DraftPlan, strand: int, accepted: int, i: int, remaining: int, room: int
+    ) -> Guess | None:
+        """As ``guess``, after the path took strand ``strand`` of ``plan``'s token tree (a strand that hangs off the
+        chain) with ``accepted`` drafts on it in all (the chain's ``plan.strands[strand].at`` and the strand's tokens
+        that stood). The call built for it moves the strand's K/V rows next to the chain's in its own graph."""
+        return None
+
     def guess_by_token(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:
         """As ``guess``, for plans that depend on the exact token the call emits after ``accepted`` drafts (which
         only the call computes): a ``Guess`` whose ``by_token`` holds the plan for each token likely enough, all of

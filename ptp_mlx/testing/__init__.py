@@ -253,6 +253,15 @@ class ChainingTreeDrafter(RandomTreeDrafter):
         return super().plan(i, remaining, room)
 
 
+class StrandChainingTreeDrafter(ChainingTreeDrafter):
+    """``ChainingTreeDrafter`` that also guesses the next call after each path through a strand hanging off the
+    chain (``Drafter.guess_strand``): the call built ahead serves those paths too and, where it runs, moves the
+    strand's K/V rows in its own graph."""
+
+    def guess_strand(self, plan: DraftPlan, strand: int, accepted: int, i: int, remaining: int, room: int):
+        return self.guess(plan, accepted, i, remaining, room)
+
+
 def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int = 0) -> Path:
     """A rank-4 adapter with random ``B`` (drafts are verified, some accepted) for the model in ``model_dir``,
     saved as an adapter folder at ``out`` (tests only)."""
