@@ -23,7 +23,12 @@ from ptp_mlx.model.kv import KVState
 from ptp_mlx.model.ptp import PTPModel
 from ptp_mlx.prompt import encode_prompt
 from ptp_mlx.sampler import SamplingSettings
-from ptp_mlx.testing import ChainingTreeDrafter, RandomTreeDrafter, StrandChainingTreeDrafter
+from ptp_mlx.testing import (
+    ChainingTreeDrafter,
+    RandomTreeDrafter,
+    StrandChainingTreeDrafter,
+    StrandKindTreeDrafter,
+)
 from ptp_mlx.testing.decoding import BUDGETS, PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
 
@@ -307,10 +312,10 @@ def test_calls_chained_on_token_trees_are_exact(varied, pm_sticky, name, monkeyp
 @pytest.mark.parametrize("name", ["greedy", "T1.0"])
 def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(varied, pm_sticky, name, compiled,
                                                                                monkeypatch):  # fmt: skip
-    """A call built ahead on a tree call serves the paths through its strands too (``decode/strand_paths.py``):
-    where the read finds the path took a strand and the plan is the one guessed for that path, the built call runs
-    and moves the strand's K/V rows in its own graph (the host copies none); where it is dropped, the host moves
-    them. Token for token against autoregressive decoding, compiled and eager."""
+    """A call built ahead on a tree call serves the paths through its strands too, strands of strands included
+    (``decode/strand_paths.py``): where the read finds the path took strands and the plan is the one guessed for
+    that path, the built call runs and moves the strands' K/V rows in its own graph (the host copies none); where it
+    is dropped, the host moves them. Token for token against autoregressive decoding, compiled and eager."""
     from ptp_mlx.decode import pipeline
 
     seen = Counter()
@@ -319,8 +324,10 @@ def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(va
     def counted(chained, result, plan, i, cache, *more):
         call = confirm(chained, result, plan, i, cache, *more)
         if result.strand is not None and plan is not None and not result.resolved:
-            nested = result.strand not in {k for k, _ in chained.strand_outcomes}
-            seen["nested" if nested else "ran" if call is not None else "dropped"] += 1
+            seen["ran" if call is not None else "dropped"] += 1
+            nested = plan_read[0].strands[result.strand].parent >= 0
+            seen["nested ran"] += call is not None and nested
+            seen["nested"] += nested
         return call
 
     def copied(state, src, dst, n=1):
@@ -335,6 +342,14 @@ def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(va
             seen["moved by the host" if dropped else "moved in the graph"] += 1
 
     moved = pipeline.CallQueue._moved
+    plan_read = [None]  # the plan of the call just read (its strands)
+    finish = pipeline.finish_call
+
+    def read(cache, call, *a, **k):
+        plan_read[0] = call.plan
+        return finish(cache, call, *a, **k)
+
+    monkeypatch.setattr(pipeline, "finish_call", read)
     monkeypatch.setattr(pipeline, "confirm_chained", counted)
     monkeypatch.setattr(KVState, "copy_rows", copied)
     monkeypatch.setattr(pipeline.CallQueue, "_moved", verdict)
@@ -344,11 +359,47 @@ def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(va
         s = with_seed(SETTINGS[name], 31 + k)
         ids = encode_prompt(tok, prompt)
         want = ar(pm_sticky, tok, ids, s, 32)
-        for seed in range(3):
+        for seed in range(8):
             drafter = StrandChainingTreeDrafter(want[0], width=WINDOW, seed=seed, p_right=0.6)
             assert_same(pm_sticky, tok, ids, s, 32, {"drafter": drafter}, want=want)
     assert seen["ran"] >= 3 and seen["dropped"] >= 1, seen  # (dropped: the plan after the read was another)
+    assert seen["nested ran"] >= 1, seen  # (a path through a strand of a strand: two strands' rows moved)
     assert seen["moved in the graph"] >= 1 and seen["moved by the host"] >= 1, seen
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("name", ["greedy", "T1.0"])
+def test_paths_through_strands_of_another_kind_get_a_build_of_their_own(varied, pm_sticky, pm_random, name, compiled,
+                                                                         monkeypatch):  # fmt: skip
+    """Where time is spare (a GPU), the paths through a tree's strands whose next calls differ in shape from every
+    other build's get one more build (``ahead._strand_kind``); it runs where the read finds such a path and the plan
+    is its guess, its graph moving the strands' rows (the cache takes the state after it). Exact, compiled and
+    eager."""
+    from ptp_mlx.decode import pipeline
+
+    seen = Counter()
+    confirm = pipeline.confirm_chained
+
+    def counted(chained, result, plan, i, cache, *more):
+        hit = chained.pick(chained.outcome(result))
+        call = confirm(chained, result, plan, i, cache, *more)
+        if result.strand is not None and call is not None:
+            seen["own" if hit.state is None else "its own build"] += 1
+        return call
+
+    monkeypatch.setattr(pipeline, "confirm_chained", counted)
+    monkeypatch.setattr(pipeline, "spare", lambda left, build: True)  # (as on a GPU: time for more builds)
+    monkeypatch.setenv("PTP_MLX_EAGER", "" if compiled else "1")
+    _, tok = varied
+    for pm in (pm_sticky, pm_random):
+        for k, prompt in enumerate(PROMPTS[:3]):
+            s = with_seed(SETTINGS[name], 31 + k)
+            ids = encode_prompt(tok, prompt)
+            want = ar(pm, tok, ids, s, 32)
+            for seed in range(4):
+                drafter = StrandKindTreeDrafter(want[0], width=WINDOW, seed=seed, p_right=0.6)
+                assert_same(pm, tok, ids, s, 32, {"drafter": drafter}, want=want)
+    assert seen["its own build"] >= 3, seen
 
 
 @pytest.mark.parametrize("max_tokens", [1, 2, 3])

@@ -56,13 +56,12 @@ class Chained:
     every: list[Guess | None] = field(default_factory=list)  # each outcome's guess, built or not (``Confirmed``)
     by_token: list[Guess | None] = field(default_factory=list)  # each outcome's plans by token, built or not
     source: str | None = None  # the source of the call it was built after (``Confirmed``)
-    # after a token tree: the outcome index of a path through strand k (one hanging off the chain) with ``accepted``
-    # drafts on it, keyed ``(k, accepted)``; outcomes 0..n are the chain's (``accepted`` drafts of it stood)
+    # after a token tree: the outcome index of a path whose last strand is k, with ``accepted`` drafts on it, keyed
+    # ``(k, accepted)``; outcomes 0..n are the chain's (``accepted`` drafts of it stood)
     strand_outcomes: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def outcome(self, result: CallResult) -> int | None:
-        """The index of ``result``'s outcome in the guesses (None: a path this build has no outcome for, through a
-        strand of a strand)."""
+        """The index of ``result``'s outcome in the guesses (None: a path this build has no outcome for)."""
         if result.strand is None:
             return result.accepted
         return self.strand_outcomes.get((result.strand, result.accepted))
@@ -99,10 +98,9 @@ def build_chained(
     likeliest kinds (``Drafter.likely``, each outcome's chance weighed by how often guesses like its own were
     confirmed after calls like this one: ``confirmed``): the likeliest's, and up to ``kinds - 1`` more whose
     outcomes are likely enough and whose graphs are compiled already (the unused builds are let go unrun).
-    After a token tree, the outcomes include each path through a strand that hangs off the chain (``StrandPaths``):
-    a build whose kind such a path's guess shares serves it too, moving the strand's K/V rows in its own graph; a
-    path no build serves (through a strand of a strand, or of another kind) drops it (``CallQueue.read``: the rows
-    then move on the host, in the state before this build)."""
+    After a token tree, the outcomes include each path through its strands (``StrandPaths``): a build whose kind
+    such a path's guess shares serves it too, moving the strands' K/V rows in its own graph; a path no build serves
+    drops it (``CallQueue.read``: the rows then move on the host, in the state before this build)."""
     plan, cache = call.plan, sess.cache
     if sess.bank is None or sess.hook is not None:
         return None
@@ -136,6 +134,11 @@ def build_chained(
     tokens = [] if confirmed is None else _by_kind(by_token, confirmed.weigh(plan.source, by_token, chance), TOKEN_MIN)
     order = own[:1] + tokens[:1] + own[1:]
     limit = kinds + (len(order) > len(own))
+    # (time to spare: the kind most paths through the strands guess, of those no build above serves; its graph is
+    # compiled as it is built if need be, as the likeliest kind's is)
+    extra = _strand_kind(guesses, n, order[:limit]) if paths is not None and kinds > 1 else None
+    if extra is not None:
+        order, limit = [*order[:limit], extra], limit + 1
     for mine in order:
         if chained is not None and len(chained.others) + 1 >= limit:
             break
@@ -149,7 +152,7 @@ def build_chained(
             continue
         after = cache.snapshot()
         cache.restore(before)
-        built = _build_kind(sess, call, mine, n, compiled_only=True, paths=paths)
+        built = _build_kind(sess, call, mine, n, compiled_only=mine is not extra, paths=paths)
         if built is not None:
             chained.others.append(Build(built[0], mine, built[1], cache.snapshot()))
         cache.restore(after)
@@ -174,10 +177,12 @@ def _build_kind(
         return None  # a pivot rule reads the context, which this call's block may still change
     shape = call_shape(nxt, sess.runner_up, sess.reads_top_prob)
     rows = shape.rows
+    # the next call's largest offset: past any path through a strand, whichever build serves it (the read trims the
+    # cache to the path plus the likeliest build's rows before it knows which build runs)
+    last = call.offset + 1 + (max(paths.accepted) if paths is not None and paths.outcomes else n)
     # rows a path through a strand moves (0: this build serves none, and its outcome is the chain's accepted count)
     moved = paths.rows(guesses, n) if paths is not None and paths.outcomes else 0
     paths = paths if moved else None
-    last = call.offset + 1 + (max(paths.accepted) if paths is not None else n)  # the next call's largest offset
     spec = CallSpec(shape, sess.settings, rule, moved)
     if compiled_only and not sess.bank.compiled_for(spec, last + rows):
         return None
@@ -216,8 +221,9 @@ def _build_kind(
     move = None
     if moved:  # the strand's K/V rows move in the chained call's graph (its buffers hold ``moved`` more rows)
         sess.cache.reserve(moved, sess.bank.shapes)
-        src, dst = (mx.take(mx.array([call.offset + r for r in x], dtype=mx.int32), c) for x in paths.moves)
-        move = (src, dst, moved)
+        src, dst = paths.move_table(moved)
+        src = mx.take(mx.array(src + call.offset), c, axis=0)  # int32 [moved]: the rows to read
+        move = (src, mx.take(mx.array(dst + call.offset), c), moved)
     drawn = c if paths is None else mx.take(mx.array(accepted, dtype=mx.int32), c)  # drafts on the path
     inputs = ChainInputs(
         tokens=mx.concatenate(tokens) if len(tokens) > 1 else tokens[0],
@@ -288,6 +294,15 @@ def _kind(guess: Guess) -> tuple:
     p = guess.plan
     tree = tuple((st.at, len(st.tokens), st.width, st.parent) for st in p.strands)
     return len(p.drafts), p.branches, p.strict, guess.draft_rows is None, tree, guess.by_token is not None
+
+
+def _strand_kind(guesses: list[Guess | None], n: int, taken: list[list[Guess | None]]) -> list[Guess | None] | None:
+    """The kind (``_kind``) of the most paths through a strand (outcomes after ``n + 1``) whose guesses no kind in
+    ``taken`` serves, as ``_by_kind`` lists it; None where there is none."""
+    served = {_kind(next(x for x in k if x is not None)) for k in taken}
+    left = [x if g > n and x is not None and _kind(x) not in served else None for g, x in enumerate(guesses)]
+    kinds = _by_kind(left, None) if any(x is not None for x in left) else []
+    return kinds[0] if kinds else None
 
 
 def _by_kind(

@@ -88,8 +88,8 @@ class ChainInputs:
     aux_u: mx.array  # float32 [n_aux]: the auxiliary rows' uniforms
     offset: mx.array  # int32 []: the cache length before the call
     bound: int  # the largest value ``offset`` can take
-    # after a token tree: (src, dst, rows), the strand rows the call moves before its pass (int32 [] arrays computed
-    # on the device; src == dst where the path took no strand), or None
+    # after a token tree: (src, dst, rows), the K/V rows the call moves before its pass (int32 [rows] to read, int32
+    # [] where the first goes, computed on the device; rows already in place where the path took no strand), or None
     move: tuple[mx.array, mx.array, int] | None = None
 
 

@@ -157,17 +157,16 @@ def call_graph(pm, spec: CallSpec, bucket: int, *arrays: mx.array) -> tuple[mx.a
     offered, kv = (kv[0], kv[1:]) if spec.rule.guarded else (None, kv)
     if spec.move:  # a strand's rows that stood move next to the chain's, before the pass reads them
         src, dst, kv = kv[0], kv[1], kv[2:]
-        kv = [move_rows(b, src, dst, spec.move) for b in kv]
+        kv = [move_rows(b, src, dst) for b in kv]
     inputs = CallInputs(tokens, row_u, aux_u, offset=offset, offered=offered)
     out, st = _call(pm, spec, bucket, inputs, kv, (block, rel_pos))
     return (*_pack(out), *st.keys, *st.values)
 
 
-def move_rows(buf: mx.array, src: mx.array, dst: mx.array, n: int) -> mx.array:
-    """Rows ``src..src+n`` of a K/V buffer ([batch, heads, rows, dim]) written at ``dst``, both int32 [] arrays: read
-    whole before any is written (the ranges may overlap), as ``KVState.copy_rows`` does on the host."""
-    size = (buf.shape[0], buf.shape[1], n, buf.shape[3])
-    return mx.slice_update(buf, mx.slice(buf, src.reshape(1), (2,), size), dst.reshape(1), axes=(2,))
+def move_rows(buf: mx.array, src: mx.array, dst: mx.array) -> mx.array:
+    """A K/V buffer ([batch, heads, rows, dim]) with its rows ``src`` (int32 [n]) written at ``dst`` on (int32 []):
+    read before any is written (the rows may overlap), as ``KVState.copy_rows`` does on the host."""
+    return mx.slice_update(buf, mx.take(buf, src, axis=2), dst.reshape(1), axes=(2,))
 
 
 def _call(pm, spec: CallSpec, bucket: int, inputs: CallInputs, kv, topo=None) -> tuple[CallOutputs, KVState]:

@@ -43,8 +43,8 @@ class CallInputs:
     bound: int | None = None
     offered: mx.array | None = None  # bool [vocab]: the context's tokens (a ``guarded`` rule's lookup calls)
     hook: object | None = None  # the answer's ``LogitsHook``: the call then runs eagerly
-    # int32 []: where ``CallSpec.move`` rows are read from and written to, computed on the device (the same row
-    # when the path took no strand)
+    # int32 [CallSpec.move] and []: the K/V rows the call reads and where the first is written, computed on the
+    # device (rows already in place where the path took no strand)
     move_src: mx.array | None = None
     move_dst: mx.array | None = None
     prefixes: list | None = None  # per token row, the drafts before it (what the hook counts for that row)

@@ -279,9 +279,9 @@ class Drafter(ABC):
     def guess_strand(
         self, plan: DraftPlan, strand: int, accepted: int, i: int, remaining: int, room: int
     ) -> Guess | None:
-        """As ``guess``, after the path took strand ``strand`` of ``plan``'s token tree (a strand that hangs off the
-        chain) with ``accepted`` drafts on it in all (the chain's ``plan.strands[strand].at`` and the strand's tokens
-        that stood). The call built for it moves the strand's K/V rows next to the chain's in its own graph."""
+        """As ``guess``, after the path through ``plan``'s token tree ended in strand ``strand``, with ``accepted``
+        drafts on it in all (``plan.strands[strand].at`` and the strand's tokens that stood). The call built for it
+        moves the strands' K/V rows next to the chain's in its own graph."""
         return None
 
     def guess_by_token(self, plan: DraftPlan, accepted: int, i: int, remaining: int, room: int) -> Guess | None:

@@ -254,12 +254,26 @@ class ChainingTreeDrafter(RandomTreeDrafter):
 
 
 class StrandChainingTreeDrafter(ChainingTreeDrafter):
-    """``ChainingTreeDrafter`` that also guesses the next call after each path through a strand hanging off the
-    chain (``Drafter.guess_strand``): the call built ahead serves those paths too and, where it runs, moves the
-    strand's K/V rows in its own graph."""
+    """``ChainingTreeDrafter`` that also guesses the next call after each path through its strands, strands of
+    strands included (``Drafter.guess_strand``): the call built ahead serves those paths too and, where it runs,
+    moves the strands' K/V rows in its own graph."""
 
     def guess_strand(self, plan: DraftPlan, strand: int, accepted: int, i: int, remaining: int, room: int):
         return self.guess(plan, accepted, i, remaining, room)
+
+
+class StrandKindTreeDrafter(StrandChainingTreeDrafter):
+    """``StrandChainingTreeDrafter`` whose guess after a path through a strand has another shape than after the
+    chain's outcomes (one draft and a branch of two): those paths get a build of their own where time is spare."""
+
+    def guess_strand(self, plan: DraftPlan, strand: int, accepted: int, i: int, remaining: int, room: int):
+        from ..drafting.protocol import Guess
+
+        n = max(0, min(1, remaining - 1, room - 1))
+        drafts = [self._token(i + k, self.rng.random() < self.p_right) for k in range(n)]
+        nxt = DraftPlan(drafts, [(n, 2)] if remaining - n + 1 >= 2 and room - 1 - n >= 2 else [])
+        self.guessed[i] = nxt
+        return Guess(nxt, None)
 
 
 def save_random_adapter(model_dir: Path, out: Path, window: int = 4, seed: int = 0) -> Path:
