@@ -308,14 +308,16 @@ def test_calls_chained_on_token_trees_are_exact(varied, pm_sticky, name, monkeyp
     assert hits >= 3 and sum(dropped) >= 1, (hits, sum(dropped))  # strands stood after calls chained on trees
 
 
-@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("compiled, spare", [(True, True), (False, True), (True, False)])
 @pytest.mark.parametrize("name", ["greedy", "T1.0"])
-def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(varied, pm_sticky, name, compiled,
+def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(varied, pm_sticky, name, compiled, spare,
                                                                                monkeypatch):  # fmt: skip
     """A call built ahead on a tree call serves the paths through its strands too, strands of strands included
     (``decode/strand_paths.py``): where the read finds the path took strands and the plan is the one guessed for
     that path, the built call runs and moves the strands' K/V rows in its own graph (the host copies none); where it
-    is dropped, the host moves them. Token for token against autoregressive decoding, compiled and eager."""
+    is dropped, the host moves them. The paths are guessed only where the host has time to spare beside the compute
+    (``pipeline.spare``: several milliseconds a wide tree). Token for token against autoregressive decoding,
+    compiled and eager."""
     from ptp_mlx.decode import pipeline
 
     seen = Counter()
@@ -353,6 +355,7 @@ def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(va
     monkeypatch.setattr(pipeline, "confirm_chained", counted)
     monkeypatch.setattr(KVState, "copy_rows", copied)
     monkeypatch.setattr(pipeline.CallQueue, "_moved", verdict)
+    monkeypatch.setattr(pipeline, "spare", lambda left, build: spare)  # (a GPU: time to spare beside the compute)
     monkeypatch.setenv("PTP_MLX_EAGER", "" if compiled else "1")  # (the eager reference: the same function)
     _, tok = varied
     for k, prompt in enumerate(PROMPTS[:3]):
@@ -362,6 +365,9 @@ def test_calls_chained_on_a_path_through_a_strand_move_its_rows_and_are_exact(va
         for seed in range(8):
             drafter = StrandChainingTreeDrafter(want[0], width=WINDOW, seed=seed, p_right=0.6)
             assert_same(pm_sticky, tok, ids, s, 32, {"drafter": drafter}, want=want)
+    if not spare:  # (no time to spare, as on this CPU: the paths are not guessed, a strand drops the build)
+        assert seen["ran"] == seen["moved in the graph"] == 0 and seen["host copies"] > 0, seen
+        return
     assert seen["ran"] >= 3 and seen["dropped"] >= 1, seen  # (dropped: the plan after the read was another)
     assert seen["nested ran"] >= 1, seen  # (a path through a strand of a strand: two strands' rows moved)
     assert seen["moved in the graph"] >= 1 and seen["moved by the host"] >= 1, seen

@@ -122,7 +122,9 @@ def build_chained(
         by_token.append(
             drafter.guess_by_token(plan, g, i, max_new - i, ctx - (call.offset + 1 + g)) if kinds > 1 else None
         )
-    paths = strand_paths(drafter, call, max_new, ctx, guesses, by_token) if plan.strands else None
+    # (time to spare: the paths through a tree's strands, each guessed, several milliseconds of host time where a
+    # tree is wide)
+    paths = strand_paths(drafter, call, max_new, ctx, guesses, by_token) if plan.strands and kinds > 1 else None
     chained, before = None, cache.snapshot()
     chance = drafter.likely(plan)
     if paths is not None and paths.outcomes:  # (a path through a strand joins a build of its kind, makes none)
@@ -195,12 +197,16 @@ def _build_kind(
     row_u, aux_u = call_uniforms(sess, nxt, 0)
     row_table = np.zeros((outcomes, row_u.size), np.float32)
     aux_table = np.zeros((outcomes, aux_u.size), np.float32)
+    drawn_u: dict[int, tuple] = {}  # (outcomes with as many drafts on their paths start at one position)
     for g, x in enumerate(guesses):
         if x is not None:
             per_outcome[g, :m] = x.plan.drafts if x.draft_rows is None else x.draft_rows
             if tree:  # flat indices into [argmax | runner-ups] per auxiliary row (``table`` below)
                 per_outcome[g, m:] = [row * (1 + ALTS) + rank for row, rank in x.strand_src]
-            row_table[g], aux_table[g] = call_uniforms(sess, nxt, call.i + 1 + accepted[g])
+            a = accepted[g]
+            if a not in drawn_u:
+                drawn_u[a] = call_uniforms(sess, nxt, call.i + 1 + a)
+            row_table[g], aux_table[g] = drawn_u[a]
     # int32 []: the outcome, known on the device only (its token row, its accepted drafts)
     c = call.out.accepted if paths is None else paths.index
     row = c if paths is None else mx.take(mx.array(paths.last_row, dtype=mx.int32), c)
@@ -290,10 +296,15 @@ def confirm_after_burst(
 
 def _kind(guess: Guess) -> tuple:
     """What one build must share across outcomes: the shape, the acceptance rule (``DraftPlan.strict``) and where the
-    drafts come from (this call's rows, or tokens the host knows: not one gather)."""
-    p = guess.plan
-    tree = tuple((st.at, len(st.tokens), st.width, st.parent) for st in p.strands)
-    return len(p.drafts), p.branches, p.strict, guess.draft_rows is None, tree, guess.by_token is not None
+    drafts come from (this call's rows, or tokens the host knows: not one gather). Kept on the guess (asked for
+    every outcome of every kind: a tree's paths through its strands are many)."""
+    kind = guess.__dict__.get("_kind")
+    if kind is None:
+        p = guess.plan
+        tree = tuple((st.at, len(st.tokens), st.width, st.parent) for st in p.strands)
+        kind = len(p.drafts), p.branches, p.strict, guess.draft_rows is None, tree, guess.by_token is not None
+        guess.__dict__["_kind"] = kind
+    return kind
 
 
 def _strand_kind(guesses: list[Guess | None], n: int, taken: list[list[Guess | None]]) -> list[Guess | None] | None:

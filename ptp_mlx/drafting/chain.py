@@ -127,12 +127,21 @@ class ChainDrafter(Drafter):
             nxt = self._previewed(plan, n, remaining, room)
         else:
             return None
+        # (the outcomes whose branches start at the same row get the same guess: one object, made once a build; a
+        # tree's paths through its strands are many)
+        key = ("guess", id(nxt), r)
+        memo = self._memo if self._memo_for is plan else None
+        if memo is not None and key in memo:
+            return memo[key]
         src = self.strand_sources(nxt, r) if nxt.strands else ()
         if nxt.burst or src is None:
-            return None
-        if nxt.drafts:
-            nxt = replace(nxt, source=ADAPTER)
-        return Guess(nxt, [r + 1 + k for k in range(len(nxt.drafts))], src)
+            out = None
+        else:
+            drafted = replace(nxt, source=ADAPTER) if nxt.drafts else nxt
+            out = Guess(drafted, [r + 1 + k for k in range(len(nxt.drafts))], src)
+        if memo is not None:
+            memo[key] = out
+        return out
 
     def guess_strand(
         self, plan: DraftPlan, strand: int, accepted: int, i: int, remaining: int, room: int
