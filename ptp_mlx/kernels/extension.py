@@ -227,6 +227,22 @@ def _self_check(mod) -> str:
     return ""
 
 
+def load(spec: ModuleSpec, check) -> tuple[object | None, str]:
+    """``spec``'s module, built if needed, loaded and checked (``check(module)``: "" or why it cannot be used), and
+    ""; or None and a one-line reason (any failure: these modules are never required)."""
+    try:
+        path, why = build(spec=spec)
+        if path is None:
+            return None, why
+        found = importlib.util.spec_from_file_location(spec.module, path)
+        mod = importlib.util.module_from_spec(found)
+        found.loader.exec_module(mod)
+        why = check(mod)
+        return (None, why) if why else (mod, "")
+    except Exception as e:
+        return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 def module():
     """The loaded extension (``gated_linear(x, W, B, gate, spans, out, bias=None)``), or None, with one notice
     the first time it cannot be had."""
@@ -235,19 +251,10 @@ def module():
     _state["tried"] = True
     if os.environ.get("PTP_MLX_GATED", "").strip().lower() in ("0", "off", "no", "false"):
         return None
-    why = ""
-    try:  # never required: any failure is the notice, and decoding keeps the graph form
-        path, why = build()
-        if path is not None:
-            spec = importlib.util.spec_from_file_location(MODULE, path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            why = _self_check(mod)
-            if not why:
-                _state["module"] = mod
-                return mod
-    except Exception as e:
-        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    mod, why = load(CPU_OPS, _self_check)  # (never required: any failure is the notice, and the graph form runs)
+    if mod is not None:
+        _state["module"] = mod
+        return mod
     _state["why"] = why
     if why == NO_COMPILER:  # (one notice for every CPU part a compiler would have built)
         notice_once("no-compiler", NO_COMPILER_NOTICE)

@@ -8,12 +8,11 @@ Never required: where it cannot be built, unused builds are let go as they come 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
-from .extension import ModuleSpec, build
+from .extension import ModuleSpec, load
 
 GRAPH = ModuleSpec((Path(__file__).with_name("graph_tools.cpp"),), (), "_ptp_graph", ("-O2",), "graph", False)
 _state: dict = {"module": None, "tried": False, "why": ""}
@@ -45,19 +44,10 @@ def module():
     if os.environ.get("PTP_MLX_GRAPH_TOOLS", "").strip().lower() in ("0", "off", "no", "false"):
         _state["why"] = "PTP_MLX_GRAPH_TOOLS=0"
         return None
-    why = ""
-    try:  # never required: any failure is the notice, and unused builds go as they come
-        path, why = build(spec=GRAPH)
-        if path is not None:
-            spec = importlib.util.spec_from_file_location(GRAPH.module, path)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            why = _self_check(mod)
-            if not why:
-                _state["module"] = mod
-                return mod
-    except Exception as e:
-        why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    mod, why = load(GRAPH, _self_check)  # (never required: any failure is the notice, builds go as they come)
+    if mod is not None:
+        _state["module"] = mod
+        return mod
     _state["why"] = why
     print(
         f"notice: ptp-mlx's graph tools not built ({why}); calls built ahead and not used are let go on the "
