@@ -207,8 +207,9 @@ def _build_kind(
             if a not in drawn_u:
                 drawn_u[a] = call_uniforms(sess, nxt, call.i + 1 + a)
             row_table[g], aux_table[g] = drawn_u[a]
-    # int32 []: the outcome, known on the device only (its token row, its accepted drafts)
-    c = call.out.accepted if paths is None else paths.index
+    # int32 []: the outcome, known on the device only (its token row, its accepted drafts; the chain's count at most
+    # its drafts, as the host reads it: the graph counts a strand hung after the last draft as the chain going on)
+    c = mx.minimum(call.out.accepted, n) if paths is None else paths.index
     row = c if paths is None else mx.take(mx.array(paths.last_row, dtype=mx.int32), c)
     # (an UNRESOLVED target fed as 0: the read settles it on the host and drops this call, ``confirm_chained``)
     tokens = [mx.maximum(mx.take(call.out.targets, row.reshape(1)), 0).astype(mx.int32)]
