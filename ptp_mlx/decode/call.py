@@ -246,8 +246,9 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
             path += list(range(row, row + m))
             strand, line, depth = k, k, st.at + m
         # Compact (the rest is trimmed below), unless the call chained on this outcome moves the rows in its graph
-        kept = on_strand(strand, len(path) - 1, copies) if strand is not None and on_strand is not None else None
+        kept = None
         if strand is not None and on_strand is not None:
+            kept = on_strand(strand, len(path) - 1, copies)
             then = 0 if kept is None else kept
         if kept is None:
             for src, dst, m in copies:

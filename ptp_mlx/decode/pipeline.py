@@ -30,15 +30,8 @@ import time
 import mlx.core as mx
 
 from ..drafting.protocol import CallResult, Drafter, DraftPlan
-from .ahead import (
-    Chained,
-    _matches,
-    build_after_burst,
-    build_chained,
-    confirm_after_burst,
-    confirm_chained,
-    drop_chained,
-)
+from .after_burst import build_after_burst, confirm_after_burst
+from .ahead import Chained, _matches, build_chained, confirm_chained, drop_chained
 from .call import NO_CLOCK, PendingCall, build_call, finish_call
 from .chain_odds import ChainChoice, Confirmed, choice_for, fade, spare
 from .session import DecodeSession
