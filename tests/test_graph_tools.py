@@ -56,6 +56,45 @@ def test_only_edges_to_the_named_buffers_are_cut_once_with_siblings(cut):
     assert cut([total, total], [a, b]) == 2  # (walked once, both edges)
 
 
+def test_a_buffer_read_a_few_nodes_deep_is_let_go_only_by_a_walk_that_deep(cut):
+    """A build that moves rows (``fixed.move_rows``: a gather, a reshape and a slice update) reads the buffer a few
+    nodes before its output: a walk of depth 1 cuts nothing and the later in-place write copies the buffer; a walk as
+    deep as ``ahead.CUT_DEPTH`` cuts the gather's and the slice update's edges and the write is in place."""
+    from ptp_mlx.decode.ahead import CUT_DEPTH
+    from ptp_mlx.decode.fixed import move_rows
+
+    def address(a) -> int:
+        return int(np.asarray(memoryview(a)).__array_interface__["data"][0])
+
+    for depth in (1, CUT_DEPTH):
+        buf = mx.arange(1 << 16, dtype=mx.float32).reshape(1, 4, 256, 64)
+        mx.eval(buf)
+        where = address(buf)
+        moved = move_rows(buf, mx.array([3, 4], dtype=mx.int32), mx.array(9, dtype=mx.int32))
+        dropped = moved * 2  # (the build's call on the moved rows, never evaluated)
+        edges = cut([dropped], [buf], [], depth)
+        assert (edges >= 2) == (depth > 1) and (edges == 0) == (depth == 1)
+        new = buf.at[mx.array([0])].add(1.0)  # (the call queued instead)
+        del buf
+        mx.eval(new)
+        assert (address(new) == where) == (depth > 1)
+        del moved, dropped
+
+
+def test_nodes_a_kept_graph_reaches_are_never_cut(cut):
+    """A node the dropped build shares with the build that runs (``keep``) keeps its edges, however deep the walk:
+    the build that runs computes the right values; the dropped build's own nodes are cut."""
+    buf = mx.arange(8, dtype=mx.float32)
+    mx.eval(buf)
+    for protect in (True, False):
+        shared = buf * 3
+        dropped = (shared + 1) + buf  # (its own node reads buf too)
+        kept = shared * 2
+        # the dropped build's own edge; unprotected, the shared node's too
+        assert cut([dropped], [buf], [kept] if protect else [], 6) == (1 if protect else 2)
+        assert np.array_equal(np.array(kept), np.arange(8) * 6) == protect
+
+
 def test_without_a_toolchain_builds_are_let_go_as_before_with_one_notice(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(extension, "shared_path", lambda name: None)
     monkeypatch.setattr(extension, "kernel_dir", lambda: tmp_path)

@@ -17,6 +17,7 @@ from ptp_mlx.drafting.lookup import LookupProposer
 from ptp_mlx.drafting.policy import DraftPolicy
 from ptp_mlx.drafting.protocol import CallResult, DraftPlan, Guess
 from ptp_mlx.prompt import encode_prompt
+from ptp_mlx.testing import StrandKindTreeDrafter
 from ptp_mlx.testing.decoding import PROMPTS, SETTINGS, WINDOW, ar, assert_same, with_seed
 
 
@@ -156,6 +157,33 @@ def _address(a) -> int:
     return int(np.asarray(memoryview(a)).__array_interface__["data"][0])
 
 
+def _watch_in_place(monkeypatch) -> list[bool]:
+    """Per call queued after unused builds were kept (``ahead.park``): whether it wrote the K buffer they were built
+    on in place (True) or copied it. (``before``: the state the running call, just read, wrote; after builds were
+    kept last time, that call was the one queued instead: in place, its buffer is the one the kept builds were built
+    on. Not counted: a call of a shape run for the first time, traced as it runs, which copies whatever; and a call
+    that moves a strand's rows in its own graph, whose gather of the rows reads the buffer its slice update writes:
+    MLX donates the buffer only where the gather has let go of it by then, which is a matter of timing.)"""
+    seen, pending = [], []
+    confirm = pipeline.CallQueue.confirm
+
+    def watched(queue, result, plan, i):
+        chained, cold = queue.chained, queue.sess.bank.cold
+        now = _address(chained.before[0][0]) if chained is not None and chained.before is not None else None
+        seen.extend(want == now for want, then in pending if now is not None and then == cold)
+        pending.clear()
+        kept = len(queue.grave)
+        ready = confirm(queue, result, plan, i)
+        moves = ready and result.strand is not None  # (it runs, moving the strand's rows itself)
+        if len(queue.grave) > kept and now is not None and not moves:
+            pending.append((now, cold))
+        return ready
+
+    monkeypatch.setattr(pipeline.CallQueue, "confirm", watched)
+    monkeypatch.setattr(pipeline, "spare", lambda left, build: True)  # (as on a GPU: time for more builds)
+    return seen
+
+
 @pytest.mark.parametrize("cut", [True, False])
 def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_sticky, varied, monkeypatch, cut):
     """Builds not used are let go only after the call queued instead (``ahead.park``, ``CallQueue.bury``), their
@@ -164,28 +192,10 @@ def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_stick
     import ptp_mlx.decode.ahead as ahead
 
     if ahead._cut_buffers() is None:
-        pytest.skip("the CPU extension is not built here")
+        pytest.skip("ptp-graph is not built here")
     if not cut:
-        monkeypatch.setattr(ahead, "_cut_buffers", lambda: lambda outs, bufs: 0)
-    seen, pending = [], []
-    confirm = pipeline.CallQueue.confirm
-
-    def watched(queue, result, plan, i):
-        # (``before``: the state the running call, just read, wrote; after builds were kept last time, that call
-        # was the one queued instead: in place, its buffer is the one the kept builds were built on. A call of a
-        # shape run for the first time, traced as it runs, copies whatever: not counted)
-        chained, cold = queue.chained, queue.sess.bank.cold
-        now = _address(chained.before[0][0]) if chained is not None and chained.before is not None else None
-        seen.extend(want == now for want, then in pending if now is not None and then == cold)
-        pending.clear()
-        kept = len(queue.grave)
-        ready = confirm(queue, result, plan, i)
-        if len(queue.grave) > kept and now is not None:
-            pending.append((now, cold))
-        return ready
-
-    monkeypatch.setattr(pipeline.CallQueue, "confirm", watched)
-    monkeypatch.setattr(pipeline, "spare", lambda left, build: True)  # (as on a GPU: time for more builds)
+        monkeypatch.setattr(ahead, "_cut_buffers", lambda: lambda outs, bufs, keep=(), depth=1: 0)
+    seen = _watch_in_place(monkeypatch)
     tok = varied[1]
     s = with_seed(SETTINGS["greedy"], 80)
     ids = encode_prompt(tok, PROMPTS[0])
@@ -198,6 +208,40 @@ def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_stick
         assert_same(pm_sticky, tok, ids, s, 48, {"drafter": drafter}, eos=set(), want=want)
     assert len(seen) >= 3, seen
     assert all(seen) if cut else not any(seen), (seen.count(True), seen.count(False))
+
+
+@pytest.mark.parametrize("depth", [None, 1])
+def test_builds_that_move_a_strands_rows_are_cut_through_the_move(pm_sticky, varied, monkeypatch, depth):
+    """A build for a path through a token tree's strand reads the K/V buffers through its move of the strand's rows
+    (``fixed.move_rows``: a gather and a slice update before the call): the cut walks that deep
+    (``ahead.CUT_DEPTH``), so the call queued instead of such a build still writes the buffers in place. Cut only at
+    the build's own outputs (depth 1, as before), those calls copy them."""
+    import ptp_mlx.decode.ahead as ahead
+
+    if ahead._cut_buffers() is None:
+        pytest.skip("ptp-graph is not built here")
+    if depth is not None:
+        monkeypatch.setattr(ahead, "CUT_DEPTH", depth)
+    moved = []
+    build_kind = ahead._build_kind
+
+    def counted(sess, call, guesses, n, *a, **k):
+        built = build_kind(sess, call, guesses, n, *a, **k)
+        moved.append(built is not None and k.get("paths") is not None and k["paths"].rows(guesses, n) > 0)
+        return built
+
+    monkeypatch.setattr(ahead, "_build_kind", counted)
+    seen = _watch_in_place(monkeypatch)
+    _, tok = varied
+    for k, prompt in enumerate(PROMPTS[:2]):
+        s = with_seed(SETTINGS["greedy"], 31 + k)
+        ids = encode_prompt(tok, prompt)
+        want = ar(pm_sticky, tok, ids, s, 32)
+        for seed in range(4):
+            drafter = StrandKindTreeDrafter(want[0], width=WINDOW, seed=seed, p_right=0.6)
+            assert_same(pm_sticky, tok, ids, s, 32, {"drafter": drafter}, want=want)
+    assert sum(moved) >= 3 and len(seen) >= 3, (sum(moved), seen)
+    assert all(seen) if depth is None else not all(seen), (seen.count(True), seen.count(False))
 
 
 def test_without_the_extension_builds_go_at_once_and_answers_stay_exact(pm_sticky, varied, monkeypatch):

@@ -28,6 +28,9 @@ OTHER_KIND_MIN = 0.05
 # the default drafter's calls on held-out prompts (the profile's prompt 86%), 0.25 80-81%; the unused builds are
 # let go after the next call is queued (``park``).
 TOKEN_MIN = 0.1
+# How deep the cut of an unused build's edges to the K/V buffers walks from its K/V outputs (``park``): its compiled
+# call reads a strand's moved rows through the move's slice update, and that through a reshape and the gather.
+CUT_DEPTH = 6
 
 
 @dataclass
@@ -328,7 +331,8 @@ def confirm_chained(
         unused.append((chained.call, cache.snapshot()))
         cache.restore(hit.state)
         cache.trim_to(keep + hit.rows)
-    park(grave, chained.before, unused)
+    keys, values, _ = cache.snapshot()
+    park(grave, chained.before, unused, (*hit.call.arrays, *keys, *values))
     # (let go of the state before and of every other build now, so the call's writes stay in place)
     chained.before, chained.others = None, []
     return replace(hit.call, plan=plan, offset=keep, i=i, ahead=True)  # the same rows; the host knows what they verify
@@ -348,20 +352,24 @@ def drop_chained(chained: Chained, cache, keep: int | None = None, grave: list |
         cache.trim_to(keep)
 
 
-def park(grave: list | None, before: tuple | None, unused: list[tuple[PendingCall, tuple]]) -> None:
+def park(
+    grave: list | None, before: tuple | None, unused: list[tuple[PendingCall, tuple]], keep: tuple = ()
+) -> None:
     """Keep the builds ``unused`` (each call and the cache's state after it) in ``grave``, to be let go once the
     next call is queued (``CallQueue.bury``: off the critical path where a device computes; letting a build go
     cost 0.19-0.35 ms on this CPU's path, docs/results/decode-floor/2026-12-06i/), their graphs' edges to the K/V
     buffers of ``before`` (the state they were built on) cut first, so that the call queued instead writes those
-    buffers in place. Without ptp-graph's ``cut_buffers`` (``kernels/graph_tools.py``: no compiler; or ``grave``
-    None) they go now, as they come."""
+    buffers in place: within ``CUT_DEPTH`` nodes of their K/V outputs (a build that moves a strand's rows reads the
+    buffers through the move's gather), never in a node the build that runs (``keep``: its outputs and state)
+    reaches. Without ptp-graph's ``cut_buffers`` (``kernels/graph_tools.py``: no compiler; or ``grave`` None) they
+    go now, as they come."""
     if grave is None or before is None or not unused:
         return
     cut = _cut_buffers()
     if cut is None:
         return
     outs = [a for _call, (keys, values, _) in unused for a in (*keys, *values) if a is not None]
-    cut(outs, [a for a in (*before[0], *before[1]) if a is not None])
+    cut(outs, [a for a in (*before[0], *before[1]) if a is not None], [a for a in keep if a is not None], CUT_DEPTH)
     grave.extend(unused)
 
 

@@ -6,13 +6,14 @@
 // only when nothing else holds it, else the call copies it (tens of megabytes a call). Letting the whole graph go
 // frees every node's inputs on the host, on the critical path (0.17-0.35 ms a read on the 2-core CPU where it was
 // measured, on memory the compute pushed out of the caches). Cutting only the edges to those buffers is a few
-// microseconds: the nodes that wrote `outs` (the dropped build's K/V outputs) and their siblings stop holding any
-// of `bufs` (the buffers the build was made on); the rest of the graph is let go after the next call is queued.
+// microseconds: the unevaluated nodes near `outs` (the dropped build's K/V outputs) stop holding any of `bufs` (the
+// buffers the build was made on); the rest of the graph is let go after the next call is queued.
 // A cut edge points at a scalar that lives as long as the process: the node is never evaluated, so what it would
 // have read does not matter, and its shape is not looked at again. Returns how many edges were cut.
 
-#include <algorithm>
 #include <cstdint>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -25,29 +26,50 @@ namespace mx = mlx::core;
 
 namespace {
 
-int cut_buffers(std::vector<mx::array>& outs, const std::vector<mx::array>& bufs) {
+// The nodes within `depth` edges of `outs` (through nodes not yet evaluated) stop holding any of `bufs`, except
+// the nodes any of `keep` reaches (a build that will run: its graph may share nodes with the dropped ones). A build
+// that moves a strand's K/V rows in its own graph (decode/fixed.py, move_rows) reads the buffers through the move's
+// gather and slice update, a few nodes before its outputs: depth 1 would miss them, and the call queued instead would
+// copy every buffer.
+int cut_buffers(std::vector<mx::array>& outs, const std::vector<mx::array>& bufs, const std::vector<mx::array>& keep,
+                int depth) {
   static const mx::array* none = new mx::array(0.0f);
-  std::vector<std::uintptr_t> targets;
-  targets.reserve(bufs.size());
-  for (const auto& b : bufs) targets.push_back(b.id());
-  std::sort(targets.begin(), targets.end());
-  std::vector<std::uintptr_t> done;  // nodes walked (on the CPU a layer's K and V are siblings of one node)
+  std::unordered_set<std::uintptr_t> targets;
+  for (const auto& b : bufs) targets.insert(b.id());
+  std::unordered_set<std::uintptr_t> kept;  // every unevaluated node `keep` reaches, however deep
+  std::vector<mx::array> stack;
+  for (const auto& k : keep)
+    if (k.has_primitive()) stack.push_back(k);
+  while (!stack.empty()) {
+    mx::array a = stack.back();
+    stack.pop_back();
+    if (!kept.insert(a.id()).second) continue;
+    for (const auto& s : a.siblings())
+      if (!kept.count(s.id())) stack.push_back(s);
+    for (const auto& x : a.inputs())
+      if (x.has_primitive() && !kept.count(x.id())) stack.push_back(x);
+  }
+  std::unordered_set<std::uintptr_t> seen;  // nodes walked (on the CPU a layer's K and V are siblings of one node)
+  std::vector<std::pair<mx::array, int>> todo;
+  for (const auto& o : outs) todo.emplace_back(o, depth);
   int cut = 0;
-  auto walk = [&](mx::array& a) {
-    for (auto& x : a.inputs())
-      if (std::binary_search(targets.begin(), targets.end(), x.id())) {
+  auto visit = [&](mx::array& a, int d) {
+    if (!a.has_primitive() || kept.count(a.id()) || !seen.insert(a.id()).second) return;
+    for (auto& x : a.inputs()) {
+      if (targets.count(x.id())) {
         x = *none;
         ++cut;
+      } else if (d > 1 && x.has_primitive()) {
+        todo.emplace_back(x, d - 1);
       }
-  };
-  for (auto& o : outs) {
-    if (!o.has_primitive() || std::find(done.begin(), done.end(), o.id()) != done.end()) continue;
-    done.push_back(o.id());
-    walk(o);
-    for (auto& s : o.siblings()) {
-      done.push_back(s.id());
-      walk(s);
     }
+  };
+  while (!todo.empty()) {
+    auto [a, d] = todo.back();
+    todo.pop_back();
+    if (!a.has_primitive() || seen.count(a.id())) continue;
+    visit(a, d);
+    for (auto& s : a.siblings()) visit(s, d);
   }
   return cut;
 }
@@ -56,7 +78,9 @@ int cut_buffers(std::vector<mx::array>& outs, const std::vector<mx::array>& bufs
 
 NB_MODULE(_ptp_graph, m) {
   m.doc() = "ptp-mlx's graph tools: cut an unevaluated graph's edges to buffers another call writes in place";
-  m.def("cut_buffers", &cut_buffers, nb::arg("outs"), nb::arg("bufs"),
-        "Make the nodes of an unevaluated graph's outputs `outs` (and their siblings) stop holding any of `bufs`, "
-        "so that another call writes them in place; returns the edges cut. See graph_tools.cpp.");
+  m.def("cut_buffers", &cut_buffers, nb::arg("outs"), nb::arg("bufs"), nb::arg("keep") = std::vector<mx::array>(),
+        nb::arg("depth") = 1,
+        "Make the unevaluated nodes within `depth` edges of `outs` (and their siblings) stop holding any of `bufs`, "
+        "except those any of `keep` reaches, so that another call writes them in place; returns the edges cut. See "
+        "graph_tools.cpp.");
 }

@@ -19,18 +19,19 @@ _state: dict = {"module": None, "tried": False, "why": ""}
 
 
 def _self_check(mod) -> str:
-    """The cut on a small unevaluated graph: one edge to the buffer named, none to a buffer the node does not read,
-    and none the second time (the edge points elsewhere now)."""
+    """The cut on small unevaluated graphs: one edge to the buffer named, none to a buffer the node does not read,
+    none the second time (the edge points elsewhere now); a node two edges deep only where the walk goes that deep,
+    and never one a kept graph reaches."""
     import mlx.core as mx
 
     buf, other, unrelated = mx.zeros((4,)), mx.ones((4,)), mx.ones((2,))
     mx.eval(buf, other, unrelated)
     total = buf + other  # (never evaluated)
-    if (mod.cut_buffers([total], [unrelated]), mod.cut_buffers([total], [buf]), mod.cut_buffers([total], [buf])) != (
-        0,
-        1,
-        0,
-    ):
+    got = [mod.cut_buffers([total], [unrelated]), mod.cut_buffers([total], [buf]), mod.cut_buffers([total], [buf])]
+    shared = buf * 3  # (read by a dropped graph and by a kept one)
+    deep = (buf * 2) + shared
+    got += [mod.cut_buffers([deep], [buf]), mod.cut_buffers([deep], [buf], [shared + 1], 3)]
+    if got != [0, 1, 0, 0, 1]:
         return "its self-check disagreed with the graph it cut"
     return ""
 
@@ -58,7 +59,8 @@ def module():
 
 
 def cut_buffers():
-    """``cut_buffers(outs, bufs)`` (see ``graph_tools.cpp``), or None where the module is not built."""
+    """``cut_buffers(outs, bufs, keep=[], depth=1)`` (see ``graph_tools.cpp``), or None where the module is not
+    built."""
     mod = module()
     return None if mod is None else mod.cut_buffers
 
