@@ -352,9 +352,7 @@ def drop_chained(chained: Chained, cache, keep: int | None = None, grave: list |
         cache.trim_to(keep)
 
 
-def park(
-    grave: list | None, before: tuple | None, unused: list[tuple[PendingCall, tuple]], keep: tuple = ()
-) -> None:
+def park(grave: list | None, before: tuple | None, unused: list[tuple[PendingCall, tuple]], keep: tuple = ()) -> None:
     """Keep the builds ``unused`` (each call and the cache's state after it) in ``grave``, to be let go once the
     next call is queued (``CallQueue.bury``: off the critical path where a device computes; letting a build go
     cost 0.19-0.35 ms on this CPU's path, docs/results/decode-floor/2026-12-06i/), their graphs' edges to the K/V
