@@ -17,6 +17,7 @@ import mlx.core as mx
 from . import blas
 from .adapter import adapter_for, load_adapter, shipped_adapter
 from .decode.accept import EXACT, AcceptRule
+from .decode.chain_odds import choice_at
 from .decode.fixed import compiled_by_default
 from .decode.probe import cached_cost_curve
 from .drafting.budget import Budget
@@ -128,6 +129,8 @@ class Engine:
             ]
             key = hashlib.sha256(json.dumps(ident, default=str).encode()).hexdigest()[:16]
             curve = cached_cost_curve(self.pm, key, cache_root() / "cost-curves", self.log, recalibrate)
+            # (whether building the next call ahead pays: learnt per machine, model and adapter too)
+            choice_at(self.pm, cache_root() / "cost-curves" / f"chain-choice-{key}.json", recalibrate)
         else:
             curve = CostCurve()
         # Calibrated: each budget learns, over this engine's answers, how its drafts really fare.

@@ -180,6 +180,34 @@ def test_engine_primes_its_budget_per_decoding_mode(base):
     assert eng.budget_for(SamplingSettings(0.0)) is eng.budget
 
 
+def test_the_engine_keeps_whether_building_ahead_pays_beside_its_cost_curve(base, monkeypatch):
+    """The learnt choice of building calls ahead (``ChainChoice``) lives where the cost curve does, under the same
+    key (machine, model, adapter shape), read at the start, learnt again with ``--recalibrate``."""
+    import ptp_mlx.engine as engine_mod
+    from ptp_mlx.decode.chain_odds import choice_for
+    from ptp_mlx.drafting.cost import CostCurve
+    from ptp_mlx.engine import Engine
+    from ptp_mlx.model.ptp import PTPModel
+
+    seen = {}
+
+    def cached(pm, key, cache_dir, log=None, recalibrate=False):
+        seen.update(key=key, dir=cache_dir)
+        return CostCurve()
+
+    monkeypatch.setattr(engine_mod, "cached_cost_curve", cached)
+    ad = PTPAdapter(base, 2, 1.0, "binary")
+    eng = Engine(pm=PTPModel(base, ad, make_config(base, ad, 2, 1.0, 4), fuse=True), tokenizer=None, model_path="t")
+    eng.budget = eng.make_budget(measure=True)
+    choice = choice_for(eng.pm)
+    assert choice.path == seen["dir"] / f"chain-choice-{seen['key']}.json"
+    choice.save()
+    eng.budget = eng.make_budget(measure=True)
+    assert choice_for(eng.pm) is not choice and choice_for(eng.pm).source == "kept"
+    eng.budget = eng.make_budget(measure=True, recalibrate=True)
+    assert choice_for(eng.pm).source == "new"
+
+
 def test_adapter_follows_the_model(tiny_model_dir, base, tmp_path, monkeypatch):
     """Without --adapter, a model gets the adapter whose recorded fingerprint is its own (a converted copy of a
     model keeps its adapter), and nothing when none matches."""

@@ -3,7 +3,9 @@ own times, on a fake clock here; and a learnt answer is the autoregressive one w
 
 from __future__ import annotations
 
-from ptp_mlx.decode.chain_odds import BACK_OFF, EXPLORE, LEARN, ChainChoice, choice_for
+import json
+
+from ptp_mlx.decode.chain_odds import BACK_OFF, EXPLORE, LEARN, SAVE_EVERY, ChainChoice, choice_at, choice_for
 
 LEARNING = 2 * (LEARN + 1)  # calls until both ways are measured (the first build ahead has no wait to compare with)
 
@@ -135,3 +137,57 @@ def test_a_set_choice_holds_whatever_is_measured():
     choice.forced = True
     assert all(_feed(choice, 0.005, 0.003, 0.0033, 0.0013, False, 3 * EXPLORE))
     assert choice.describe() == "building ahead: on (set, not learnt)"
+
+
+class _Model:
+    pass
+
+
+def test_the_choice_is_kept_on_disk_and_read_back_by_the_next_process(tmp_path):
+    """A machine learns the choice once (``choice_at``: beside the cost curve), not in every process: written when it
+    is first made and as it learns, read back by the next start with the same margin, so that start builds ahead (or
+    not) from its first call instead of alternating."""
+    path = tmp_path / "cost-curves" / "chain-choice-k.json"
+    first = choice_at(_Model(), path)
+    assert first.source == "new" and not path.exists()
+    _feed(first, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING)
+    assert first.pays() is True and path.exists()  # (written when the choice was made)
+    _feed(first, 0.010, 0.0015, 0.0085, 0.0015, True, 2 * SAVE_EVERY)
+    pm = _Model()
+    again = choice_at(pm, path)
+    assert choice_for(pm) is again and again.source == "kept" and "kept in" in again.describe()
+    assert again.pays() is True and abs(again._margin()[0] - first._margin()[0]) < 0.01 * first._margin()[0]
+    assert all(_feed(again, 0.010, 0.0015, 0.0085, 0.0015, True, EXPLORE - 1))  # (no learning again: built ahead)
+    assert choice_at(_Model(), path, fresh=True).pays() is None  # (--recalibrate learns it again)
+
+
+def test_a_cpu_like_choice_learnt_off_is_kept_off(tmp_path):
+    path = tmp_path / "chain-choice-k.json"
+    cpu = choice_at(_Model(), path)
+    _feed(cpu, 0.005, 0.003, 0.0033, 0.0013, True, LEARNING)
+    for k in range(30):
+        cpu.judge(k % 3 != 0)
+    _feed(cpu, 0.005, 0.003, 0.0033, 0.0013, True, 2 * SAVE_EVERY)  # (the choice off: written when it changed)
+    assert cpu.pays() is False and choice_at(_Model(), path).pays() is False
+
+
+def test_an_unreadable_or_unwritable_file_only_means_learning_again(tmp_path):
+    path = tmp_path / "chain-choice-k.json"
+    path.write_text("{not json")
+    choice = choice_at(_Model(), path)
+    assert choice.source == "new" and choice.pays() is None
+    _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING)
+    assert json.loads(path.read_text())["choice"] is True  # (written over)
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    choice = choice_at(_Model(), blocked / "chain-choice-k.json")  # (its folder is a file: never writable)
+    _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING)
+    assert choice.pays() is True and choice.path is None  # (this process only, no error)
+
+
+def test_a_set_choice_is_never_written(tmp_path):
+    path = tmp_path / "chain-choice-k.json"
+    choice = choice_at(_Model(), path)
+    choice.forced = True
+    _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING + SAVE_EVERY)
+    assert not path.exists()

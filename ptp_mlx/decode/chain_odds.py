@@ -4,7 +4,11 @@ for a second build while a call computes (``spare``), and how often the read con
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from ..drafting.protocol import Guess
+from ..paths import atomic_write_bytes
 
 SPARE = 1.2  # a second build needs this many times a build's time left over while the call computes
 FADE = 0.8  # the weight the running estimates (a build's time, the time left over, confirm counts) keep per call
@@ -64,6 +68,8 @@ LEARN = 4  # reads each way before the choice is made (until then the calls alte
 SLOW_FADE = 0.9  # the weight ``ChainChoice``'s time estimates keep per sample (noisier than the per-answer ones)
 
 
+SAVE_EVERY = 32  # reads measured between write-backs of a choice kept on disk (and whenever the choice changes)
+
 NOISE = 2.0  # standard errors by which building ahead must be measured to pay before it is chosen
 # A choice measured beyond ``CLEAR`` times that margin (either way) explores ``BACK_OFF`` times less often: where a
 # device computes, a build ahead saves a call's whole host time and nearly always pays, and one call in 16 built
@@ -93,6 +99,12 @@ class _Faded:
         """The variance of ``mean`` (the samples' spread over the weight they carry)."""
         return max(self.m2, 0.0) / self.w**2 if self.w else 0.0
 
+    def to_list(self) -> list[float]:
+        return [self.w, self.mean, self.m2]
+
+    def load(self, xs) -> None:
+        self.w, self.mean, self.m2 = (float(x) for x in xs)
+
 
 class ChainChoice:
     """Whether building the next call while this one computes pays on this machine, learnt from the calls' own
@@ -104,9 +116,12 @@ class ChainChoice:
     delays the compute by about its own time (2026-12-05, this 2-core machine: held-out greedy 3.7-5% faster
     without building ahead, three paired runs; 2026-12-06: 1-3% in four of five). Until both ways are measured, the
     calls alternate; then building ahead is chosen only where it is measured to pay beyond the noise of what was
-    measured (``NOISE`` standard errors: per-call times on a busy CPU spread by more than the effect)."""
+    measured (``NOISE`` standard errors: per-call times on a busy CPU spread by more than the effect). Kept on
+    disk beside the cost curve (``path``: ``PTP_MLX_HOME/cost-curves/chain-choice-<key>.json``, ``choice_at``), so
+    a machine learns it once, not in every process: written back whenever the choice changes and every
+    ``SAVE_EVERY`` reads measured."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None) -> None:
         # seconds a read waits for a call of each kind (token rows, auxiliary rows, whether it was queued from a build
         # ahead: then before the turn's yield, so its read waits less) when nothing was built meanwhile
         # (per shape: the calls built ahead and the others are not the same mix of shapes, and one mean over both
@@ -120,6 +135,9 @@ class ChainChoice:
         self.calls = 0
         self.reads = [0, 0]  # reads measured with nothing built ahead, and after a build ahead
         self.forced: bool | None = None  # set: that choice, whatever is measured (``ptp-bench --free-rows``: a GPU's)
+        self.path = path  # where it is kept (None: this process only)
+        self.source = "new"  # or "kept" (read from ``path``)
+        self._saved: tuple[bool | None, int] = (None, 0)  # the choice and the reads measured when last written
 
     def rate(self) -> float:
         """How often the read confirmed a build ahead (one half before any was judged)."""
@@ -170,6 +188,10 @@ class ChainChoice:
         elif kind in self.wait:
             self._extra.add(built + seconds - self.wait[kind])
             self.reads[1] += 1
+        if self.path is not None and self.forced is None:
+            choice, reads = self.pays(), sum(self.reads)
+            if choice != self._saved[0] or reads >= self._saved[1] + SAVE_EVERY:
+                self.save()
 
     def built_on_path(self, seconds: float) -> None:
         self._saving.add(seconds)
@@ -182,14 +204,64 @@ class ChainChoice:
         if self.forced is not None:
             return f"building ahead: {'on' if self.forced else 'off'} (set, not learnt)"
         on = self.pays()
+        kept = f"; kept in {self.path}, read from it at the start" if self.source == "kept" else ""
         if on is None:
-            return "building ahead: being learnt (not measured both ways yet)"
+            return f"building ahead: being learnt (not measured both ways yet{kept})"
         return (
-            f"building ahead: {'on' if on else 'off'} (learnt: confirmed {self.rate():.0%}, saves "
-            f"{1e3 * self.saving:.2f} ms when confirmed, adds {1e3 * self.extra:.2f} ms before the read)"
+            f"building ahead: {'on' if on else 'off'} (learnt over {sum(self.reads)} reads: confirmed "
+            f"{self.rate():.0%}, saves {1e3 * self.saving:.2f} ms when confirmed, adds {1e3 * self.extra:.2f} ms "
+            f"before the read{kept})"
         )
+
+    # -- on disk ---------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "version": 1,
+            "wait": [[list(k), v] for k, v in self.wait.items()],
+            "extra": self._extra.to_list(),
+            "saving": self._saving.to_list(),
+            "judged": list(self.judged),
+            "reads": list(self.reads),
+            "calls": self.calls,
+            "choice": self.pays(),
+        }
+
+    def load(self, d: dict) -> None:
+        """The measurements of ``to_dict`` (a file of another version or shape raises ``ValueError``)."""
+        if d.get("version") != 1:
+            raise ValueError("another version")
+        self.wait = {tuple(k): float(v) for k, v in d["wait"]}  # (JSON keeps the kinds' ints and bools)
+        self._extra.load(d["extra"])
+        self._saving.load(d["saving"])
+        self.judged = [float(x) for x in d["judged"]][:2]
+        self.reads = [int(x) for x in d["reads"]][:2]
+        self.calls = int(d["calls"])
+        self.source, self._saved = "kept", (self.pays(), sum(self.reads))
+
+    def save(self) -> None:
+        """Write the measurements to ``path`` (a temporary file, then a rename); a path that cannot be written
+        leaves the choice in this process only (it is a cache, never required)."""
+        try:
+            atomic_write_bytes(self.path, json.dumps(self.to_dict()).encode())
+        except Exception:  # (an unwritable PTP_MLX_HOME: OutputPathError, a full disk)
+            self.path = None
+            return
+        self._saved = (self.pays(), sum(self.reads))
 
 
 def choice_for(pm) -> ChainChoice:
     """The model's ``ChainChoice``, kept across answers (like its compile bank)."""
     return pm.__dict__.setdefault("_chain_choice", ChainChoice())
+
+
+def choice_at(pm, path: Path, fresh: bool = False) -> ChainChoice:
+    """The model's ``ChainChoice`` kept at ``path`` (the machine's, model's and adapter's cost-curve key): read from
+    it unless ``fresh`` (``--recalibrate``) or unreadable, written back there as it learns."""
+    choice = ChainChoice(Path(path))
+    if not fresh and choice.path.exists():
+        try:
+            choice.load(json.loads(choice.path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError, IndexError):
+            choice = ChainChoice(Path(path))  # (unreadable: learnt again, then written over)
+    pm.__dict__["_chain_choice"] = choice
+    return choice
