@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from ptp_mlx.decode.chain_odds import BACK_OFF, EXPLORE, LEARN, SAVE_EVERY, ChainChoice, choice_at, choice_for
+from ptp_mlx.decode.chain_odds import BACK_OFF, EXPLORE, LEARN, ChainChoice, choice_at, choice_for
 
 LEARNING = 2 * (LEARN + 1)  # calls until both ways are measured (the first build ahead has no wait to compare with)
 
@@ -144,15 +144,18 @@ class _Model:
 
 
 def test_the_choice_is_kept_on_disk_and_read_back_by_the_next_process(tmp_path):
-    """A machine learns the choice once (``choice_at``: beside the cost curve), not in every process: written when it
-    is first made and as it learns, read back by the next start with the same margin, so that start builds ahead (or
-    not) from its first call instead of alternating."""
+    """A machine learns the choice once (``choice_at``: beside the cost curve), not in every process: written at the
+    end of each answer that measured reads (``flush``), read back by the next start with the same margin, so that
+    start builds ahead (or not) from its first call instead of alternating."""
     path = tmp_path / "cost-curves" / "chain-choice-k.json"
     first = choice_at(_Model(), path)
     assert first.source == "new" and not path.exists()
+    first.flush()
+    assert not path.exists()  # (nothing measured yet)
     _feed(first, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING)
-    assert first.pays() is True and path.exists()  # (written when the choice was made)
-    _feed(first, 0.010, 0.0015, 0.0085, 0.0015, True, 2 * SAVE_EVERY)
+    assert first.pays() is True and not path.exists()  # (not on the tokens' path: at the answer's end)
+    first.flush()
+    assert path.exists()
     pm = _Model()
     again = choice_at(pm, path)
     assert choice_for(pm) is again and again.source == "kept" and "kept in" in again.describe()
@@ -167,7 +170,8 @@ def test_a_cpu_like_choice_learnt_off_is_kept_off(tmp_path):
     _feed(cpu, 0.005, 0.003, 0.0033, 0.0013, True, LEARNING)
     for k in range(30):
         cpu.judge(k % 3 != 0)
-    _feed(cpu, 0.005, 0.003, 0.0033, 0.0013, True, 2 * SAVE_EVERY)  # (the choice off: written when it changed)
+    _feed(cpu, 0.005, 0.003, 0.0033, 0.0013, True, 2 * EXPLORE)
+    cpu.flush()
     assert cpu.pays() is False and choice_at(_Model(), path).pays() is False
 
 
@@ -177,11 +181,13 @@ def test_an_unreadable_or_unwritable_file_only_means_learning_again(tmp_path):
     choice = choice_at(_Model(), path)
     assert choice.source == "new" and choice.pays() is None
     _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING)
+    choice.flush()
     assert json.loads(path.read_text())["choice"] is True  # (written over)
     blocked = tmp_path / "a-file"
     blocked.write_text("")
     choice = choice_at(_Model(), blocked / "chain-choice-k.json")  # (its folder is a file: never writable)
     _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING)
+    choice.flush()
     assert choice.pays() is True and choice.path is None  # (this process only, no error)
 
 
@@ -189,5 +195,6 @@ def test_a_set_choice_is_never_written(tmp_path):
     path = tmp_path / "chain-choice-k.json"
     choice = choice_at(_Model(), path)
     choice.forced = True
-    _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING + SAVE_EVERY)
+    _feed(choice, 0.010, 0.0015, 0.0085, 0.0015, True, LEARNING)
+    choice.flush()
     assert not path.exists()

@@ -152,6 +152,24 @@ def test_the_default_learns_whether_building_ahead_pays_and_stays_exact(pm_stick
     assert spy["built"] > 0  # (some built ahead, while it was being learnt at least)
 
 
+def test_what_an_answer_learnt_is_kept_for_the_next_process(pm_sticky, varied, tmp_path):
+    """The learnt choice kept on disk (``choice_at``) is written when an answer ends, and a new process (a fresh
+    choice read from the file) starts from what it measured."""
+    from ptp_mlx.decode.chain_odds import choice_at
+
+    tok = varied[1]
+    path = tmp_path / "chain-choice-k.json"
+    choice = choice_at(pm_sticky, path)
+    ids = encode_prompt(tok, PROMPTS[0])
+    opts = DecodeOptions(mode="ptp", max_tokens=40, sampling=SETTINGS["greedy"], drafting=DraftingConfig(3))
+    got = [t for st in stream_generate(pm_sticky, tok, ids, opts) for t in st.tokens]
+    assert got == ar(pm_sticky, tok, ids, SETTINGS["greedy"], 40)[0]
+    assert sum(choice.reads) > 0 and path.exists()
+    again = choice_at(pm_sticky, path)
+    assert again is not choice and again.reads == choice.reads and again.calls == choice.calls
+    pm_sticky.__dict__.pop("_chain_choice")  # (other tests: this process only)
+
+
 def test_no_build_ahead_when_switched_off(pm_sticky, varied, spy):
     tok = varied[1]
     ids = encode_prompt(tok, PROMPTS[0])

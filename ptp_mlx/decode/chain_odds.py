@@ -68,8 +68,6 @@ LEARN = 4  # reads each way before the choice is made (until then the calls alte
 SLOW_FADE = 0.9  # the weight ``ChainChoice``'s time estimates keep per sample (noisier than the per-answer ones)
 
 
-SAVE_EVERY = 32  # reads measured between write-backs of a choice kept on disk (and whenever the choice changes)
-
 NOISE = 2.0  # standard errors by which building ahead must be measured to pay before it is chosen
 # A choice measured beyond ``CLEAR`` times that margin (either way) explores ``BACK_OFF`` times less often: where a
 # device computes, a build ahead saves a call's whole host time and nearly always pays, and one call in 16 built
@@ -118,8 +116,8 @@ class ChainChoice:
     calls alternate; then building ahead is chosen only where it is measured to pay beyond the noise of what was
     measured (``NOISE`` standard errors: per-call times on a busy CPU spread by more than the effect). Kept on
     disk beside the cost curve (``path``: ``PTP_MLX_HOME/cost-curves/chain-choice-<key>.json``, ``choice_at``), so
-    a machine learns it once, not in every process: written back whenever the choice changes and every
-    ``SAVE_EVERY`` reads measured."""
+    a machine learns it once, not in every process: written back at the end of every answer that measured a read
+    (``flush``, off the tokens' path)."""
 
     def __init__(self, path: Path | None = None) -> None:
         # seconds a read waits for a call of each kind (token rows, auxiliary rows, whether it was queued from a build
@@ -137,7 +135,7 @@ class ChainChoice:
         self.forced: bool | None = None  # set: that choice, whatever is measured (``ptp-bench --free-rows``: a GPU's)
         self.path = path  # where it is kept (None: this process only)
         self.source = "new"  # or "kept" (read from ``path``)
-        self._saved: tuple[bool | None, int] = (None, 0)  # the choice and the reads measured when last written
+        self._saved = 0  # the reads measured when last written
 
     def rate(self) -> float:
         """How often the read confirmed a build ahead (one half before any was judged)."""
@@ -188,10 +186,6 @@ class ChainChoice:
         elif kind in self.wait:
             self._extra.add(built + seconds - self.wait[kind])
             self.reads[1] += 1
-        if self.path is not None and self.forced is None:
-            choice, reads = self.pays(), sum(self.reads)
-            if choice != self._saved[0] or reads >= self._saved[1] + SAVE_EVERY:
-                self.save()
 
     def built_on_path(self, seconds: float) -> None:
         self._saving.add(seconds)
@@ -236,7 +230,7 @@ class ChainChoice:
         self.judged = [float(x) for x in d["judged"]][:2]
         self.reads = [int(x) for x in d["reads"]][:2]
         self.calls = int(d["calls"])
-        self.source, self._saved = "kept", (self.pays(), sum(self.reads))
+        self.source, self._saved = "kept", sum(self.reads)
 
     def save(self) -> None:
         """Write the measurements to ``path`` (a temporary file, then a rename); a path that cannot be written
@@ -246,7 +240,12 @@ class ChainChoice:
         except Exception:  # (an unwritable PTP_MLX_HOME: OutputPathError, a full disk)
             self.path = None
             return
-        self._saved = (self.pays(), sum(self.reads))
+        self._saved = sum(self.reads)
+
+    def flush(self) -> None:
+        """At an answer's end: write the measurements back if it measured any read (a choice set is never kept)."""
+        if self.path is not None and self.forced is None and sum(self.reads) != self._saved:
+            self.save()
 
 
 def choice_for(pm) -> ChainChoice:

@@ -263,3 +263,5 @@ class CallQueue:
             cache.trim_to(self.running.offset)
         self.running = self.chained = self.started = None
         self.bury()
+        if self.choice is not None:  # (the answer is over: what it measured is kept for the next process)
+            self.choice.flush()
