@@ -81,6 +81,18 @@ def test_a_buffer_read_a_few_nodes_deep_is_let_go_only_by_a_walk_that_deep(cut):
         del moved, dropped
 
 
+def test_a_node_reached_first_through_a_longer_path_is_walked_again_from_closer(cut):
+    """The model's layers chain: the walk from a later layer's output reaches an earlier layer's node with little
+    depth left; from that layer's own output it must still reach the buffer its move reads (with free rows, half the
+    edges of an unused build with moved rows were missed so)."""
+    buf = mx.arange(8, dtype=mx.float32)
+    mx.eval(buf)
+    moved = buf * 2  # (reads the buffer one node before the layer)
+    layer1 = moved + 1
+    layer2 = layer1 * 3  # (the next layer, reading the first)
+    assert cut([layer1, layer2], [buf], [], 2) == 1
+
+
 def test_nodes_a_kept_graph_reaches_are_never_cut(cut):
     """A node the dropped build shares with the build that runs (``keep``) keeps its edges, however deep the walk:
     the build that runs computes the right values; the dropped build's own nodes are cut."""

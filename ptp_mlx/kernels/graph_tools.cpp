@@ -12,6 +12,7 @@
 // have read does not matter, and its shape is not looked at again. Returns how many edges were cut.
 
 #include <cstdint>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -49,12 +50,17 @@ int cut_buffers(std::vector<mx::array>& outs, const std::vector<mx::array>& bufs
     for (const auto& x : a.inputs())
       if (x.has_primitive() && !kept.count(x.id())) stack.push_back(x);
   }
-  std::unordered_set<std::uintptr_t> seen;  // nodes walked (on the CPU a layer's K and V are siblings of one node)
+  // the nodes walked, with the depth left when they were (a node reached first through a longer path, the layers
+  // before it, is walked again from closer: a layer's K and V outputs are siblings of its node)
+  std::unordered_map<std::uintptr_t, int> seen;
   std::vector<std::pair<mx::array, int>> todo;
   for (const auto& o : outs) todo.emplace_back(o, depth);
   int cut = 0;
   auto visit = [&](mx::array& a, int d) {
-    if (!a.has_primitive() || kept.count(a.id()) || !seen.insert(a.id()).second) return;
+    if (!a.has_primitive() || kept.count(a.id())) return;
+    auto [it, fresh] = seen.try_emplace(a.id(), d);
+    if (!fresh && it->second >= d) return;
+    it->second = d;
     for (auto& x : a.inputs()) {
       if (targets.count(x.id())) {
         x = *none;
@@ -67,7 +73,8 @@ int cut_buffers(std::vector<mx::array>& outs, const std::vector<mx::array>& bufs
   while (!todo.empty()) {
     auto [a, d] = todo.back();
     todo.pop_back();
-    if (!a.has_primitive() || seen.count(a.id())) continue;
+    auto at = seen.find(a.id());
+    if (!a.has_primitive() || (at != seen.end() && at->second >= d)) continue;
     visit(a, d);
     for (auto& s : a.siblings()) visit(s, d);
   }
