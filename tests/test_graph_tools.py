@@ -59,9 +59,9 @@ def test_only_edges_to_the_named_buffers_are_cut_once_with_siblings(cut):
 def test_a_buffer_read_a_few_nodes_deep_is_let_go_only_by_a_walk_that_deep(cut):
     """A build that moves rows (``fixed.move_rows``: a gather, a reshape and a slice update) reads the buffer a few
     nodes before its output: a walk of depth 1 cuts nothing and the later in-place write copies the buffer; a walk as
-    deep as ``ahead.CUT_DEPTH`` cuts the gather's and the slice update's edges and the write is in place."""
-    from ptp_mlx.decode.ahead import CUT_DEPTH
+    deep as ``release.CUT_DEPTH`` cuts the gather's and the slice update's edges and the write is in place."""
     from ptp_mlx.decode.fixed import move_rows
+    from ptp_mlx.decode.release import CUT_DEPTH
 
     def address(a) -> int:
         return int(np.asarray(memoryview(a)).__array_interface__["data"][0])
@@ -119,9 +119,9 @@ def test_without_a_toolchain_builds_are_let_go_as_before_with_one_notice(tmp_pat
         "critical path (slower where a device computes)"
     ]
     assert graph_tools.state() == "off (no cmake found)"
-    from ptp_mlx.decode import ahead
+    from ptp_mlx.decode import release
 
-    assert ahead._cut_buffers() is None
+    assert release._graph() is None
 
 
 def test_turned_off_by_its_variable(monkeypatch, capsys):

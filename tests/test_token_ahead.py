@@ -158,7 +158,7 @@ def _address(a) -> int:
 
 
 def _watch_in_place(monkeypatch) -> list[bool]:
-    """Per call queued after unused builds were kept (``ahead.park``): whether it wrote the K buffer they were built
+    """Per call queued after unused builds were kept (``release.park``): whether it wrote the K buffer they were built
     on in place (True) or copied it. (``before``: the state the running call, just read, wrote; after builds were
     kept last time, that call was the one queued instead: in place, its buffer is the one the kept builds were built
     on. Not counted: a call of a shape run for the first time, traced as it runs, which copies whatever; and a call
@@ -186,15 +186,21 @@ def _watch_in_place(monkeypatch) -> list[bool]:
 
 @pytest.mark.parametrize("cut", [True, False])
 def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_sticky, varied, monkeypatch, cut):
-    """Builds not used are let go only after the call queued instead (``ahead.park``, ``CallQueue.bury``), their
-    edges to the K/V buffers cut first, so that call still writes the buffers in place: its K output is the buffer
-    it was built on. Without the cut (the control) the builds kept hold the buffers and the call copies them."""
-    import ptp_mlx.decode.ahead as ahead
+    """Builds not used are let go only after the call queued instead (``release.park``, ``CallQueue.bury``), their
+    edges to the K/V buffers cut first (prepared while the call before computed), so that call still writes the
+    buffers in place: its K output is the buffer it was built on. Without the cut (the control) the builds kept hold
+    the buffers and the call copies them."""
+    import ptp_mlx.decode.release as release
 
-    if ahead._cut_buffers() is None:
+    if release._graph() is None:
         pytest.skip("ptp-graph is not built here")
     if not cut:
-        monkeypatch.setattr(ahead, "_cut_buffers", lambda: lambda outs, bufs, keep=(), depth=1: 0)
+
+        class NoCut:
+            prepare = staticmethod(lambda outs, also, bufs: None)
+            cut_prepared = staticmethod(lambda unused, keep, depth: 0)
+
+        monkeypatch.setattr(release, "_graph", NoCut)
     seen = _watch_in_place(monkeypatch)
     tok = varied[1]
     s = with_seed(SETTINGS["greedy"], 80)
@@ -214,14 +220,15 @@ def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_stick
 def test_builds_that_move_a_strands_rows_are_cut_through_the_move(pm_sticky, varied, monkeypatch, depth):
     """A build for a path through a token tree's strand reads the K/V buffers through its move of the strand's rows
     (``fixed.move_rows``: a gather and a slice update before the call): the cut walks that deep
-    (``ahead.CUT_DEPTH``), so the call queued instead of such a build still writes the buffers in place. Cut only at
-    the build's own outputs (depth 1, as before), those calls copy them."""
+    (``release.CUT_DEPTH``), so the call queued instead of such a build still writes the buffers in place. Cut only
+    at the build's own outputs (depth 1, as before), those calls copy them."""
     import ptp_mlx.decode.ahead as ahead
+    import ptp_mlx.decode.release as release
 
-    if ahead._cut_buffers() is None:
+    if release._graph() is None:
         pytest.skip("ptp-graph is not built here")
     if depth is not None:
-        monkeypatch.setattr(ahead, "CUT_DEPTH", depth)
+        monkeypatch.setattr(release, "CUT_DEPTH", depth)
     moved = []
     build_kind = ahead._build_kind
 
@@ -247,9 +254,9 @@ def test_builds_that_move_a_strands_rows_are_cut_through_the_move(pm_sticky, var
 def test_without_the_extension_builds_go_at_once_and_answers_stay_exact(pm_sticky, varied, monkeypatch):
     """Where ``cut_buffers`` is not built (no compiler; a Mac), ``park`` keeps nothing: unused builds go as they come,
     before the next call is queued, and the answer is the autoregressive one."""
-    import ptp_mlx.decode.ahead as ahead
+    import ptp_mlx.decode.release as release
 
-    monkeypatch.setattr(ahead, "_cut_buffers", lambda: None)
+    monkeypatch.setattr(release, "_graph", lambda: None)
     kept = []
     bury = pipeline.CallQueue.bury
 

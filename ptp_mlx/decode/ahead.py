@@ -14,6 +14,7 @@ from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from .call import ChainInputs, PendingCall, build_call, call_shape, call_uniforms
 from .chain_odds import Confirmed
 from .fixed import ALTS
+from .release import park, prepare
 from .session import DecodeSession
 from .shape import CallSpec
 from .strand_paths import StrandPaths, strand_paths
@@ -28,9 +29,6 @@ OTHER_KIND_MIN = 0.05
 # the default drafter's calls on held-out prompts (the profile's prompt 86%), 0.25 80-81%; the unused builds are
 # let go after the next call is queued (``park``).
 TOKEN_MIN = 0.1
-# How deep the cut of an unused build's edges to the K/V buffers walks from its K/V outputs (``park``): its compiled
-# call reads a strand's moved rows through the move's slice update, and that through a reshape and the gather.
-CUT_DEPTH = 6
 
 
 @dataclass
@@ -42,6 +40,7 @@ class Build:
     guesses: list[Guess | None]
     rows: int
     state: tuple | None
+    cut: object | None = None  # its cut, prepared while the call before it computes (``release.prepare``)
 
 
 @dataclass
@@ -62,6 +61,7 @@ class Chained:
     # after a token tree: the outcome index of a path whose last strand is k, with ``accepted`` drafts on it, keyed
     # ``(k, accepted)``; outcomes 0..n are the chain's (``accepted`` drafts of it stood)
     strand_outcomes: dict[tuple[int, int], int] = field(default_factory=dict)
+    cut: object | None = None  # the cut of ``call``, prepared while the call before it computes (``release.prepare``)
 
     def outcome(self, result: CallResult) -> int | None:
         """The index of ``result``'s outcome in the guesses (None: a path this build has no outcome for)."""
@@ -79,7 +79,7 @@ class Chained:
         call emits (``Drafter.guess_by_token``), if made."""
         if outcome is None:
             return []
-        own = [Build(self.call, self.guesses, self.rows, None)] if self.guesses[outcome] is not None else []
+        own = [Build(self.call, self.guesses, self.rows, None, self.cut)] if self.guesses[outcome] is not None else []
         return own + [o for o in self.others if o.guesses[outcome] is not None]
 
     def token_plan(self, result: CallResult) -> DraftPlan | None:
@@ -153,13 +153,15 @@ def build_chained(
                 chained = Chained(
                     built[0], mine, before, built[1], every=guesses, by_token=by_token, source=plan.source,
                     strand_outcomes=paths.outcomes if paths is not None else {},
+                    cut=prepare(built[0], cache.snapshot(), before),
                 )  # fmt: skip
             continue
         after = cache.snapshot()
         cache.restore(before)
         built = _build_kind(sess, call, mine, n, compiled_only=mine is not extra, paths=paths)
         if built is not None:
-            chained.others.append(Build(built[0], mine, built[1], cache.snapshot()))
+            state = cache.snapshot()
+            chained.others.append(Build(built[0], mine, built[1], state, prepare(built[0], state, before)))
         cache.restore(after)
     return chained
 
@@ -326,13 +328,14 @@ def confirm_chained(
     if hit is None:
         drop_chained(chained, cache, keep, grave)
         return None
-    unused = [(o.call, o.state) for o in chained.others if o is not hit]
+    unused = [(o.call, o.state, o.cut) for o in chained.others if o is not hit]
     if hit.state is not None:  # another kind's build: the cache takes the state after it, past the accepted path
-        unused.append((chained.call, cache.snapshot()))
+        unused.append((chained.call, cache.snapshot(), chained.cut))
         cache.restore(hit.state)
         cache.trim_to(keep + hit.rows)
-    keys, values, _ = cache.snapshot()
-    park(grave, chained.before, unused, (*hit.call.arrays, *keys, *values))
+    if unused:  # (the build that runs is never cut: its cut, prepared, tells what it reaches)
+        runs = hit.cut if hit.cut is not None else prepare(hit.call, cache.snapshot(), chained.before)
+        park(grave, chained.before, unused, runs)
     # (let go of the state before and of every other build now, so the call's writes stay in place)
     chained.before, chained.others = None, []
     return replace(hit.call, plan=plan, offset=keep, i=i, ahead=True)  # the same rows; the host knows what they verify
@@ -342,7 +345,7 @@ def drop_chained(chained: Chained, cache, keep: int | None = None, grave: list |
     """Give the cache back its state before the chained build, trimmed to ``keep`` rows (None: as it was then); the
     builds go to ``grave`` (``park``)."""
     if chained.before is not None:
-        unused = [(chained.call, cache.snapshot()), *((o.call, o.state) for o in chained.others)]
+        unused = [(chained.call, cache.snapshot(), chained.cut), *((o.call, o.state, o.cut) for o in chained.others)]
         park(grave, chained.before, unused)
     chained.others = []
     if chained.before is not None:
@@ -350,33 +353,6 @@ def drop_chained(chained: Chained, cache, keep: int | None = None, grave: list |
         chained.before = None
     if keep is not None:
         cache.trim_to(keep)
-
-
-def park(grave: list | None, before: tuple | None, unused: list[tuple[PendingCall, tuple]], keep: tuple = ()) -> None:
-    """Keep the builds ``unused`` (each call and the cache's state after it) in ``grave``, to be let go once the
-    next call is queued (``CallQueue.bury``: off the critical path where a device computes; letting a build go
-    cost 0.19-0.35 ms on this CPU's path, docs/results/decode-floor/2026-12-06i/), their graphs' edges to the K/V
-    buffers of ``before`` (the state they were built on) cut first, so that the call queued instead writes those
-    buffers in place: within ``CUT_DEPTH`` nodes of their K/V outputs (a build that moves a strand's rows reads the
-    buffers through the move's gather), never in a node the build that runs (``keep``: its outputs and state)
-    reaches. Without ptp-graph's ``cut_buffers`` (``kernels/graph_tools.py``: no compiler; or ``grave`` None) they
-    go now, as they come."""
-    if grave is None or before is None or not unused:
-        return
-    cut = _cut_buffers()
-    if cut is None:
-        return
-    outs = [a for _call, (keys, values, _) in unused for a in (*keys, *values) if a is not None]
-    cut(outs, [a for a in (*before[0], *before[1]) if a is not None], [a for a in keep if a is not None], CUT_DEPTH)
-    grave.extend(unused)
-
-
-def _cut_buffers():
-    """ptp-graph's ``cut_buffers`` (``kernels/graph_tools.cpp``, built wherever MLX runs), or None where it is not
-    built."""
-    from ..kernels.graph_tools import cut_buffers
-
-    return cut_buffers()
 
 
 def _matches(plan: DraftPlan | None, built: DraftPlan) -> bool:

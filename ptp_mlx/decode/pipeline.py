@@ -68,7 +68,7 @@ class CallQueue:
         # why the next call is built after the read rather than queued from a build ahead (``ptp-bench --profile``)
         self.why = "the answer's first call"
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
-        self.grave: list = []  # builds not used, let go once the next call is queued (``ahead.park``, ``bury``)
+        self.grave: list = []  # builds not used, let go once the next call is queued (``release.park``, ``bury``)
         # after a path through a strand whose call built ahead moves the rows itself: the host's copies, made only if
         # that call is dropped after all (``(from, to, rows)`` of the cache; ``finish_call``)
         self._moves: list[tuple[int, int, int]] = []
@@ -99,7 +99,7 @@ class CallQueue:
         self._plan_s = 0.0
 
     def bury(self) -> None:
-        """Let go of the builds not used (``ahead.park``): called once the next call is queued, off the path where
+        """Let go of the builds not used (``release.park``): called once the next call is queued, off the path where
         a device computes."""
         self.grave.clear()
 

@@ -1,0 +1,48 @@
+"""Letting go of the calls built ahead that the read did not use (``ahead.py``; docs/method.md, section 5): their
+graphs' edges to the K/V buffers are cut before the call queued instead runs, so that it writes those buffers in
+place, and the rest of their graphs go once it is queued (``CallQueue.bury``: off the critical path where a device
+computes). Each build's cut is prepared while the call before it computes (``prepare``); after the read only the
+walk is left (``park``). Without ptp-graph (``kernels/graph_tools.py``: no compiler) the builds go as they come."""
+
+from __future__ import annotations
+
+from .call import PendingCall
+
+# How deep the cut walks from an unused build's K/V outputs: its compiled call reads a strand's moved rows through the
+# move's slice update, and that through a reshape and the gather (``fixed.move_rows``).
+CUT_DEPTH = 6
+
+
+def _graph():
+    """ptp-graph's module (``kernels/graph_tools.cpp``), or None where it is not built."""
+    from ..kernels.graph_tools import module
+
+    return module()
+
+
+def _flat(state: tuple) -> list:
+    keys, values, _ = state
+    return [a for a in (*keys, *values) if a is not None]
+
+
+def prepare(call: PendingCall, state: tuple, before: tuple | None):
+    """The cut of the build ``call`` (the cache's ``state`` after it, built on the state ``before``), prepared while
+    the call before it computes: its outputs and the ids of the buffers of ``before``; None without ptp-graph."""
+    graph = _graph()
+    return None if graph is None or before is None else graph.prepare(_flat(state), call.arrays, _flat(before))
+
+
+def park(grave: list | None, before: tuple | None, unused: list[tuple], keep=None) -> None:
+    """Keep the builds ``unused`` (each ``(call, the cache's state after it, its prepared cut or None)``) in
+    ``grave``, to be let go once the next call is queued (``CallQueue.bury``; letting a build go cost 0.19-0.35 ms on
+    this CPU's path, docs/results/decode-floor/2026-12-06i/), their graphs' edges to the K/V buffers of ``before``
+    (the state they were built on) cut first, within ``CUT_DEPTH`` nodes of their K/V outputs, never in a node the
+    build that runs reaches (``keep``: its prepared cut). Without ptp-graph (or ``grave`` None) they go now."""
+    if grave is None or before is None or not unused:
+        return
+    graph = _graph()
+    if graph is None:
+        return
+    plans = [p if p is not None else prepare(call, state, before) for call, state, p in unused]
+    graph.cut_prepared(plans, keep, CUT_DEPTH)
+    grave.extend((call, state) for call, state, _ in unused)
