@@ -197,8 +197,8 @@ def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_stick
     if not cut:
 
         class NoCut:
-            prepare = staticmethod(lambda outs, also, bufs: None)
-            cut_prepared = staticmethod(lambda unused, keep, depth: 0)
+            prepare = staticmethod(lambda outs, bufs, stop, depth: None)
+            cut_prepared = staticmethod(lambda unused, keep: 0)
 
         monkeypatch.setattr(release, "_graph", NoCut)
     seen = _watch_in_place(monkeypatch)

@@ -153,7 +153,7 @@ def build_chained(
                 chained = Chained(
                     built[0], mine, before, built[1], every=guesses, by_token=by_token, source=plan.source,
                     strand_outcomes=paths.outcomes if paths is not None else {},
-                    cut=prepare(built[0], cache.snapshot(), before),
+                    cut=prepare(cache.snapshot(), before, call),
                 )  # fmt: skip
             continue
         after = cache.snapshot()
@@ -161,7 +161,7 @@ def build_chained(
         built = _build_kind(sess, call, mine, n, compiled_only=mine is not extra, paths=paths)
         if built is not None:
             state = cache.snapshot()
-            chained.others.append(Build(built[0], mine, built[1], state, prepare(built[0], state, before)))
+            chained.others.append(Build(built[0], mine, built[1], state, prepare(state, before, call)))
         cache.restore(after)
     return chained
 
@@ -334,7 +334,7 @@ def confirm_chained(
         cache.restore(hit.state)
         cache.trim_to(keep + hit.rows)
     if unused:  # (the build that runs is never cut: its cut, prepared, tells what it reaches)
-        runs = hit.cut if hit.cut is not None else prepare(hit.call, cache.snapshot(), chained.before)
+        runs = hit.cut if hit.cut is not None else prepare(cache.snapshot(), chained.before)
         park(grave, chained.before, unused, runs)
     # (let go of the state before and of every other build now, so the call's writes stay in place)
     chained.before, chained.others = None, []

@@ -25,24 +25,28 @@ def _flat(state: tuple) -> list:
     return [a for a in (*keys, *values) if a is not None]
 
 
-def prepare(call: PendingCall, state: tuple, before: tuple | None):
-    """The cut of the build ``call`` (the cache's ``state`` after it, built on the state ``before``), prepared while
-    the call before it computes: its outputs and the ids of the buffers of ``before``; None without ptp-graph."""
+def prepare(state: tuple, before: tuple | None, running: PendingCall | None = None):
+    """The cut of a build (the cache's ``state`` after it, built on the state ``before``), found while ``running``
+    (the call it was built after) computes: the edges of its graph within ``CUT_DEPTH`` nodes of its K/V outputs that
+    read the buffers of ``before``, never walking into ``running``'s graph (MLX's stream thread evaluates it
+    meanwhile); cut only by ``park``. None without ptp-graph."""
     graph = _graph()
-    return None if graph is None or before is None else graph.prepare(_flat(state), call.arrays, _flat(before))
+    if graph is None or before is None:
+        return None
+    return graph.prepare(_flat(state), _flat(before), running.arrays if running is not None else [], CUT_DEPTH)
 
 
 def park(grave: list | None, before: tuple | None, unused: list[tuple], keep=None) -> None:
     """Keep the builds ``unused`` (each ``(call, the cache's state after it, its prepared cut or None)``) in
     ``grave``, to be let go once the next call is queued (``CallQueue.bury``; letting a build go cost 0.19-0.35 ms on
     this CPU's path, docs/results/decode-floor/2026-12-06i/), their graphs' edges to the K/V buffers of ``before``
-    (the state they were built on) cut first, within ``CUT_DEPTH`` nodes of their K/V outputs, never in a node the
-    build that runs reaches (``keep``: its prepared cut). Without ptp-graph (or ``grave`` None) they go now."""
+    (the state they were built on) cut first (the edges ``prepare`` found), never in a node whose edges the prepared
+    cut of the build that runs (``keep``) holds too. Without ptp-graph (or ``grave`` None) they go now."""
     if grave is None or before is None or not unused:
         return
     graph = _graph()
     if graph is None:
         return
-    plans = [p if p is not None else prepare(call, state, before) for call, state, p in unused]
-    graph.cut_prepared(plans, keep, CUT_DEPTH)
+    plans = [p if p is not None else prepare(state, before) for _call, state, p in unused]
+    graph.cut_prepared(plans, keep)
     grave.extend((call, state) for call, state, _ in unused)

@@ -11,8 +11,8 @@
 // A cut edge points at a scalar that lives as long as the process: the node is never evaluated, so what it would
 // have read does not matter, and its shape is not looked at again. Returns how many edges were cut.
 
+#include <algorithm>
 #include <cstdint>
-#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -27,19 +27,25 @@ namespace mx = mlx::core;
 
 namespace {
 
-// The nodes within `depth` edges of `outs` (through nodes not yet evaluated) stop holding any of the buffers whose
-// ids are `targets`, except the nodes any of `keep` reaches (a build that will run: its graph may share nodes with
-// the dropped ones). A build that moves a strand's K/V rows in its own graph (decode/fixed.py, move_rows) reads the
-// buffers through the move's gather and slice update, a few nodes before its outputs: depth 1 would miss them, and
-// the call queued instead would copy every buffer.
-int cut_core(const std::vector<const std::vector<mx::array>*>& outs, const std::unordered_set<std::uintptr_t>& targets,
-             const std::vector<const std::vector<mx::array>*>& keep, int depth) {
-  static const mx::array* none = new mx::array(0.0f);
-  std::unordered_set<std::uintptr_t> kept;  // every unevaluated node `keep` reaches, however deep
+using Ids = std::vector<std::uintptr_t>;  // sorted: searched for every input of every node walked
+using Edge = std::pair<mx::array, int>;   // an unevaluated node and the index of an input that is a buffer named
+
+Ids ids(const std::vector<mx::array>& bufs) {
+  Ids out;
+  out.reserve(bufs.size());
+  for (const auto& b : bufs) out.push_back(b.id());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool named(const Ids& targets, std::uintptr_t id) { return std::binary_search(targets.begin(), targets.end(), id); }
+
+// Every unevaluated node `keep` reaches, however deep.
+std::unordered_set<std::uintptr_t> reached(const std::vector<mx::array>& keep) {
+  std::unordered_set<std::uintptr_t> kept;
   std::vector<mx::array> stack;
-  for (const auto* ks : keep)
-    for (const auto& k : *ks)
-      if (k.has_primitive()) stack.push_back(k);
+  for (const auto& k : keep)
+    if (k.has_primitive()) stack.push_back(k);
   while (!stack.empty()) {
     mx::array a = stack.back();
     stack.pop_back();
@@ -49,71 +55,98 @@ int cut_core(const std::vector<const std::vector<mx::array>*>& outs, const std::
     for (const auto& x : a.inputs())
       if (x.has_primitive() && !kept.count(x.id())) stack.push_back(x);
   }
-  // the nodes walked, with the depth left when they were (a node reached first through a longer path, the layers
-  // before it, is walked again from closer: a layer's K and V outputs are siblings of its node)
-  std::unordered_map<std::uintptr_t, int> seen;
-  std::vector<std::pair<mx::array, int>> todo;
-  for (const auto* os : outs)
-    for (const auto& o : *os) todo.emplace_back(o, depth);
-  int cut = 0;
-  auto visit = [&](mx::array& a, int d) {
-    if (!a.has_primitive() || kept.count(a.id())) return;
-    auto [it, fresh] = seen.try_emplace(a.id(), d);
-    if (!fresh && it->second >= d) return;
-    it->second = d;
-    for (auto& x : a.inputs()) {
-      if (targets.count(x.id())) {
-        x = *none;
-        ++cut;
-      } else if (d > 1 && x.has_primitive()) {
-        todo.emplace_back(x, d - 1);
-      }
+  return kept;
+}
+
+// The edges to any of `targets` in the unevaluated nodes within `depth` edges of `outs` (and their siblings), but
+// in nodes of `kept`. A build that moves a strand's K/V rows in its own graph (decode/fixed.py, move_rows) reads the
+// buffers through the move's gather and slice update, a few nodes before its outputs: depth 1 would miss them, and
+// the call queued instead would copy every buffer. Level by level from the outputs (breadth first), so that a node
+// is walked once, from the output nearest it: a layer's K and V outputs are siblings of its node, which the next
+// layer's node reads too.
+//
+// `stop`: arrays whose graphs are not walked (read by id only, from the walked node's inputs): the outputs of a call
+// still computing, whose nodes MLX's stream thread evaluates and lets go of meanwhile.
+std::vector<Edge> find(const std::vector<mx::array>& outs, const Ids& targets, int depth,
+                       const std::unordered_set<std::uintptr_t>& kept, const Ids& stop = {}) {
+  std::vector<Edge> edges;
+  std::unordered_set<std::uintptr_t> seen;
+  std::vector<mx::array> level(outs), next;
+  auto visit = [&](const mx::array& a, bool deeper) {
+    if (!a.has_primitive() || kept.count(a.id()) || !seen.insert(a.id()).second) return;
+    const auto& in = a.inputs();
+    for (int i = 0; i < static_cast<int>(in.size()); ++i) {
+      if (named(targets, in[i].id()))
+        edges.emplace_back(a, i);
+      else if (deeper && !named(stop, in[i].id()) && in[i].has_primitive())
+        next.push_back(in[i]);
     }
   };
-  while (!todo.empty()) {
-    auto [a, d] = todo.back();
-    todo.pop_back();
-    auto at = seen.find(a.id());
-    if (!a.has_primitive() || (at != seen.end() && at->second >= d)) continue;
-    visit(a, d);
-    for (auto& s : a.siblings()) visit(s, d);
+  for (int d = depth; d > 0 && !level.empty(); --d) {
+    for (const auto& a : level) {
+      if (!a.has_primitive() || seen.count(a.id())) continue;
+      visit(a, d > 1);
+      for (const auto& s : a.siblings()) visit(s, d > 1);
+    }
+    level.swap(next);
+    next.clear();
   }
-  return cut;
+  return edges;
 }
 
-std::unordered_set<std::uintptr_t> ids(const std::vector<mx::array>& bufs) {
-  std::unordered_set<std::uintptr_t> out;
-  for (const auto& b : bufs) out.insert(b.id());
-  return out;
+// A cut edge points at a scalar that lives as long as the process (see the top of this file).
+int cut(std::vector<Edge>& edges, const Ids& targets) {
+  static const mx::array* none = new mx::array(0.0f);
+  int n = 0;
+  for (auto& [node, i] : edges) {
+    auto& in = node.inputs();
+    if (node.has_primitive() && i < static_cast<int>(in.size()) && named(targets, in[i].id())) {
+      in[i] = *none;
+      ++n;
+    }
+  }
+  return n;
 }
 
-int cut_buffers(std::vector<mx::array>& outs, const std::vector<mx::array>& bufs, const std::vector<mx::array>& keep,
-                int depth) {
-  return cut_core({&outs}, ids(bufs), {&keep}, depth);
+int cut_buffers(const std::vector<mx::array>& outs, const std::vector<mx::array>& bufs,
+                const std::vector<mx::array>& keep, int depth) {
+  auto targets = ids(bufs);
+  auto edges = find(outs, targets, depth, reached(keep));
+  return cut(edges, targets);
 }
 
-// One build's cut, prepared while the call before it computes (decode/ahead.py, where a device computes: off the
-// critical path), so that the read's verdict only walks: its K/V outputs (`outs`), its other outputs (`also`: what a
-// build kept reaches) and the ids of the buffers it was built on (ids only: holding the buffers would stop MLX from
-// donating them to the call that runs).
+// One build's cut, found while the call before it computes (decode/release.py, prepare; where a device computes,
+// off the critical path): the edges of its graph near its K/V outputs to the buffers it was built on, found from
+// the outputs then, and the ids of those buffers (ids only: holding them would stop MLX from donating them to the
+// call that runs). After the read only the edges found are cut (a walk of the graph then, on memory the compute
+// pushed out of the caches, took 0.5-0.7 ms a read with free rows here).
 struct CutPlan {
-  std::vector<mx::array> outs, also;
-  std::unordered_set<std::uintptr_t> targets;
+  std::vector<Edge> edges;
+  Ids targets;
 };
 
-CutPlan prepare(std::vector<mx::array> outs, std::vector<mx::array> also, const std::vector<mx::array>& bufs) {
-  return CutPlan{std::move(outs), std::move(also), ids(bufs)};
+CutPlan prepare(const std::vector<mx::array>& outs, const std::vector<mx::array>& bufs,
+               const std::vector<mx::array>& stop, int depth) {
+  auto targets = ids(bufs);
+  auto edges = find(outs, targets, depth, {}, ids(stop));
+  return CutPlan{std::move(edges), std::move(targets)};
 }
 
-int cut_prepared(const std::vector<CutPlan*>& unused, const CutPlan* keep, int depth) {
-  std::vector<const std::vector<mx::array>*> outs, kept;
-  std::unordered_set<std::uintptr_t> targets;
-  for (const auto* p : unused) {
-    outs.push_back(&p->outs);
-    targets.insert(p->targets.begin(), p->targets.end());
+// The prepared cuts of `unused`, but in a node the prepared cut of `keep` (the build that runs, or None) found too:
+// the builds share no node that reads the buffers (each moves its rows, or grows the buffers, in nodes of its own),
+// and this makes sure of it where a node within reach of both would.
+int cut_prepared(const std::vector<CutPlan*>& unused, const CutPlan* keep) {
+  std::unordered_set<std::uintptr_t> shared;
+  if (keep != nullptr)
+    for (const auto& [node, i] : keep->edges) shared.insert(node.id());
+  int n = 0;
+  for (auto* p : unused) {
+    std::vector<Edge> mine;
+    for (const auto& e : p->edges)
+      if (!shared.count(e.first.id())) mine.push_back(e);
+    n += cut(mine, p->targets);
   }
-  if (keep != nullptr) kept = {&keep->outs, &keep->also};
-  return cut_core(outs, targets, kept, depth);
+  return n;
 }
 
 }  // namespace
@@ -126,10 +159,11 @@ NB_MODULE(_ptp_graph, m) {
         "except those any of `keep` reaches, so that another call writes them in place; returns the edges cut. See "
         "graph_tools.cpp.");
   nb::class_<CutPlan>(m, "CutPlan");
-  m.def("prepare", &prepare, nb::arg("outs"), nb::arg("also"), nb::arg("bufs"),
-        "One build's cut, prepared ahead: its K/V outputs `outs`, its other outputs `also` (what it reaches where it "
-        "is kept) and the buffers `bufs` it was built on (their ids only).");
-  m.def("cut_prepared", &cut_prepared, nb::arg("unused"), nb::arg("keep").none(), nb::arg("depth"),
-        "`cut_buffers` over prepared builds: the unused ones' edges to their buffers, never in nodes the kept one (or "
-        "None) reaches; returns the edges cut.");
+  m.def("prepare", &prepare, nb::arg("outs"), nb::arg("bufs"), nb::arg("stop"), nb::arg("depth"),
+        "One build's cut, found ahead: the edges to any of `bufs` within `depth` edges of its K/V outputs `outs`, "
+        "never walking into the graphs of `stop` (a call still computing); nothing is cut yet, and the buffers are "
+        "kept as ids only.");
+  m.def("cut_prepared", &cut_prepared, nb::arg("unused"), nb::arg("keep").none(),
+        "Cut the prepared edges of the builds `unused`, but in nodes whose edges the prepared cut `keep` (the build "
+        "that runs, or None) found too; returns the edges cut.");
 }
