@@ -336,6 +336,9 @@ def confirm_chained(
     if unused:  # (the build that runs is never cut: its cut, prepared, tells what it reaches)
         runs = hit.cut if hit.cut is not None else prepare(cache.snapshot(), chained.before)
         park(grave, chained.before, unused, runs)
+    elif grave is not None and hit.cut is not None:  # (its cut goes off the path too: ``release.park``)
+        grave.append(hit.cut)
+    chained.cut = None
     # (let go of the state before and of every other build now, so the call's writes stay in place)
     chained.before, chained.others = None, []
     return replace(hit.call, plan=plan, offset=keep, i=i, ahead=True)  # the same rows; the host knows what they verify

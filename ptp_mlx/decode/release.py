@@ -49,4 +49,8 @@ def park(grave: list | None, before: tuple | None, unused: list[tuple], keep=Non
         return
     plans = [p if p is not None else prepare(state, before) for _call, state, p in unused]
     graph.cut_prepared(plans, keep)
-    grave.extend((call, state) for call, state, _ in unused)
+    # (the cuts go with the builds: letting go of a cut's node handles is a few hundred reference counts on memory
+    # the compute pushed out of the caches, 0.05-0.1 ms a read on the path)
+    grave.extend((call, state, plan) for (call, state, _), plan in zip(unused, plans, strict=True))
+    if keep is not None:
+        grave.append(keep)

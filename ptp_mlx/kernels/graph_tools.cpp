@@ -94,11 +94,14 @@ std::vector<Edge> find(const std::vector<mx::array>& outs, const Ids& targets, i
   return edges;
 }
 
-// A cut edge points at a scalar that lives as long as the process (see the top of this file).
-int cut(std::vector<Edge>& edges, const Ids& targets) {
+// A cut edge points at a scalar that lives as long as the process (see the top of this file). `skip`: nodes left
+// as they are. (No copy of an edge's node handle: each is a reference count on memory the compute pushed out of the
+// caches.)
+int cut(std::vector<Edge>& edges, const Ids& targets, const std::unordered_set<std::uintptr_t>& skip = {}) {
   static const mx::array* none = new mx::array(0.0f);
   int n = 0;
   for (auto& [node, i] : edges) {
+    if (!skip.empty() && skip.count(node.id())) continue;
     auto& in = node.inputs();
     if (node.has_primitive() && i < static_cast<int>(in.size()) && named(targets, in[i].id())) {
       in[i] = *none;
@@ -138,14 +141,9 @@ CutPlan prepare(const std::vector<mx::array>& outs, const std::vector<mx::array>
 int cut_prepared(const std::vector<CutPlan*>& unused, const CutPlan* keep) {
   std::unordered_set<std::uintptr_t> shared;
   if (keep != nullptr)
-    for (const auto& [node, i] : keep->edges) shared.insert(node.id());
+    for (const auto& e : keep->edges) shared.insert(e.first.id());
   int n = 0;
-  for (auto* p : unused) {
-    std::vector<Edge> mine;
-    for (const auto& e : p->edges)
-      if (!shared.count(e.first.id())) mine.push_back(e);
-    n += cut(mine, p->targets);
-  }
+  for (auto* p : unused) n += cut(p->edges, p->targets, shared);
   return n;
 }
 
