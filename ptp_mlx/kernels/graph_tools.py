@@ -1,7 +1,8 @@
 """ptp-graph (``graph_tools.cpp``): the decoding loop's operations on MLX graphs that are never evaluated, one small
 MLX C++ extension built at first use wherever MLX runs (Linux, a Mac, CUDA) and wherever a C++ compiler, CMake and
-nanobind are: no kernels, no machine-specific flags. Today it holds ``cut_buffers``, which lets a call built ahead
-and not used go after the next call is queued rather than on the critical path (``decode/ahead.py: park``).
+nanobind are: no kernels, no machine-specific flags. Today it holds the cut of a call built ahead and not used
+(``cut_buffers``; found ahead and cut after the read: ``prepare``, ``cut_prepared``), which lets that call go after
+the next call is queued rather than on the critical path (``decode/release.py``).
 
 Never required: where it cannot be built, unused builds are let go as they come (one notice says so).
 """
@@ -31,7 +32,12 @@ def _self_check(mod) -> str:
     shared = buf * 3  # (read by a dropped graph and by a kept one)
     deep = (buf * 2) + shared
     got += [mod.cut_buffers([deep], [buf]), mod.cut_buffers([deep], [buf], [shared + 1], 3)]
-    if got != [0, 1, 0, 0, 1]:
+    # prepared (found before, cut after): the kept build's node is left, the dropped one's cut once
+    read = buf * 5
+    dropped, kept = (buf * 4) + read, read * 2
+    plans = [mod.prepare([x], [buf], [], 3) for x in (dropped, kept)]
+    got += [mod.cut_prepared([plans[0]], plans[1]), mod.cut_prepared([plans[0]], None)]
+    if got != [0, 1, 0, 0, 1, 1, 1]:
         return "its self-check disagreed with the graph it cut"
     return ""
 
