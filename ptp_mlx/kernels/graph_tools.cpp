@@ -1,13 +1,14 @@
 // ptp-graph: what the decoding loop does to MLX graphs that are never evaluated, as a small MLX C++ extension built
 // wherever MLX runs (Linux's CPU, a Mac's Metal, CUDA): no kernels, no machine-specific flags.
 //
-// cut_buffers: a call built ahead for an outcome that did not happen (ptp_mlx/decode/ahead.py, park) is never
+// The cut: a call built ahead for an outcome that did not happen (ptp_mlx/decode/release.py, park) is never
 // evaluated, but its graph holds the K/V buffers that the call queued instead writes in place: MLX donates a buffer
 // only when nothing else holds it, else the call copies it (tens of megabytes a call). Letting the whole graph go
 // frees every node's inputs on the host, on the critical path (0.17-0.35 ms a read on the 2-core CPU where it was
-// measured, on memory the compute pushed out of the caches). Cutting only the edges to those buffers is a few
-// microseconds: the unevaluated nodes near `outs` (the dropped build's K/V outputs) stop holding any of `bufs` (the
-// buffers the build was made on); the rest of the graph is let go after the next call is queued.
+// measured, on memory the compute pushed out of the caches). Cutting only the edges to those buffers is less: the
+// unevaluated nodes near the dropped build's K/V outputs stop holding the buffers it was built on (found while the
+// call before computes: `prepare`; cut after the read: `cut_prepared`, 0.05-0.2 ms a read on that CPU's cold
+// memory); the rest of the graph is let go after the next call is queued.
 // A cut edge points at a scalar that lives as long as the process: the node is never evaluated, so what it would
 // have read does not matter, and its shape is not looked at again. Returns how many edges were cut.
 
