@@ -333,9 +333,8 @@ def confirm_chained(
         unused.append((chained.call, cache.snapshot(), chained.cut))
         cache.restore(hit.state)
         cache.trim_to(keep + hit.rows)
-    if unused:  # (the build that runs is never cut: its cut, prepared, tells what it reaches)
-        runs = hit.cut if hit.cut is not None else prepare(cache.snapshot(), chained.before)
-        park(grave, chained.before, unused, runs)
+    if unused:  # (the build that runs is never cut: its prepared cut tells which nodes are its own)
+        park(grave, chained.before, unused, hit.cut)
     elif grave is not None and hit.cut is not None:  # (its cut goes off the path too: ``release.park``)
         grave.append(hit.cut)
     chained.cut = None
