@@ -107,6 +107,44 @@ def test_nodes_a_kept_graph_reaches_are_never_cut(cut):
         assert np.array_equal(np.array(kept), np.arange(8) * 6) == protect
 
 
+def test_builds_cut_as_made_leave_the_buffer_and_the_one_put_back_computes_as_built(cut):
+    """``release.prepare``'s cut, made as each build is built (``cut_ahead``): the builds hold the buffer no more, so
+    the build that runs after the read writes it in place, whichever build that is, once it has its edges back
+    (``restore``, from the state it was built on, in the order the cut was given it), and computes exactly what it
+    was built to; a second restore finds nothing left to put back; a node beyond the walk's depth is never cut."""
+    from ptp_mlx.decode import release
+
+    mod = release._graph()
+
+    def address(a) -> int:
+        return int(np.asarray(memoryview(a)).__array_interface__["data"][0])
+
+    for runs in (0, 1):
+        other = mx.ones((1,), dtype=mx.float32)
+        buf = mx.arange(1 << 16, dtype=mx.float32)
+        mx.eval(buf, other)
+        where, want = address(buf), np.arange(1 << 16, dtype=np.float32)
+        # two builds for two outcomes, never evaluated yet, each writing the buffer (as a call writes its K/V rows)
+        builds = [buf.at[mx.array([3])].add(other), buf.at[mx.array([5])].add(2.0)]
+        cuts = [mod.cut_ahead([b], [other, buf], [], release.CUT_DEPTH) for b in builds]
+        assert [c.edges for c in cuts] == [2, 1]
+        assert mod.restore(cuts[runs], [other, buf]) == cuts[runs].edges
+        assert mod.restore(cuts[runs], [other, buf]) == 0
+        ran = builds[runs]
+        del buf, other
+        mx.eval(ran)
+        want[[3, 5][runs]] += [1.0, 2.0][runs]
+        assert np.array_equal(np.array(ran), want) and address(ran) == where
+        del builds, cuts, ran
+    far = mx.arange(8, dtype=mx.float32)
+    mx.eval(far)
+    deep = far * 2
+    for _ in range(release.CUT_DEPTH):
+        deep = deep + 1
+    assert mod.cut_ahead([deep], [far], [], release.CUT_DEPTH).edges == 0
+    assert np.array_equal(np.array(deep), np.arange(8) * 2 + release.CUT_DEPTH)
+
+
 def test_without_a_toolchain_builds_are_let_go_as_before_with_one_notice(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(extension, "shared_path", lambda name: None)
     monkeypatch.setattr(extension, "kernel_dir", lambda: tmp_path)

@@ -157,6 +157,11 @@ def _address(a) -> int:
     return int(np.asarray(memoryview(a)).__array_interface__["data"][0])
 
 
+def _builds(grave: list) -> int:
+    """How many unused builds ``grave`` keeps (``(call, state, cut)``; the cut of the build that runs goes there too)."""
+    return sum(isinstance(g, tuple) for g in grave)
+
+
 def _watch_in_place(monkeypatch) -> list[bool]:
     """Per call queued after unused builds were kept (``release.park``): whether it wrote the K buffer they were built
     on in place (True) or copied it. (``before``: the state the running call, just read, wrote; after builds were
@@ -172,10 +177,10 @@ def _watch_in_place(monkeypatch) -> list[bool]:
         now = _address(chained.before[0][0]) if chained is not None and chained.before is not None else None
         seen.extend(want == now for want, then in pending if now is not None and then == cold)
         pending.clear()
-        kept = len(queue.grave)
+        kept = _builds(queue.grave)
         ready = confirm(queue, result, plan, i)
         moves = ready and result.strand is not None  # (it runs, moving the strand's rows itself)
-        if len(queue.grave) > kept and now is not None and not moves:
+        if _builds(queue.grave) > kept and now is not None and not moves:
             pending.append((now, cold))
         return ready
 
@@ -187,18 +192,21 @@ def _watch_in_place(monkeypatch) -> list[bool]:
 @pytest.mark.parametrize("cut", [True, False])
 def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_sticky, varied, monkeypatch, cut):
     """Builds not used are let go only after the call queued instead (``release.park``, ``CallQueue.bury``), their
-    edges to the K/V buffers cut first (prepared while the call before computed), so that call still writes the
-    buffers in place: its K output is the buffer it was built on. Without the cut (the control) the builds kept hold
-    the buffers and the call copies them."""
+    edges to the K/V buffers cut as they were built (``release.prepare``), so that call still writes the buffers in
+    place: its K output is the buffer it was built on. With a cut that finds nothing (the control) the builds kept
+    hold the buffers and the call copies them."""
     import ptp_mlx.decode.release as release
 
     if release._graph() is None:
         pytest.skip("ptp-graph is not built here")
     if not cut:
 
+        class Uncut:  # (a cut that finds no edge: the builds are kept, holding the buffers)
+            edges = 0
+
         class NoCut:
-            prepare = staticmethod(lambda outs, bufs, stop, depth: None)
-            cut_prepared = staticmethod(lambda unused, keep: 0)
+            cut_ahead = staticmethod(lambda outs, bufs, stop, depth: Uncut())
+            restore = staticmethod(lambda plan, bufs: 0)
 
         monkeypatch.setattr(release, "_graph", NoCut)
     seen = _watch_in_place(monkeypatch)

@@ -14,7 +14,7 @@ from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from .call import ChainInputs, PendingCall, build_call, call_shape, call_uniforms
 from .chain_odds import Confirmed
 from .fixed import ALTS
-from .release import park, prepare
+from .release import park, prepare, restore
 from .session import DecodeSession
 from .shape import CallSpec
 from .strand_paths import StrandPaths, strand_paths
@@ -135,7 +135,7 @@ def build_chained(
     likely = confirmed.weigh(plan.source, guesses, chance) if confirmed is not None else chance
     own = _by_kind(guesses, likely)
     # (the likeliest kind first, on the cache as it is; then the likeliest kind of plans by token, if likely
-    # enough to be the real plan: an unused build costs the cut of its edges to the buffers on the path, ``park``)
+    # enough to be the real plan: an unused build costs its cut, made as it is built, ``release.prepare``)
     tokens = [] if confirmed is None else _by_kind(by_token, confirmed.weigh(plan.source, by_token, chance), TOKEN_MIN)
     order = own[:1] + tokens[:1] + own[1:]
     limit = kinds + (len(order) > len(own))
@@ -333,9 +333,9 @@ def confirm_chained(
         unused.append((chained.call, cache.snapshot(), chained.cut))
         cache.restore(hit.state)
         cache.trim_to(keep + hit.rows)
-    if unused:  # (the build that runs is never cut: its prepared cut tells which nodes are its own)
-        park(grave, chained.before, unused, hit.cut)
-    elif grave is not None and hit.cut is not None:  # (its cut goes off the path too: ``release.park``)
+    restore(hit.cut, chained.before)  # (every build was cut as it was made: the one that runs reads its buffers again)
+    park(grave, unused)  # (they hold none of its buffers: they go once it is queued)
+    if grave is not None and hit.cut is not None:  # (its cut goes off the path too: its node handles)
         grave.append(hit.cut)
     chained.cut = None
     # (let go of the state before and of every other build now, so the call's writes stay in place)
@@ -347,9 +347,10 @@ def drop_chained(chained: Chained, cache, keep: int | None = None, grave: list |
     """Give the cache back its state before the chained build, trimmed to ``keep`` rows (None: as it was then); the
     builds go to ``grave`` (``park``)."""
     if chained.before is not None:
-        unused = [(chained.call, cache.snapshot(), chained.cut), *((o.call, o.state, o.cut) for o in chained.others)]
-        park(grave, chained.before, unused)
-    chained.others = []
+        park(
+            grave, [(chained.call, cache.snapshot(), chained.cut), *((o.call, o.state, o.cut) for o in chained.others)]
+        )
+    chained.others, chained.cut = [], None
     if chained.before is not None:
         cache.restore(chained.before)
         chained.before = None

@@ -1,16 +1,16 @@
 // ptp-graph: what the decoding loop does to MLX graphs that are never evaluated, as a small MLX C++ extension built
 // wherever MLX runs (Linux's CPU, a Mac's Metal, CUDA): no kernels, no machine-specific flags.
 //
-// The cut: a call built ahead for an outcome that did not happen (ptp_mlx/decode/release.py, park) is never
-// evaluated, but its graph holds the K/V buffers that the call queued instead writes in place: MLX donates a buffer
-// only when nothing else holds it, else the call copies it (tens of megabytes a call). Letting the whole graph go
-// frees every node's inputs on the host, on the critical path (0.17-0.35 ms a read on the 2-core CPU where it was
-// measured, on memory the compute pushed out of the caches). Cutting only the edges to those buffers is less: the
-// unevaluated nodes near the dropped build's K/V outputs stop holding the buffers it was built on (found while the
-// call before computes: `prepare`; cut after the read: `cut_prepared`, 0.05-0.2 ms a read on that CPU's cold
-// memory); the rest of the graph is let go after the next call is queued.
-// A cut edge points at a scalar that lives as long as the process: the node is never evaluated, so what it would
-// have read does not matter, and its shape is not looked at again. Returns how many edges were cut.
+// The cut: a call built ahead for an outcome that did not happen (ptp_mlx/decode/release.py) is never evaluated,
+// but its graph holds the K/V buffers that the call queued instead writes in place: MLX donates a buffer only when
+// nothing else holds it, else the call copies it (tens of megabytes a call). Letting the whole graph go frees every
+// node's inputs on the host, on the critical path (0.17-0.35 ms a read on the 2-core CPU where it was measured, on
+// memory the compute pushed out of the caches). Cutting only the edges to those buffers is less: the unevaluated
+// nodes near a build's K/V outputs stop holding the buffers it was built on. Every build is cut as it is made,
+// while the call before computes (`cut_ahead`), and after the read the build that runs gets its edges back
+// (`restore`); the rest of the unused builds' graphs is let go after the next call is queued.
+// A cut edge points at a scalar that lives as long as the process: a node left cut is never evaluated, so what it
+// would have read does not matter, and its shape is not looked at again.
 
 #include <algorithm>
 #include <cstdint>
@@ -95,17 +95,21 @@ std::vector<Edge> find(const std::vector<mx::array>& outs, const Ids& targets, i
   return edges;
 }
 
-// A cut edge points at a scalar that lives as long as the process (see the top of this file). `skip`: nodes left
-// as they are. (No copy of an edge's node handle: each is a reference count on memory the compute pushed out of the
-// caches.)
-int cut(std::vector<Edge>& edges, const Ids& targets, const std::unordered_set<std::uintptr_t>& skip = {}) {
+// What a cut edge points at: a scalar that lives as long as the process (see the top of this file).
+const mx::array& placeholder() {
   static const mx::array* none = new mx::array(0.0f);
+  return *none;
+}
+
+// Cut the edges found (where they still read a buffer named). (No copy of an edge's node handle: each is a
+// reference count on memory the compute pushed out of the caches.)
+int cut(std::vector<Edge>& edges, const Ids& targets) {
+  const auto& none = placeholder();
   int n = 0;
   for (auto& [node, i] : edges) {
-    if (!skip.empty() && skip.count(node.id())) continue;
     auto& in = node.inputs();
     if (node.has_primitive() && i < static_cast<int>(in.size()) && named(targets, in[i].id())) {
-      in[i] = *none;
+      in[i] = none;
       ++n;
     }
   }
@@ -119,32 +123,53 @@ int cut_buffers(const std::vector<mx::array>& outs, const std::vector<mx::array>
   return cut(edges, targets);
 }
 
-// One build's cut, found while the call before it computes (decode/release.py, prepare; where a device computes,
-// off the critical path): the edges of its graph near its K/V outputs to the buffers it was built on, found from
-// the outputs then, and the ids of those buffers (ids only: holding them would stop MLX from donating them to the
-// call that runs). After the read only the edges found are cut (a walk of the graph then, on memory the compute
-// pushed out of the caches, took 0.5-0.7 ms a read with free rows here).
+// One build's cut, made while the call before it computes (decode/release.py, prepare; where a device computes, off
+// the critical path): the edges of its graph near its K/V outputs to the buffers it was built on are found from the
+// outputs and cut at once, each with the index of the buffer it read, so that from then on the build holds none of
+// them. After the read only the build that runs gets its edges back (`restore`, from the same buffers): the read
+// touches one build's nodes however many are let go (cutting each unused build after the read took 0.1-0.25 ms a
+// read with free rows here, two to four builds of 120-180 edges, on memory the compute pushed out of the caches).
+// The buffers are kept as ids only: holding them would stop MLX from donating them to the call that runs.
 struct CutPlan {
   std::vector<Edge> edges;
+  std::vector<int> which;  // for each edge, the index in `bufs` of the buffer it read
   Ids targets;
 };
 
-CutPlan prepare(const std::vector<mx::array>& outs, const std::vector<mx::array>& bufs,
-               const std::vector<mx::array>& stop, int depth) {
-  auto targets = ids(bufs);
-  auto edges = find(outs, targets, depth, {}, ids(stop));
-  return CutPlan{std::move(edges), std::move(targets)};
+CutPlan cut_ahead(const std::vector<mx::array>& outs, const std::vector<mx::array>& bufs,
+                  const std::vector<mx::array>& stop, int depth) {
+  CutPlan plan{{}, {}, ids(bufs)};
+  std::vector<std::pair<std::uintptr_t, int>> index;  // (buffer id, its place in bufs), sorted by id
+  index.reserve(bufs.size());
+  for (int k = 0; k < static_cast<int>(bufs.size()); ++k) index.emplace_back(bufs[k].id(), k);
+  std::sort(index.begin(), index.end());
+  plan.edges = find(outs, plan.targets, depth, {}, ids(stop));
+  plan.which.reserve(plan.edges.size());
+  for (auto& [node, i] : plan.edges) {
+    auto& in = node.inputs();
+    auto at = std::lower_bound(index.begin(), index.end(), std::make_pair(in[i].id(), -1));
+    bool found = at != index.end() && at->first == in[i].id();  // (`find` named it: always, once an edge)
+    plan.which.push_back(found ? at->second : -1);
+    if (found) in[i] = placeholder();
+  }
+  return plan;
 }
 
-// The prepared cuts of `unused`, but in a node the prepared cut of `keep` (the build that runs, or None) found too:
-// the builds share no node that reads the buffers (each moves its rows, or grows the buffers, in nodes of its own),
-// and this makes sure of it where a node within reach of both would.
-int cut_prepared(const std::vector<CutPlan*>& unused, const CutPlan* keep) {
-  std::unordered_set<std::uintptr_t> shared;
-  if (keep != nullptr)
-    for (const auto& e : keep->edges) shared.insert(e.first.id());
+// Give the build that runs its edges back: each cut edge (still pointing at the placeholder) reads its buffer of
+// `bufs` again (the state it was built on, in the order `cut_ahead` was given it). Returns how many were put back.
+int restore(const CutPlan& plan, const std::vector<mx::array>& bufs) {
+  const auto none = placeholder().id();
   int n = 0;
-  for (auto* p : unused) n += cut(p->edges, p->targets, shared);
+  for (std::size_t k = 0; k < plan.edges.size(); ++k) {
+    const auto& [node, i] = plan.edges[k];
+    auto& in = const_cast<mx::array&>(node).inputs();
+    int w = plan.which[k];
+    if (w >= 0 && i < static_cast<int>(in.size()) && in[i].id() == none && w < static_cast<int>(bufs.size()) &&
+        named(plan.targets, bufs[w].id())) {
+      in[i] = bufs[w];
+      ++n;
+    }
+  }
   return n;
 }
 
@@ -157,12 +182,12 @@ NB_MODULE(_ptp_graph, m) {
         "Make the unevaluated nodes within `depth` edges of `outs` (and their siblings) stop holding any of `bufs`, "
         "except those any of `keep` reaches, so that another call writes them in place; returns the edges cut. See "
         "graph_tools.cpp.");
-  nb::class_<CutPlan>(m, "CutPlan");
-  m.def("prepare", &prepare, nb::arg("outs"), nb::arg("bufs"), nb::arg("stop"), nb::arg("depth"),
-        "One build's cut, found ahead: the edges to any of `bufs` within `depth` edges of its K/V outputs `outs`, "
-        "never walking into the graphs of `stop` (a call still computing); nothing is cut yet, and the buffers are "
-        "kept as ids only.");
-  m.def("cut_prepared", &cut_prepared, nb::arg("unused"), nb::arg("keep").none(),
-        "Cut the prepared edges of the builds `unused`, but in nodes whose edges the prepared cut `keep` (the build "
-        "that runs, or None) found too; returns the edges cut.");
+  nb::class_<CutPlan>(m, "CutPlan").def_prop_ro("edges", [](const CutPlan& p) { return p.edges.size(); });
+  m.def("cut_ahead", &cut_ahead, nb::arg("outs"), nb::arg("bufs"), nb::arg("stop"), nb::arg("depth"),
+        "One build's cut, made ahead: the edges to any of `bufs` within `depth` edges of its K/V outputs `outs`, "
+        "never walking into the graphs of `stop` (a call still computing), cut at once; the buffers are kept as "
+        "ids only. `restore` puts them back.");
+  m.def("restore", &restore, nb::arg("plan"), nb::arg("bufs"),
+        "Put back the edges `cut_ahead` cut, each to its buffer of `bufs` (the same list, in the same order); "
+        "returns how many.");
 }

@@ -1,7 +1,7 @@
 """ptp-graph (``graph_tools.cpp``): the decoding loop's operations on MLX graphs that are never evaluated, one small
 MLX C++ extension built at first use wherever MLX runs (Linux, a Mac, CUDA) and wherever a C++ compiler, CMake and
 nanobind are: no kernels, no machine-specific flags. Today it holds the cut of a call built ahead and not used
-(``cut_buffers``; found ahead and cut after the read: ``prepare``, ``cut_prepared``), which lets that call go after
+(``cut_buffers``; cut as it is built and put back for the build that runs: ``cut_ahead``, ``restore``), which lets that call go after
 the next call is queued rather than on the critical path (``decode/release.py``).
 
 Never required: where it cannot be built, unused builds are let go as they come (one notice says so).
@@ -22,8 +22,9 @@ _state: dict = {"module": None, "tried": False, "why": ""}
 def _self_check(mod) -> str:
     """The cut on small unevaluated graphs: one edge to the buffer named, none to a buffer the node does not read,
     none the second time (the edge points elsewhere now); a node two edges deep only where the walk goes that deep,
-    and never one a kept graph reaches."""
+    and never one a kept graph reaches; a cut made ahead put back once, and the graph then computes as built."""
     import mlx.core as mx
+    import numpy as np
 
     buf, other, unrelated = mx.zeros((4,)), mx.ones((4,)), mx.ones((2,))
     mx.eval(buf, other, unrelated)
@@ -32,12 +33,15 @@ def _self_check(mod) -> str:
     shared = buf * 3  # (read by a dropped graph and by a kept one)
     deep = (buf * 2) + shared
     got += [mod.cut_buffers([deep], [buf]), mod.cut_buffers([deep], [buf], [shared + 1], 3)]
-    # prepared (found before, cut after): the kept build's node is left, the dropped one's cut once
-    read = buf * 5
-    dropped, kept = (buf * 4) + read, read * 2
-    plans = [mod.prepare([x], [buf], [], 3) for x in (dropped, kept)]
-    got += [mod.cut_prepared([plans[0]], plans[1]), mod.cut_prepared([plans[0]], None)]
-    if got != [0, 1, 0, 0, 1, 1, 1]:
+    # cut ahead (as a build is made), then put back for the build that runs: it computes from the buffer again
+    vals = mx.arange(4, dtype=mx.float32)
+    mx.eval(vals)
+    made = (vals * 4) + 1
+    ahead = mod.cut_ahead([made], [other, vals], [], 3)
+    got += [ahead.edges, mod.restore(ahead, [other, vals]), mod.restore(ahead, [other, vals])]
+    if not np.array_equal(np.array(made), np.arange(4) * 4 + 1):
+        return "its self-check's restored graph computed the wrong values"
+    if got != [0, 1, 0, 0, 1, 1, 1, 0]:
         return "its self-check disagreed with the graph it cut"
     return ""
 
