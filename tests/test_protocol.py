@@ -124,3 +124,23 @@ def test_a_path_without_its_own_branch_takes_the_deepest_chain_branch_it_passed_
     assert plan.branch_rows(1, strand=1) == (1, 3)  # a window-less strand off the chain's first row
     assert plan.branch_rows(4, strand=2) is None  # left the chain at 1: depth 0's has no draft left past 4
     assert DraftPlan([5], []).branch_rows(1) is None
+
+
+def test_runner_ups_pair_only_the_rows_asked_for_and_read_like_lists():
+    """A call's runner-ups (``CallResult.alts``) are paired row by row as asked: the same rows, slices, lengths and
+    tokens by rank as the list of pairs they stand for; a guessed tree realized from either is the same plan."""
+    from ptp_mlx.drafting.protocol import CallResult, Guess, RunnerUps
+
+    tokens, probs = [[7, 8], [9, 10], [11, 12]], [[0.2, 0.1], [0.3, 0.05], [0.25, 0.2]]
+    pairs = [list(zip(t, q, strict=True)) for t, q in zip(tokens, probs, strict=True)]
+    alts = RunnerUps(tokens, probs)
+    assert len(alts) == 3 and bool(alts) and not RunnerUps([], [])
+    assert alts[1] == pairs[1] and alts[1:] == pairs[1:] and list(alts) == pairs and alts == pairs
+    assert [alts.token(r, k) for r, k in ((0, 1), (2, 2), (2, 3), (5, 1), (1, 0))] == [7, 12, -1, -1, -1]
+    with pytest.raises(ValueError):
+        RunnerUps([[1]], [])
+    plan = DraftPlan((0, 0), ((2, 2),), source="ptp", strands=(Strand(0, (0, 0)), Strand(1, (0,), parent=0)))
+    guess = Guess(plan, [0, 1], strand_src=((0, 1), (1, 2), (2, 3)))
+    got = [guess.realize(CallResult([5], 0, [1, 2, 3], [0.5] * 3, a)) for a in (alts, pairs)]
+    assert got[0] == got[1] and got[0].drafts == (1, 2)
+    assert [st.tokens for st in got[0].strands] == [(7, 10), (-1,)]

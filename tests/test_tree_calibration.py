@@ -75,6 +75,9 @@ def test_a_verified_tree_is_folded_in(accepted, strand, hits):
     d.plan(0, remaining=32, room=64)  # (prices the candidates: ``priced``)
     plan = DraftPlan([5], [], strands=(Strand(0, (7,)),), source="ptp")
     d.update(plan, CallResult([1], accepted, strand=strand))
+    assert b.tree_expected == 0.0 and b.tree_hits == 0.0  # (put off until the next call is queued: ``catch_up``)
+    d.drafts, d.conf = [9], [0.9]  # (what the drafter took from the read does not change what it folds in)
+    d.catch_up()
     # the strand's token: chance min(P(reach 0) * 0.3, P(the chain's draft falls) = 0.5)
     assert b.tree_expected == pytest.approx(0.3)
     assert b.tree_hits == hits
@@ -87,9 +90,11 @@ def test_another_peers_strand_is_neither_priced_nor_a_hit():
     d.plan(0, remaining=32, room=64)
     plan = DraftPlan([5], [], strands=(Strand(0, (7,)), Strand(0, (8, 3), source="lookup")), source="ptp")
     d.update(plan, CallResult([1, 2, 3], 2, strand=1))
+    d.catch_up()
     assert b.tree_expected == pytest.approx(0.3) and b.tree_hits == 0.0
     b.tree_expected = 0.0
     d = _drafter(b)
     d.plan(0, remaining=32, room=64)
     d.update(DraftPlan([5], [], strands=(Strand(0, (8, 3), source="lookup"),), source="ptp"), CallResult([1], 0))
+    d.catch_up()
     assert b.tree_expected == 0.0  # (no tree of the adapter's: nothing folded in)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..drafting.protocol import CallResult, DraftPlan
+from ..drafting.protocol import CallResult, DraftPlan, RunnerUps
 from ..model.kv import KVState
 from ..model.shape import CallShape, Window, WindowShape
 from ..sampler import UNRESOLVED, SamplingSettings, resolve
@@ -262,7 +262,7 @@ def finish_call(cache: KVState, call: PendingCall, clock=NO_CLOCK, then: int = 0
     def read(a):
         return [] if a is None else a.tolist()
 
-    alts = [list(zip(t, c, strict=True)) for t, c in zip(read(o.alt), read(o.alt_conf), strict=True)]
+    alts = RunnerUps(read(o.alt), read(o.alt_conf))  # (paired only for the rows a drafter asks for)
     top_l = None if o.top_prob is None else o.top_prob.tolist()
     lps = None
     if o.scored is not None:

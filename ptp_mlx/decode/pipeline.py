@@ -86,6 +86,7 @@ class CallQueue:
         """The drafter's plan for the call from generated position ``i``, timed: planning on the path is what a
         committed build ahead saves too (``Drafter.commit``), counted with the build that follows (``build``)."""
         t0 = time.perf_counter()
+        self.drafter.catch_up()  # (a plan reads what the last read's bookkeeping changes)
         plan = self.drafter.plan(i, self.max_new - i, self.ctx - self.end)
         self._plan_s = time.perf_counter() - t0
         return plan
@@ -121,6 +122,7 @@ class CallQueue:
         apply: ``build_chained``)."""
         self._ahead_s = None
         self.bury()  # (the call just queued writes its buffers in place already: nothing here holds them)
+        self.drafter.catch_up()  # (the guesses read what the last read's bookkeeping changes)
         if self.running is not None and not self._ahead():
             self.why = "building ahead off" if self.chains else "building ahead does not apply"
         elif self.running is not None:

@@ -42,6 +42,11 @@ class ChainDrafter(Drafter):
         self.fresh = False  # the drafts in hand follow the last block emitted (the call's own, not a burst's)
         self.greedy = True  # the answer decodes greedily (``begin``)
         self.temperature = 0.0
+        self.later: list = []  # bookkeeping put off until the next call is queued (``catch_up``)
+
+    def catch_up(self) -> None:
+        while self.later:
+            self.later.pop(0)()
 
     def begin(self, session: DraftSession) -> None:
         s = session.settings

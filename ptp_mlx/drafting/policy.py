@@ -228,6 +228,9 @@ class DraftPolicy(Drafter):
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         self.budget.record(rows, tokens, seconds, cold, source)  # (the budget the chain drafter shares: told once)
 
+    def catch_up(self) -> None:
+        self.chain.catch_up()
+
     def emitted(self, tokens: list[int]) -> None:
         if self.lookup is not None:
             self.lookup.emitted(tokens)

@@ -9,6 +9,7 @@ drafters only through this protocol.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -160,6 +161,38 @@ class DraftPlan:
         return found
 
 
+class RunnerUps(Sequence):
+    """Each auxiliary row's runner-ups ``[(token, probability), ...]``, best first, made from the read's two lists
+    only for the rows asked for (a drafter reads a branch's few rows of a call's many: pairing them all took
+    0.03-0.05 ms a read of 64 rows on the critical path, on a CPU whose compute had pushed them out of the caches)."""
+
+    __slots__ = ("_tokens", "_probs")
+
+    def __init__(self, tokens: list[list[int]], probs: list[list[float]]):
+        if len(tokens) != len(probs):
+            raise ValueError("runner-ups: one list of probabilities per row of tokens")
+        self._tokens, self._probs = tokens, probs
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [list(zip(t, q, strict=True)) for t, q in zip(self._tokens[k], self._probs[k], strict=True)]
+        return list(zip(self._tokens[k], self._probs[k], strict=True))
+
+    def token(self, row: int, rank: int) -> int:
+        """Row ``row``'s runner-up of rank ``rank`` (1: the best after the argmax), -1 where there is none."""
+        tokens = self._tokens[row] if row < len(self._tokens) else ()
+        return tokens[rank - 1] if 0 < rank <= len(tokens) else -1
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"RunnerUps({list(self)!r})"
+
+
 @dataclass
 class CallResult:
     """What one PTP call settled: the emitted ``block``, the drafts it ``accepted`` (on the path that stood: the
@@ -170,8 +203,8 @@ class CallResult:
     accepted: int
     aux_tokens: list[int] = field(default_factory=list)
     aux_conf: list[float] = field(default_factory=list)
-    # per auxiliary row, its runner-ups ``(token, probability)``, best first (the argmax excluded)
-    alts: list[list[tuple[int, float]]] = field(default_factory=list)
+    # per auxiliary row, its runner-ups ``(token, probability)``, best first (the argmax excluded; ``RunnerUps``)
+    alts: Sequence[list[tuple[int, float]]] = field(default_factory=list)
     strand: int | None = None
     aux_top_prob: list[float] | None = None  # each row's top probability at the decoding temperature
     logprobs: list | None = None  # the block's ``TokenLogprob``s when the answer's logits hook asks for them
@@ -214,13 +247,16 @@ class Guess:
             return nxt if nxt is not None else replace(self.plan, drafts=(-1,) * len(self.plan.drafts))
         drafts = self.drafts(result.aux_tokens)
         if not self.strand_src:
-            return replace(self.plan, drafts=drafts)
+            return _with_tokens(self.plan, drafts, self.plan.strands)
 
-        def token(row: int, rank: int) -> int:
-            if rank == 0:
-                return result.aux_tokens[row]
-            alts = result.alts[row] if row < len(result.alts) else []
-            return alts[rank - 1][0] if rank - 1 < len(alts) else -1  # (-1: no such token; never a real plan's)
+        every = (
+            result.alts
+            if isinstance(result.alts, RunnerUps)
+            else RunnerUps([[t for t, _ in a] for a in result.alts], [[q for _, q in a] for a in result.alts])
+        )
+
+        def token(row: int, rank: int) -> int:  # (-1: no such token; never a real plan's)
+            return result.aux_tokens[row] if rank == 0 else every.token(row, rank)
 
         # (the guessed tree's strands with their tokens put in: its layout was checked when it was made)
         src = iter(self.strand_src)
@@ -228,7 +264,16 @@ class Guess:
             Strand.trusted(st.at, tuple(token(*next(src)) for _ in st.tokens), st.width, st.source, st.parent)
             for st in self.plan.strands
         )
-        return replace(self.plan, drafts=drafts, strands=strands)
+        return _with_tokens(self.plan, drafts, strands)
+
+
+def _with_tokens(plan: DraftPlan, drafts: tuple[int, ...], strands: tuple[Strand, ...]) -> DraftPlan:
+    """``plan`` with its placeholders' tokens put in, without ``DraftPlan.__post_init__``'s conversion and checks:
+    its layout was checked when the guess was made, and the tokens are ints in tuples (a read's lists). On the
+    critical path after every read of a call built ahead."""
+    new = object.__new__(DraftPlan)
+    new.__dict__.update(plan.__dict__, drafts=drafts, strands=strands)
+    return new
 
 
 @dataclass
@@ -320,6 +365,12 @@ class Drafter(ABC):
         None: plan as ever (``chained``, then ``plan``). Committing keeps the planning off the path (the call is
         queued at once); every plan is lossless, so the tokens are the same either way."""
         return None  # (optional: a drafter that does not commit plans after every read)
+
+    def catch_up(self) -> None:
+        """Bookkeeping ``update`` and ``commit`` put off (calibrations no decision before the next call is queued
+        reads): called once the next call is queued (``decode/ptp.py``, off the critical path where a device
+        computes), or before it is planned, whichever comes first. It must not change what ``commit`` decides."""
+        return None  # (optional: nothing put off by default)
 
     def timed(self, rows: int, tokens: int, seconds: float, cold: bool = False, source: str | None = None) -> None:
         """A call of ``rows`` rows (1: a plain step of a burst) emitted ``tokens`` in ``seconds`` of measured wall
