@@ -249,22 +249,18 @@ class Guess:
         if not self.strand_src:
             return _with_tokens(self.plan, drafts, self.plan.strands)
 
-        every = (
-            result.alts
-            if isinstance(result.alts, RunnerUps)
-            else RunnerUps([[t for t, _ in a] for a in result.alts], [[q for _, q in a] for a in result.alts])
-        )
-
-        def token(row: int, rank: int) -> int:  # (-1: no such token; never a real plan's)
-            return result.aux_tokens[row] if rank == 0 else every.token(row, rank)
-
+        alts = result.alts
+        if not isinstance(alts, RunnerUps):
+            alts = RunnerUps([[t for t, _ in a] for a in alts], [[q for _, q in a] for a in alts])
+        aux = result.aux_tokens
+        flat = [aux[row] if rank == 0 else alts.token(row, rank) for row, rank in self.strand_src]  # (-1: none)
         # (the guessed tree's strands with their tokens put in: its layout was checked when it was made)
-        src = iter(self.strand_src)
-        strands = tuple(
-            Strand.trusted(st.at, tuple(token(*next(src)) for _ in st.tokens), st.width, st.source, st.parent)
-            for st in self.plan.strands
-        )
-        return _with_tokens(self.plan, drafts, strands)
+        strands, at = [], 0
+        for st in self.plan.strands:
+            m = len(st.tokens)
+            strands.append(Strand.trusted(st.at, tuple(flat[at : at + m]), st.width, st.source, st.parent))
+            at += m
+        return _with_tokens(self.plan, drafts, tuple(strands))
 
 
 def _with_tokens(plan: DraftPlan, drafts: tuple[int, ...], strands: tuple[Strand, ...]) -> DraftPlan:
