@@ -382,3 +382,32 @@ def test_an_outcome_no_build_served_runs_its_guess_without_planning(pm_sticky, p
     assert seen["unbuilt"] >= 3 and total["refused"] == 0, (seen, total)
     # planned only where nothing was guessed: each answer's first call (the rest were committed, built or not)
     assert total["planned"] == len(drafters) and total["committed"] >= seen["unbuilt"] + 3, total
+
+
+def test_the_reads_bookkeeping_waits_until_the_next_call_is_queued(pm_sticky, varied, monkeypatch):
+    """After a read whose call built ahead runs, nothing but the decision is on the critical path: the judgments of
+    what was built ahead (``CallQueue.catch_up``: ``Confirmed.judge``) come after that call is queued, and before
+    the call after it is built (the guesses read them). The answer stays the autoregressive one."""
+    import ptp_mlx.decode.chain_odds as chain_odds
+
+    events = []
+    submit, confirm, chain = pipeline.CallQueue.submit, pipeline.CallQueue.confirm, pipeline.CallQueue.chain
+    judge = chain_odds.Confirmed.judge
+
+    def confirmed(queue, *a):
+        ready = confirm(queue, *a)
+        events.append(("confirm", ready))
+        return ready
+
+    monkeypatch.setattr(pipeline.CallQueue, "submit", lambda q: events.append(("submit",)) or submit(q))
+    monkeypatch.setattr(pipeline.CallQueue, "confirm", confirmed)
+    monkeypatch.setattr(pipeline.CallQueue, "chain", lambda q: events.append(("chain",)) or chain(q))
+    monkeypatch.setattr(chain_odds.Confirmed, "judge", lambda c, *a: events.append(("judge",)) or judge(c, *a))
+    tok = varied[1]
+    s = with_seed(SETTINGS["T1.0"], 12)
+    assert_same(pm_sticky, tok, encode_prompt(tok, PROMPTS[1]), s, 24, {"num_draft_tokens": 3})
+    hits = [k for k, e in enumerate(events) if e == ("confirm", True)]
+    assert len(hits) >= 3, events
+    for k in hits:
+        after = [e[0] for e in events[k + 1 :] if e[0] in ("submit", "judge", "chain")]
+        assert after[:3] == ["submit", "judge", "chain"], events[k : k + 6]

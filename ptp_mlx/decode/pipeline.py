@@ -70,6 +70,7 @@ class CallQueue:
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
         self.grave: list = []  # builds not used, let go once the next call is queued (``release.park``, ``bury``)
         self.done: PendingCall | None = None  # the call read last, likewise let go in ``bury``
+        self._verdict: tuple | None = None  # the last read's judgment of what was built ahead (``catch_up``)
         # after a path through a strand whose call built ahead moves the rows itself: the host's copies, made only if
         # that call is dropped after all (``(from, to, rows)`` of the cache; ``finish_call``)
         self._moves: list[tuple[int, int, int]] = []
@@ -86,7 +87,7 @@ class CallQueue:
         """The drafter's plan for the call from generated position ``i``, timed: planning on the path is what a
         committed build ahead saves too (``Drafter.commit``), counted with the build that follows (``build``)."""
         t0 = time.perf_counter()
-        self.drafter.catch_up()  # (a plan reads what the last read's bookkeeping changes)
+        self.catch_up()  # (a plan reads what the last read's bookkeeping changes)
         plan = self.drafter.plan(i, self.max_new - i, self.ctx - self.end)
         self._plan_s = time.perf_counter() - t0
         return plan
@@ -122,7 +123,7 @@ class CallQueue:
         apply: ``build_chained``)."""
         self._ahead_s = None
         self.bury()  # (the call just queued writes its buffers in place already: nothing here holds them)
-        self.drafter.catch_up()  # (the guesses read what the last read's bookkeeping changes)
+        self.catch_up()  # (the guesses, and whether to build them, read what the last read's bookkeeping changes)
         if self.running is not None and not self._ahead():
             self.why = "building ahead off" if self.chains else "building ahead does not apply"
         elif self.running is not None:
@@ -140,6 +141,7 @@ class CallQueue:
 
     def start_after_burst(self, token: mx.array, i: int) -> None:
         """Build the first call after a burst on its last step's ``token`` (lazy), which ends at position ``i``."""
+        self.catch_up()
         if self._ahead():
             self.started = build_after_burst(self.sess, self.drafter, token, i, self.max_new, self.ctx)
         if self.started is None:
@@ -225,21 +227,33 @@ class CallQueue:
                 self._plan_s = 0.0  # (no build follows: this plan's time is no build's)
             else:
                 self.why = "no build for that outcome" if not built else "the plan after the read differs"
-            if self.choice is not None and plan is not None and not result.resolved:
-                self.choice.judge(self.running is not None)
-            if guess is not None and plan is not None and not result.resolved:  # (the answer went on: judged)
+            if plan is not None and not result.resolved:  # (the answer went on: judged once the next is queued)
+                tokens = chained.by_token[result.accepted] if result.strand is None and chained.by_token else None
+                # (not the builds themselves: an unused one must go before the next call is queued)
+                self._verdict = (chained.source, result, plan, guess, tokens, realized, self.running is not None)
+        return self.running is not None
+
+    def catch_up(self) -> None:
+        """The bookkeeping of the last read put off until the next call is queued (``decode/ptp.py``; off the path
+        where a device computes): whether building ahead paid and how often each kind of guess was the real plan
+        (read by the next ``chain``), and the drafter's (``Drafter.catch_up``). Before any use of them too."""
+        verdict, self._verdict = self._verdict, None
+        if verdict is not None:
+            source, result, plan, guess, tokens, realized, ran = verdict
+            if self.choice is not None:
+                self.choice.judge(ran)
+            if guess is not None:
                 # (the running call may be another build's: a lookup chain for the token the read revealed)
                 realized = realized or guess.realize(result)
-                matched = plan is realized or _matches(plan, realized)
-                self.confirmed.judge(chained.source, guess, matched)
-            tokens = chained.by_token[result.accepted] if result.strand is None and chained.by_token else None
-            if tokens is not None and plan is not None and not result.resolved:  # (plans by token: judged apart)
-                self.confirmed.judge(chained.source, tokens, _matches(plan, tokens.realize(result)))
-        return self.running is not None
+                self.confirmed.judge(source, guess, plan is realized or _matches(plan, realized))
+            if tokens is not None:  # (plans by token: judged apart)
+                self.confirmed.judge(source, tokens, _matches(plan, tokens.realize(result)))
+        self.drafter.catch_up()
 
     def confirm_start(self, plan: DraftPlan | None, last: int) -> bool:
         """After a burst: the call built on its last step becomes the running one if ``plan`` is its plan and
         ``last`` the token it was built on; otherwise it is dropped. True when a call is ready to submit."""
+        self.catch_up()
         started, self.started = self.started, None
         self.running = confirm_after_burst(started, plan, self.sess.cache, last, self.grave)
         if self.running is not None:
@@ -270,5 +284,6 @@ class CallQueue:
             cache.trim_to(self.running.offset)
         self.running = self.chained = self.started = None
         self.bury()
+        self.catch_up()
         if self.choice is not None:  # (the answer is over: what it measured is kept for the next process)
             self.choice.flush()

@@ -122,7 +122,7 @@ def ptp_calls(
             queued = queue.submit() if ready else 0.0
             if ready:
                 clock.mark("queue")
-            drafter.catch_up()  # (what the read's bookkeeping put off: the next call is queued, or about to be planned)
+            queue.catch_up()  # (what the read's bookkeeping put off: the next call is queued, or about to be planned)
             clock.tag("rows", rows)
             t = time.perf_counter() - t_start - queued + carried
             carried = queued

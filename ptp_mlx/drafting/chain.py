@@ -88,6 +88,7 @@ class ChainDrafter(Drafter):
 
     def plan(self, i: int, remaining: int, room: int, offers: Sequence[StrandOffer] = ()) -> DraftPlan:
         """The next call's rows (``offers``: side strands other peers offer beside this drafter's own)."""
+        self.catch_up()  # (a plan reads what the last read's bookkeeping changes)
         conf = self.planned = self.confidences(i)
         if self.budget.calibrate and self.pace.behind():
             # Drafting calls delivered fewer tokens than plain steps would have in the same time: decode
@@ -215,6 +216,7 @@ class ChainDrafter(Drafter):
         self.budget.record(rows, tokens, seconds, cold, source)
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
+        self.catch_up()  # (what the read before put off comes first)
         own = plan.source in (None, ADAPTER)  # the adapter's calls; another drafter's chain (lookup) is not evidence
         if own:  # the budget calibrates on the adapter's own chain drafts only (a strand starts where the chain fell)
             self.budget.observe(self.planned[: len(plan.drafts)], chain_accepted(plan, result))

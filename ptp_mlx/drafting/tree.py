@@ -77,13 +77,17 @@ class TreeDrafter(ChainDrafter):
         return out
 
     def update(self, plan: DraftPlan, result: CallResult) -> None:
+        self.catch_up()  # (what the read before put off comes first)
+        later = None
         if plan.source in (None, "ptp") and any(st.source == "ptp" for st in plan.strands) and self.priced is not None:
             # (once the next call is queued: 0.05-0.07 ms of a 64-row tree's read on the critical path here; what it
             # reads is taken now, and nothing before then reads what it changes, ``tree_ratio``)
             n = len(plan.drafts)
-            self.later.append(partial(self._calibrate, plan, result, self.priced, self.planned[:n], self.budget.ratio))
+            later = partial(self._calibrate, plan, result, self.priced, self.planned[:n], self.budget.ratio)
         self.priced = None
         super().update(plan, result)
+        if later is not None:
+            self.later.append(later)
 
     def _calibrate(
         self, plan: DraftPlan, result: CallResult, cands: SlotCandidates, planned: list[float], ratio: float
