@@ -95,6 +95,14 @@ std::vector<Edge> find(const std::vector<mx::array>& outs, const Ids& targets, i
   return edges;
 }
 
+inline void prefetch(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p);
+#else
+  (void)p;
+#endif
+}
+
 // What a cut edge points at: a scalar that lives as long as the process (see the top of this file).
 const mx::array& placeholder() {
   static const mx::array* none = new mx::array(0.0f);
@@ -159,6 +167,11 @@ CutPlan cut_ahead(const std::vector<mx::array>& outs, const std::vector<mx::arra
 // `bufs` again (the state it was built on, in the order `cut_ahead` was given it). Returns how many were put back.
 int restore(const CutPlan& plan, const std::vector<mx::array>& bufs) {
   const auto none = placeholder().id();
+  // (the nodes, then their inputs, asked of memory all at once before any is read: the compute pushed them out of
+  // the caches, and one miss after another was most of the time here)
+  for (const auto& e : plan.edges) prefetch(reinterpret_cast<const void*>(e.first.id()));
+  for (const auto& b : bufs) prefetch(reinterpret_cast<const void*>(b.id()));
+  for (const auto& e : plan.edges) prefetch(e.first.inputs().data() + e.second);
   int n = 0;
   for (std::size_t k = 0; k < plan.edges.size(); ++k) {
     const auto& [node, i] = plan.edges[k];
