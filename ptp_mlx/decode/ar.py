@@ -82,8 +82,8 @@ def ar_calls(
     t_queue = time.perf_counter()
     tok, scored, logits = step(mx.array([last]), 0)
     mx.async_eval(tok, *(scored or []))
-    # Each step is charged its own queueing: MLX's CPU backend returns from ``async_eval`` only once all but the
-    # last few kernels of the graph have run, so the time spent queueing step i + 1 is mostly that step's compute.
+    # Each step is charged its own queueing: the time spent queueing step i + 1 is that step's dispatch (on MLX's
+    # CPU backend, a graph of more than about 100 kernels returns from ``async_eval`` only near its end: its compute).
     carried = time.perf_counter() - t_queue
     told = then is not None and max_new == 1
     if told:

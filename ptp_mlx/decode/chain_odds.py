@@ -23,8 +23,8 @@ def fade(old: float | None, new: float) -> float:
 def spare(left: float | None, build: float | None) -> bool:
     """Whether the host has time for another build while a call computes: ``left`` (seconds the read waited for
     the call after one build) at least ``SPARE`` times ``build`` (seconds a build takes). On a GPU the call's whole
-    compute is left over; on MLX's CPU backend ``async_eval`` returns near the end of the graph and the build shares
-    the cores with the compute, so a second build would mostly delay the read (nothing measured yet: no)."""
+    compute is left over; on a CPU the build shares the cores with the compute (on two cores, both busy), so a second
+    build would mostly delay the read (nothing measured yet: no)."""
     return left is not None and build is not None and left >= SPARE * build
 
 

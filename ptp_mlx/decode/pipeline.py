@@ -112,8 +112,8 @@ class CallQueue:
         return self.chains and (self.choice is None or self.choice.use())
 
     def submit(self) -> float:
-        """Queue the running call's compute; returns the seconds queueing took (on MLX's CPU backend
-        ``async_eval`` returns only once all but the last few kernels have run: mostly that call's compute)."""
+        """Queue the running call's compute; returns the seconds queueing took (MLX's dispatch of its kernels: on
+        its CPU backend a graph of more than about 100 kernels returns from ``async_eval`` only near its end)."""
         t0 = time.perf_counter()
         mx.async_eval(*self.running.arrays)
         return time.perf_counter() - t0

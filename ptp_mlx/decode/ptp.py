@@ -84,7 +84,7 @@ def ptp_calls(
                 if sess.settle():  # (the prompt's time ends here: this call's own starts)
                     clock.mark("prefill")
                     t_start = time.perf_counter()
-                queue.submit()  # (on MLX's CPU backend this returns only near the end of a large graph)
+                queue.submit()  # (on MLX's CPU backend a graph of over ~100 kernels returns only near its end)
                 clock.mark("queue")
             # The next call, for every outcome of this one, built while it computes.
             queue.chain()
@@ -117,8 +117,8 @@ def ptp_calls(
                     plan = queue.plan(i)
             ready = queue.confirm(out, plan, i)
             clock.mark("update")
-            # Each call is charged its own queueing: on MLX's CPU backend ``async_eval`` returns only once all but
-            # the last few kernels have run, so queueing the chained call is mostly that call's compute.
+            # Each call is charged its own queueing (MLX's dispatch of its kernels; on its CPU backend a graph of more
+            # than about 100 kernels, as before ptp-block, returns from ``async_eval`` only near its end).
             queued = queue.submit() if ready else 0.0
             if ready:
                 clock.mark("queue")
