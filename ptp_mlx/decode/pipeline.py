@@ -253,7 +253,6 @@ class CallQueue:
     def confirm_start(self, plan: DraftPlan | None, last: int) -> bool:
         """After a burst: the call built on its last step becomes the running one if ``plan`` is its plan and
         ``last`` the token it was built on; otherwise it is dropped. True when a call is ready to submit."""
-        self.catch_up()
         started, self.started = self.started, None
         self.running = confirm_after_burst(started, plan, self.sess.cache, last, self.grave)
         if self.running is not None:

@@ -151,14 +151,13 @@ CutPlan cut_ahead(const std::vector<mx::array>& outs, const std::vector<mx::arra
   index.reserve(bufs.size());
   for (int k = 0; k < static_cast<int>(bufs.size()); ++k) index.emplace_back(bufs[k].id(), k);
   std::sort(index.begin(), index.end());
-  plan.edges = find(outs, plan.targets, depth, {}, ids(stop));
-  plan.which.reserve(plan.edges.size());
-  for (auto& [node, i] : plan.edges) {
-    auto& in = node.inputs();
-    auto at = std::lower_bound(index.begin(), index.end(), std::make_pair(in[i].id(), -1));
-    bool found = at != index.end() && at->first == in[i].id();  // (`find` named it: always, once an edge)
-    plan.which.push_back(found ? at->second : -1);
-    if (found) in[i] = placeholder();
+  for (auto& e : find(outs, plan.targets, depth, {}, ids(stop))) {
+    auto& in = e.first.inputs();
+    auto at = std::lower_bound(index.begin(), index.end(), std::make_pair(in[e.second].id(), -1));
+    if (at == index.end() || at->first != in[e.second].id()) continue;  // (`find` named it: never, but kept out)
+    in[e.second] = placeholder();
+    plan.which.push_back(at->second);
+    plan.edges.push_back(std::move(e));
   }
   return plan;
 }
@@ -177,7 +176,7 @@ int restore(const CutPlan& plan, const std::vector<mx::array>& bufs) {
     const auto& [node, i] = plan.edges[k];
     auto& in = const_cast<mx::array&>(node).inputs();
     int w = plan.which[k];
-    if (w >= 0 && i < static_cast<int>(in.size()) && in[i].id() == none && w < static_cast<int>(bufs.size()) &&
+    if (i < static_cast<int>(in.size()) && in[i].id() == none && w < static_cast<int>(bufs.size()) &&
         named(plan.targets, bufs[w].id())) {
       in[i] = bufs[w];
       ++n;
