@@ -136,6 +136,16 @@ def test_builds_cut_as_made_leave_the_buffer_and_the_one_put_back_computes_as_bu
         want[[3, 5][runs]] += [1.0, 2.0][runs]
         assert np.array_equal(np.array(ran), want) and address(ran) == where
         del builds, cuts, ran
+    # a node two builds share, cut by the first: the second's cut says so, and ``prepare`` refuses it (restoring the
+    # second would leave that node reading the placeholder)
+    shared_buf = mx.arange(8, dtype=mx.float32)
+    mx.eval(shared_buf)
+    common = shared_buf * 2
+    first = mod.cut_ahead([common + 1], [shared_buf], [], release.CUT_DEPTH)
+    second = mod.cut_ahead([common - 1], [shared_buf], [], release.CUT_DEPTH)
+    assert (first.edges, first.shared, second.edges, second.shared) == (1, 0, 0, 1)
+    with pytest.raises(RuntimeError, match="another build's cut"):
+        release.prepare(([common - 1], [], 0), ([shared_buf], [], 0))
     far = mx.arange(8, dtype=mx.float32)
     mx.eval(far)
     deep = far * 2

@@ -202,7 +202,7 @@ def test_builds_kept_until_the_next_call_is_queued_leave_it_the_buffers(pm_stick
     if not cut:
 
         class Uncut:  # (a cut that finds no edge: the builds are kept, holding the buffers)
-            edges = 0
+            edges = shared = 0
 
         class NoCut:
             cut_ahead = staticmethod(lambda outs, bufs, stop, depth: Uncut())

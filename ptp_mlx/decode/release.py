@@ -35,7 +35,10 @@ def prepare(state: tuple, before: tuple | None, running: PendingCall | None = No
     graph = _graph()
     if graph is None or before is None:
         return None
-    return graph.cut_ahead(_flat(state), _flat(before), running.arrays if running is not None else [], CUT_DEPTH)
+    cut = graph.cut_ahead(_flat(state), _flat(before), running.arrays if running is not None else [], CUT_DEPTH)
+    if cut.shared:  # (builds share no node that reads the buffers: each moves its rows, or grows them, in its own)
+        raise RuntimeError("ptp-graph: a build reads a node another build's cut has cut (restore would not mend it)")
+    return cut
 
 
 def restore(cut, before: tuple | None) -> None:

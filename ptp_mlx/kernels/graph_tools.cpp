@@ -59,6 +59,12 @@ std::unordered_set<std::uintptr_t> reached(const std::vector<mx::array>& keep) {
   return kept;
 }
 
+// What a cut edge points at: a scalar that lives as long as the process (see the top of this file).
+const mx::array& placeholder() {
+  static const mx::array* none = new mx::array(0.0f);
+  return *none;
+}
+
 // The edges to any of `targets` in the unevaluated nodes within `depth` edges of `outs` (and their siblings), but
 // in nodes of `kept`. A build that moves a strand's K/V rows in its own graph (decode/fixed.py, move_rows) reads the
 // buffers through the move's gather and slice update, a few nodes before its outputs: depth 1 would miss them, and
@@ -69,7 +75,8 @@ std::unordered_set<std::uintptr_t> reached(const std::vector<mx::array>& keep) {
 // `stop`: arrays whose graphs are not walked (read by id only, from the walked node's inputs): the outputs of a call
 // still computing, whose nodes MLX's stream thread evaluates and lets go of meanwhile.
 std::vector<Edge> find(const std::vector<mx::array>& outs, const Ids& targets, int depth,
-                       const std::unordered_set<std::uintptr_t>& kept, const Ids& stop = {}) {
+                       const std::unordered_set<std::uintptr_t>& kept, const Ids& stop = {}, int* cut_before = nullptr) {
+  const auto none = placeholder().id();
   std::vector<Edge> edges;
   std::unordered_set<std::uintptr_t> seen;
   std::vector<mx::array> level(outs), next;
@@ -79,6 +86,8 @@ std::vector<Edge> find(const std::vector<mx::array>& outs, const Ids& targets, i
     for (int i = 0; i < static_cast<int>(in.size()); ++i) {
       if (named(targets, in[i].id()))
         edges.emplace_back(a, i);
+      else if (cut_before != nullptr && in[i].id() == none)
+        ++*cut_before;  // (a node another cut reached: see `cut_ahead`)
       else if (deeper && !named(stop, in[i].id()) && in[i].has_primitive())
         next.push_back(in[i]);
     }
@@ -101,12 +110,6 @@ inline void prefetch(const void* p) {
 #else
   (void)p;
 #endif
-}
-
-// What a cut edge points at: a scalar that lives as long as the process (see the top of this file).
-const mx::array& placeholder() {
-  static const mx::array* none = new mx::array(0.0f);
-  return *none;
 }
 
 // Cut the edges found (where they still read a buffer named). (No copy of an edge's node handle: each is a
@@ -142,6 +145,7 @@ struct CutPlan {
   std::vector<Edge> edges;
   std::vector<int> which;  // for each edge, the index in `bufs` of the buffer it read
   Ids targets;
+  int shared = 0;  // edges within reach that another build's cut had cut already (`restore` would not mend them)
 };
 
 CutPlan cut_ahead(const std::vector<mx::array>& outs, const std::vector<mx::array>& bufs,
@@ -151,7 +155,7 @@ CutPlan cut_ahead(const std::vector<mx::array>& outs, const std::vector<mx::arra
   index.reserve(bufs.size());
   for (int k = 0; k < static_cast<int>(bufs.size()); ++k) index.emplace_back(bufs[k].id(), k);
   std::sort(index.begin(), index.end());
-  for (auto& e : find(outs, plan.targets, depth, {}, ids(stop))) {
+  for (auto& e : find(outs, plan.targets, depth, {}, ids(stop), &plan.shared)) {
     auto& in = e.first.inputs();
     auto at = std::lower_bound(index.begin(), index.end(), std::make_pair(in[e.second].id(), -1));
     if (at == index.end() || at->first != in[e.second].id()) continue;  // (`find` named it: never, but kept out)
@@ -194,7 +198,9 @@ NB_MODULE(_ptp_graph, m) {
         "Make the unevaluated nodes within `depth` edges of `outs` (and their siblings) stop holding any of `bufs`, "
         "except those any of `keep` reaches, so that another call writes them in place; returns the edges cut. See "
         "graph_tools.cpp.");
-  nb::class_<CutPlan>(m, "CutPlan").def_prop_ro("edges", [](const CutPlan& p) { return p.edges.size(); });
+  nb::class_<CutPlan>(m, "CutPlan")
+      .def_prop_ro("edges", [](const CutPlan& p) { return p.edges.size(); })
+      .def_prop_ro("shared", [](const CutPlan& p) { return p.shared; });
   m.def("cut_ahead", &cut_ahead, nb::arg("outs"), nb::arg("bufs"), nb::arg("stop"), nb::arg("depth"),
         "One build's cut, made ahead: the edges to any of `bufs` within `depth` edges of its K/V outputs `outs`, "
         "never walking into the graphs of `stop` (a call still computing), cut at once; the buffers are kept as "
