@@ -26,15 +26,30 @@ gives it back), and let go before the call is queued, so its writes stay in plac
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import mlx.core as mx
 
-from ..drafting.protocol import CallResult, Drafter, DraftPlan
+from ..drafting.protocol import CallResult, Drafter, DraftPlan, Guess
 from .after_burst import build_after_burst, confirm_after_burst
 from .ahead import Chained, _matches, build_chained, confirm_chained, drop_chained
 from .call import NO_CLOCK, PendingCall, build_call, finish_call
 from .chain_odds import ChainChoice, Confirmed, choice_for, fade, spare
 from .session import DecodeSession
+
+
+class Verdict(NamedTuple):
+    """What a read found of the call built ahead for it, judged once the next call is queued (``catch_up``): never
+    the builds themselves (an unused one must go before the next call is queued)."""
+
+    source: str | None  # the source of the call read
+    result: CallResult
+    plan: DraftPlan  # the drafter's real next plan
+    guess: Guess | None  # the guess for the outcome that happened, built or not
+    tokens: Guess | None  # the plans by the token emitted, if guessed
+    realized: DraftPlan | None  # ``guess`` as the read realized it, where already done
+    ran: bool  # a build ahead runs as the next call
+
 
 MAX_KINDS = 2  # builds of the call after the one computing, one per kind of next call (``ahead._kind``)
 
@@ -70,7 +85,7 @@ class CallQueue:
         self.confirmed = Confirmed()  # how often each kind of guess was the real next plan (``build_chained``)
         self.grave: list = []  # builds not used, let go once the next call is queued (``release.park``, ``bury``)
         self.done: PendingCall | None = None  # the call read last, likewise let go in ``bury``
-        self._verdict: tuple | None = None  # the last read's judgment of what was built ahead (``catch_up``)
+        self._verdict: Verdict | None = None  # the last read's, judged in ``catch_up``
         # after a path through a strand whose call built ahead moves the rows itself: the host's copies, made only if
         # that call is dropped after all (``(from, to, rows)`` of the cache; ``finish_call``)
         self._moves: list[tuple[int, int, int]] = []
@@ -87,7 +102,6 @@ class CallQueue:
         """The drafter's plan for the call from generated position ``i``, timed: planning on the path is what a
         committed build ahead saves too (``Drafter.commit``), counted with the build that follows (``build``)."""
         t0 = time.perf_counter()
-        self.catch_up()  # (a plan reads what the last read's bookkeeping changes)
         plan = self.drafter.plan(i, self.max_new - i, self.ctx - self.end)
         self._plan_s = time.perf_counter() - t0
         return plan
@@ -141,7 +155,6 @@ class CallQueue:
 
     def start_after_burst(self, token: mx.array, i: int) -> None:
         """Build the first call after a burst on its last step's ``token`` (lazy), which ends at position ``i``."""
-        self.catch_up()
         if self._ahead():
             self.started = build_after_burst(self.sess, self.drafter, token, i, self.max_new, self.ctx)
         if self.started is None:
@@ -229,25 +242,23 @@ class CallQueue:
                 self.why = "no build for that outcome" if not built else "the plan after the read differs"
             if plan is not None and not result.resolved:  # (the answer went on: judged once the next is queued)
                 tokens = chained.by_token[result.accepted] if result.strand is None and chained.by_token else None
-                # (not the builds themselves: an unused one must go before the next call is queued)
-                self._verdict = (chained.source, result, plan, guess, tokens, realized, self.running is not None)
+                self._verdict = Verdict(chained.source, result, plan, guess, tokens, realized, self.running is not None)
         return self.running is not None
 
     def catch_up(self) -> None:
         """The bookkeeping of the last read put off until the next call is queued (``decode/ptp.py``; off the path
         where a device computes): whether building ahead paid and how often each kind of guess was the real plan
-        (read by the next ``chain``), and the drafter's (``Drafter.catch_up``). Before any use of them too."""
-        verdict, self._verdict = self._verdict, None
-        if verdict is not None:
-            source, result, plan, guess, tokens, realized, ran = verdict
+        (read by the next ``chain``, which catches up first too), and the drafter's (``Drafter.catch_up``)."""
+        v, self._verdict = self._verdict, None
+        if v is not None:
             if self.choice is not None:
-                self.choice.judge(ran)
-            if guess is not None:
+                self.choice.judge(v.ran)
+            if v.guess is not None:
                 # (the running call may be another build's: a lookup chain for the token the read revealed)
-                realized = realized or guess.realize(result)
-                self.confirmed.judge(source, guess, plan is realized or _matches(plan, realized))
-            if tokens is not None:  # (plans by token: judged apart)
-                self.confirmed.judge(source, tokens, _matches(plan, tokens.realize(result)))
+                realized = v.realized or v.guess.realize(v.result)
+                self.confirmed.judge(v.source, v.guess, v.plan is realized or _matches(v.plan, realized))
+            if v.tokens is not None:  # (plans by token: judged apart)
+                self.confirmed.judge(v.source, v.tokens, _matches(v.plan, v.tokens.realize(v.result)))
         self.drafter.catch_up()
 
     def confirm_start(self, plan: DraftPlan | None, last: int) -> bool:
